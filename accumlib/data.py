@@ -1,0 +1,95 @@
+"""Offline data: seeded synthetic sets, scikit-learn's bundled digits, token sequences.
+
+Nothing here downloads. ``load_digits`` reads the 1,797 8x8 images that ship inside
+scikit-learn, so the notebooks train on real data without a network.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+PAD_ID = 0          # token id used to pad inputs
+IGNORE_INDEX = -100  # target id that cross_entropy skips (PyTorch's default)
+
+
+def synthetic_classification(n: int = 256, n_features: int = 20, n_classes: int = 4, seed: int = 0) -> TensorDataset:
+    """Gaussian blobs around random class centres: (x float32 [n, n_features], y int64 [n])."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1 (got {n})")
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(n_classes, n_features, generator=g) * 2.0
+    y = torch.randint(0, n_classes, (n,), generator=g)
+    x = centres[y] + torch.randn(n, n_features, generator=g)
+    return TensorDataset(x, y)
+
+
+def digits(n: int | None = None, *, image: bool = False, seed: int = 0) -> TensorDataset:
+    """scikit-learn's bundled handwritten digits, standardized, shuffled with ``seed``.
+
+    ``image=False`` gives flat 64-feature rows for the MLP; ``image=True`` gives
+    ``[n, 1, 8, 8]`` images for the CNN. ``n`` takes the first n after shuffling.
+    """
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
+    x = (x - 0.3) / 0.4  # roughly zero-mean, unit-scale pixels; exact values do not matter
+    y = torch.tensor(bunch.target, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    if n is not None:
+        if not 1 <= n <= len(y):
+            raise ValueError(f"n must be between 1 and {len(y)} for digits (got {n})")
+        order = order[:n]
+    x, y = x[order], y[order]
+    if image:
+        x = x.view(-1, 1, 8, 8)
+    return TensorDataset(x, y)
+
+
+class TokenSequences(Dataset):
+    """Variable-length token sequences from a seeded order-1 Markov chain.
+
+    Each item is a 1-D LongTensor; ``pad_collate`` turns a list of them into
+    ``(inputs, targets)`` where targets are the next tokens and padding is ignored.
+    A Markov chain gives the tiny LM something learnable, unlike uniform noise.
+    """
+
+    def __init__(self, n: int = 96, vocab: int = 32, min_len: int = 4, max_len: int = 40, seed: int = 0):
+        if not 2 <= min_len <= max_len:
+            raise ValueError(f"min_len must be >= 2 and <= max_len (got min_len={min_len}, max_len={max_len})")
+        if vocab < 3:
+            raise ValueError(f"vocab must be >= 3 (one id is padding) (got {vocab})")
+        g = torch.Generator().manual_seed(seed)
+        logits = torch.randn(vocab - 1, vocab - 1, generator=g) * 2.0
+        probs = torch.softmax(logits, dim=1)
+        self.vocab = vocab
+        self.seqs: list[torch.Tensor] = []
+        for _ in range(n):
+            length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+            tok = [int(torch.randint(0, vocab - 1, (1,), generator=g))]
+            for _ in range(length - 1):
+                tok.append(int(torch.multinomial(probs[tok[-1]], 1, generator=g)))
+            self.seqs.append(torch.tensor(tok) + 1)  # ids 1..vocab-1; 0 is PAD_ID
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.seqs[i]
+
+
+def pad_collate(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad sequences; targets are inputs shifted by one, ``IGNORE_INDEX`` on padding."""
+    longest = max(len(s) for s in seqs)
+    inputs = torch.full((len(seqs), longest - 1), PAD_ID, dtype=torch.long)
+    targets = torch.full((len(seqs), longest - 1), IGNORE_INDEX, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        inputs[row, : len(s) - 1] = s[:-1]
+        targets[row, : len(s) - 1] = s[1:]
+    return inputs, targets
+
+
+def count_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """Items of a language-model batch: the targets that are not ignored."""
+    return int((batch[1] != IGNORE_INDEX).sum())

@@ -1,0 +1,59 @@
+"""Mixed-precision accumulation: autocast + ``torch.amp.GradScaler``, exact windows.
+
+The same identity as ``ragged`` (each item weighs 1/N of its window), computed under
+autocast with every micro-batch loss multiplied by the scale S:
+
+    .grad after the window  ==  S * grad (1/N) sum_i l_i
+
+so the window is unscaled once, after its last micro-batch and before clipping,
+then stepped and the scale updated once. bfloat16 on CPU, float16 on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._batch import (
+    check_accum_steps, check_count, checked_losses, count_items as _rows,
+    progress_bar, to_device, window_items, windows,
+)
+
+
+def amp(
+    model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, count_items=_rows,
+    dtype=None, scaler=None, max_norm=None,
+) -> list[float]:
+    """Run one epoch; return the true mean item loss of each optimizer step's window.
+
+    ``dtype`` defaults to float16 on CUDA and bfloat16 elsewhere; ``scaler`` defaults
+    to a fresh ``GradScaler`` for the model's device; ``max_norm`` clips the unscaled
+    window gradient. A window whose gradient overflows is skipped by the scaler.
+    """
+    accum_steps = check_accum_steps(accum_steps)
+    if max_norm is not None and not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0 or None (got {max_norm!r})")
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.bfloat16)
+    scaler = scaler or torch.amp.GradScaler(dev.type)
+    bar = progress_bar(progress, loader, "amp")
+    logged = []
+    for window in windows(loader, accum_steps):
+        n = window_items(window, count_items)
+        total = torch.zeros(())
+        for batch in window:
+            with torch.autocast(dev.type, dtype=dtype):
+                losses = checked_losses(item_losses, model, to_device(batch, device))
+            check_count(count_items(batch), losses)
+            scaler.scale(losses.float().sum() / n).backward()  # scaled so float16 grads do not underflow
+            total = total + losses.detach().float().sum().cpu()
+            bar.update()
+        if max_norm is not None:
+            scaler.unscale_(optimizer)  # once, after the last micro-batch, so clipping sees true magnitudes
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)  # unscales if not done above; skips the step on inf/nan
+        scaler.update()  # once per window: a scale change mid-window would mix scales in .grad
+        optimizer.zero_grad(set_to_none=True)
+        logged.append(float(total / n))
+        bar.set_postfix(loss=logged[-1])
+    bar.close()
+    return logged

@@ -1,0 +1,30 @@
+"""The oracle as a loop: one forward/backward over the whole window at once.
+
+    grad (1/N) sum_i l_i   computed directly on the merged window of N items
+
+Needs the memory of the large batch, which is what accumulation exists to avoid;
+every other loop is judged against the gradient this one takes.
+"""
+
+from __future__ import annotations
+
+from .._batch import cat_batches, check_accum_steps, checked_losses, progress_bar, to_device, windows
+
+
+def large_batch(
+    model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, merge=cat_batches
+) -> list[float]:
+    """Run one epoch; each window of ``accum_steps`` micro-batches is merged and stepped once."""
+    accum_steps = check_accum_steps(accum_steps)
+    bar = progress_bar(progress, loader, "large_batch")
+    logged = []
+    for window in windows(loader, accum_steps):
+        losses = checked_losses(item_losses, model, to_device(merge(window), device))
+        losses.mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        logged.append(losses.detach().mean().item())
+        bar.update(len(window))
+        bar.set_postfix(loss=logged[-1])
+    bar.close()
+    return logged

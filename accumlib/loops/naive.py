@@ -1,0 +1,43 @@
+"""Naive accumulation: backward on each micro-batch *mean*, never divided. Kept as the bug.
+
+What it computes, for a window of k micro-batches b_1..b_k:
+
+    sum_j grad( mean_{i in b_j} l_i )   ~=   k * grad( (1/N) sum_i l_i )
+
+so every step is about k times too large (exactly k when the micro-batches are the
+same size). With SGD that is a k-times learning rate; Adam hides it, which is why
+the bug survives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._batch import checked_losses, check_accum_steps, progress_bar, to_device, windows
+
+
+def naive(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False) -> list[float]:
+    """Run one epoch; return the true mean item loss of each optimizer step's window.
+
+    >>> from accumlib import naive, get_task
+    >>> task = get_task("mlp-digits"); model = task.make_model(0)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> len(naive(model, opt, task.loader(), task.item_losses, accum_steps=4))
+    4
+    """
+    accum_steps = check_accum_steps(accum_steps)
+    bar = progress_bar(progress, loader, "naive")
+    logged = []
+    for window in windows(loader, accum_steps):
+        total, n = torch.zeros(()), 0
+        for batch in window:
+            losses = checked_losses(item_losses, model, to_device(batch, device))
+            losses.mean().backward()  # the bug: k means are summed into .grad, not averaged
+            total, n = total + losses.detach().sum().cpu(), n + losses.numel()
+            bar.update()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        logged.append(float(total / n))
+        bar.set_postfix(loss=logged[-1])
+    bar.close()
+    return logged

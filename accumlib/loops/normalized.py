@@ -1,0 +1,35 @@
+"""Textbook accumulation: divide each micro-batch mean by ``accum_steps``.
+
+    grad (1/N) sum_i l_i  ==  sum_j grad( mean_{i in b_j} l_i / k )
+
+holds only when the window has exactly k micro-batches of |b_j| = N/k items each.
+It breaks on a last, partial window (still divided by k, so scaled by m/k for m < k
+micro-batches), on a smaller last micro-batch, and on token counts that differ
+between micro-batches (every micro-batch weighs 1/k, not |b_j|/N).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._batch import checked_losses, check_accum_steps, progress_bar, to_device, windows
+
+
+def normalized(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False) -> list[float]:
+    """Run one epoch; return the true mean item loss of each optimizer step's window."""
+    accum_steps = check_accum_steps(accum_steps)
+    bar = progress_bar(progress, loader, "normalized")
+    logged = []
+    for window in windows(loader, accum_steps):
+        total, n = torch.zeros(()), 0
+        for batch in window:
+            losses = checked_losses(item_losses, model, to_device(batch, device))
+            (losses.mean() / accum_steps).backward()  # right only for k equal micro-batches
+            total, n = total + losses.detach().sum().cpu(), n + losses.numel()
+            bar.update()
+        optimizer.step()  # the tail window is stepped too, scaled as if it were full
+        optimizer.zero_grad(set_to_none=True)
+        logged.append(float(total / n))  # log the window's true mean, not the divided value
+        bar.set_postfix(loss=logged[-1])
+    bar.close()
+    return logged

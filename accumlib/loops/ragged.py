@@ -1,0 +1,43 @@
+"""Exact accumulation for any window: weigh every item by 1 / (items in its window).
+
+For a window of micro-batches b_1..b_m (m <= k, any sizes, any token counts) with
+N = sum_j |b_j| items:
+
+    grad (1/N) sum_i l_i  ==  sum_j grad( sum_{i in b_j} l_i / N )
+
+N is counted before the first backward (``count_items`` reads the batch, no forward),
+and the last, partial window is stepped, never dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._batch import (
+    check_accum_steps, check_count, checked_losses, count_items as _rows,
+    progress_bar, to_device, window_items, windows,
+)
+
+
+def ragged(
+    model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, count_items=_rows
+) -> list[float]:
+    """Run one epoch; return the true mean item loss of each optimizer step's window."""
+    accum_steps = check_accum_steps(accum_steps)
+    bar = progress_bar(progress, loader, "ragged")
+    logged = []
+    for window in windows(loader, accum_steps):
+        n = window_items(window, count_items)  # the window's item count, known before any backward
+        total = torch.zeros(())
+        for batch in window:
+            losses = checked_losses(item_losses, model, to_device(batch, device))
+            check_count(count_items(batch), losses)
+            (losses.sum() / n).backward()  # every item weighs 1/n, whichever micro-batch holds it
+            total = total + losses.detach().sum().cpu()
+            bar.update()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        logged.append(float(total / n))
+        bar.set_postfix(loss=logged[-1])
+    bar.close()
+    return logged

@@ -1,0 +1,53 @@
+"""Activation memory: the bytes autograd saves for backward, measured on any device.
+
+A forward pass saves activations for the backward pass; with accumulation only one
+micro-batch's worth is alive at a time, so the peak shrinks by about k. Saved-tensor
+hooks see every tensor autograd keeps, which makes the saving visible on a CPU.
+Parameters that autograd saves (weights of a Linear) are not activations and are
+left out; several views of one storage count as the largest of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._batch import Batch, ItemLosses, to_device
+
+
+def activation_bytes(model: torch.nn.Module, batch: Batch, item_losses: ItemLosses, device: Any = None) -> int:
+    """Bytes of activations saved for backward by one forward of ``batch`` (no backward runs).
+
+    >>> from accumlib import get_task
+    >>> task = get_task("mlp-digits"); model = task.make_model(0)
+    >>> x, y = next(iter(task.loader(batch_size=8)))
+    >>> activation_bytes(model, (x[:4], y[:4]), task.item_losses) * 2 == activation_bytes(model, (x, y), task.item_losses)
+    True
+    """
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr != 0:  # the largest view of each storage, once
+            seen[ptr] = max(seen.get(ptr, 0), t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        losses = item_losses(model, to_device(batch, device))
+    del losses  # the graph dies here; nothing is kept
+    return sum(seen.values())
+
+
+def cuda_peak_bytes(fn: Callable[[], Any], device: Any = "cuda") -> int:
+    """Peak CUDA memory allocated while ``fn()`` runs (needs a GPU)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_peak_bytes needs a CUDA device and none is present")
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base

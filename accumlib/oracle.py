@@ -1,0 +1,75 @@
+"""The oracle: the true large-batch gradient of a window, at the model's current parameters.
+
+    g* = grad_theta (1/N) sum_{i in window} l_i(theta)
+
+computed with one forward over the merged window (so BatchNorm sees the large batch)
+and ``torch.autograd.grad``, which leaves ``.grad`` alone. The model's buffers
+(BatchNorm running statistics) are restored afterwards: the caller's model is never
+changed behind its back. ``dtype=torch.float64`` gives the floor for exactness tests.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ._batch import Batch, ItemLosses, cat_batches, checked_losses, to_device
+
+
+def _cast(batch: Batch, dtype: torch.dtype) -> Batch:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return {k: _cast(v, dtype) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_cast(v, dtype) for v in batch) if isinstance(batch, list) else tuple(_cast(v, dtype) for v in batch)
+    return batch
+
+
+def true_gradient(
+    model: torch.nn.Module,
+    batches: Sequence[Batch],
+    item_losses: ItemLosses,
+    *,
+    merge: Callable[[Sequence[Batch]], Any] = cat_batches,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Gradient of the mean item loss over all micro-batches in ``batches``, by name.
+
+    >>> from accumlib import get_task, true_gradient
+    >>> task = get_task("mlp-digits"); model = task.make_model(0)
+    >>> window = list(task.loader())[:4]
+    >>> g = true_gradient(model, window, task.item_losses)
+    >>> sorted(g)[:2]
+    ['net.0.bias', 'net.0.weight']
+    """
+    if len(batches) == 0:
+        raise ValueError("batches must hold at least one micro-batch (got an empty sequence)")
+    net = copy.deepcopy(model).to(dtype) if dtype is not None else model
+    saved = {k: v.clone() for k, v in net.named_buffers()} if net is model else {}
+    batch = to_device(merge(list(batches)), device)
+    if dtype is not None:
+        batch = _cast(batch, dtype)
+    named = [(k, p) for k, p in net.named_parameters() if p.requires_grad]
+    try:
+        loss = checked_losses(item_losses, net, batch).mean()
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    finally:
+        with torch.no_grad():
+            for k, v in net.named_buffers():
+                if k in saved:
+                    v.copy_(saved[k])
+    return {k: (g if g is not None else torch.zeros_like(p)).detach() for (k, p), g in zip(named, grads)}
+
+
+def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every trainable parameter's ``.grad`` by name (zeros where it is None)."""
+    return {
+        k: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+        for k, p in model.named_parameters()
+        if p.requires_grad
+    }
