@@ -21,13 +21,15 @@ from .._batch import (
 
 def amp(
     model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, count_items=_rows,
-    dtype=None, scaler=None, max_norm=None,
+    dtype=None, scaler=None, max_norm=None, enabled=True,
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
 
     ``dtype`` defaults to float16 on CUDA and bfloat16 elsewhere; ``scaler`` defaults
     to a fresh ``GradScaler`` for the model's device; ``max_norm`` clips the unscaled
     window gradient. A window whose gradient overflows is skipped by the scaler.
+    ``enabled=False`` turns autocast off (float32 everywhere) and keeps the scaler,
+    one code path for both, as autocast and GradScaler themselves do.
     """
     accum_steps = check_accum_steps(accum_steps)
     if max_norm is not None and not max_norm > 0:
@@ -41,7 +43,7 @@ def amp(
         n = window_items(window, count_items)
         total = torch.zeros(())
         for batch in window:
-            with torch.autocast(dev.type, dtype=dtype):
+            with torch.autocast(dev.type, dtype=dtype, enabled=enabled):
                 losses = checked_losses(item_losses, model, to_device(batch, device))
             check_count(count_items(batch), losses)
             scaler.scale(losses.float().sum() / n).backward()  # scaled so float16 grads do not underflow
