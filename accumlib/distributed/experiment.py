@@ -1,0 +1,289 @@
+"""The distributed comparisons behind ``accumlib ddp``, notebook 8 and the tests.
+
+One spawned run (or one torchrun job) trains a fresh model per ``RunSpec`` with
+``ddp_accumulate`` and, at every optimizer step on every rank, records:
+
+- the relative error of the rank's gradient against the oracle: ``true_gradient`` in
+  float64 over the UNION of every rank's window (gathered from all ranks), at the
+  parameters the window started from;
+- the all-reduce calls and bytes the counting communication hook saw in that step;
+- after the step, the largest difference between any rank's parameters and rank 0's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from .._batch import check_accum_steps, to_device
+from ..compare import compare
+from ..oracle import grads_of, true_gradient
+from ..tasks import Task, get_task
+from .comm import count_allreduce
+from .launch import check_world_size, launch
+from .loop import ddp_accumulate
+
+# What each variant passes to ddp_accumulate: the reference, then the three public mistakes.
+VARIANTS = {
+    "no_sync": dict(no_sync="forward+backward", global_counts=True),
+    "every micro-batch": dict(no_sync="never", global_counts=True),
+    "no_sync on backward only": dict(no_sync="backward", global_counts=True),
+    "per-rank counts": dict(no_sync="forward+backward", global_counts=False),
+}
+COMM_VARIANTS = ("no_sync", "every micro-batch", "no_sync on backward only")
+
+# float32 against a float64 oracle: each rank sums its items' gradients in float32, the
+# all-reduce adds R partial sums, so the error is ~1e-7 per rounding over a few hundred
+# terms (we measure ~1e-7). 1e-4 leaves a wide margin and is 100x below the per-rank-count
+# error on variable token counts (> 1e-2).
+FLOAT32_RTOL = 1e-4
+# The per-rank-count mistake must sit far above rounding: 10x FLOAT32_RTOL. On lm-tokens
+# (4 to 40 tokens per sequence) we measure 1e-2 to 1e-1 depending on k.
+PER_RANK_MIN_ERROR = 10 * FLOAT32_RTOL
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training epoch to run on every rank."""
+
+    variant: str = "no_sync"
+    task: str = "lm-tokens"
+    accum_steps: int = 4
+    batch_size: int | None = None
+    lr: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {sorted(VARIANTS)} (got {self.variant!r})")
+        get_task(self.task)
+        check_accum_steps(self.accum_steps)
+
+
+@dataclass
+class RunResult:
+    """Per optimizer step; ``rel_errors[step][rank]`` is rank's gradient against the oracle.
+
+    ``rel_to_rank_means`` compares it instead with the MEAN over ranks of each rank's own
+    window gradient: what the per-rank-count mistake computes (so ~0 for that variant).
+    """
+
+    spec: RunSpec
+    world_size: int
+    rel_errors: list[list[float]] = field(default_factory=list)
+    rel_to_rank_means: list[list[float]] = field(default_factory=list)
+    param_spread: list[float] = field(default_factory=list)
+    calls: list[list[int]] = field(default_factory=list)
+    bytes: list[list[int]] = field(default_factory=list)
+    window_batches: list[int] = field(default_factory=list)
+    window_items: list[list[int]] = field(default_factory=list)
+    logged: list[float] = field(default_factory=list)
+    oracle_loss: list[float] = field(default_factory=list)
+
+    @property
+    def max_rel_error(self) -> float:
+        return max(max(step) for step in self.rel_errors)
+
+    @property
+    def calls_per_step(self) -> int:
+        """All-reduce calls of the first step (a full window unless the epoch is one short window)."""
+        return self.calls[0][0]
+
+    @property
+    def bytes_per_step(self) -> int:
+        return self.bytes[0][0]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunResult":
+        d = dict(d)
+        d["spec"] = RunSpec(**d["spec"])
+        return cls(**d)
+
+
+def shard_loader(task: Task, rank: int, world_size: int, batch_size: int | None = None) -> DataLoader:
+    """This rank's loader: DistributedSampler's interleaved shard (padded so every rank gets as many items)."""
+    dataset = task.make_dataset()
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
+    return DataLoader(dataset, batch_size=batch_size or task.batch_size, sampler=sampler, collate_fn=task.collate_fn)
+
+
+class _Recording:
+    def __init__(self, loader):
+        self.loader, self.drawn = loader, []
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.drawn.append(batch)
+            yield batch
+
+    def __len__(self):
+        return len(self.loader)
+
+    def take(self) -> list:
+        out, self.drawn = self.drawn, []
+        return out
+
+
+def run_one(spec: RunSpec, device: torch.device | None = None) -> RunResult:
+    """Train one epoch of ``spec`` on this rank (inside a process group); return what rank 0 gathered."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = device or torch.device("cpu")
+    task = get_task(spec.task)
+    torch.manual_seed(spec.seed)
+    model = task.make_model(spec.seed).to(device)
+    ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # broadcasts rank 0's parameters
+    counter = count_allreduce(ddp)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=spec.lr)
+    loader = _Recording(shard_loader(task, rank, world, spec.batch_size))
+    mine: dict[str, list] = {"rel": [], "rel_means": [], "calls": [], "bytes": [], "batches": [], "items": [], "spread": [], "loss": []}
+
+    def before_step(opt, args, kwargs):
+        window = loader.take()
+        calls, nbytes = counter.take()
+        union: list[list] = [None] * world  # type: ignore[list-item]
+        dist.all_gather_object(union, window)  # every rank's window: the large batch of this step
+        union_batches = [b for w in union for b in w]
+        oracle = true_gradient(model, union_batches, task.item_losses, merge=task.merge, dtype=torch.float64, device=device)
+        with torch.no_grad():
+            loss = torch.cat([task.item_losses(model, to_device(b, device)) for b in union_batches])
+        per_rank = [true_gradient(model, w, task.item_losses, merge=task.merge, dtype=torch.float64, device=device) for w in union]
+        rank_means = {k: sum(g[k] for g in per_rank) / world for k in oracle}  # (1/R) sum_r grad of rank r's own mean
+        mine["rel"].append(compare(grads_of(model), oracle).rel_error)
+        mine["rel_means"].append(compare(grads_of(model), rank_means).rel_error)
+        mine["calls"].append(calls)
+        mine["bytes"].append(nbytes)
+        mine["batches"].append(len(window))
+        mine["items"].append(sum(task.count_items(b) for b in window))
+        mine["loss"].append(float(loss.double().mean()))
+
+    def after_step(opt, args, kwargs):
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(every, flat)
+        mine["spread"].append(max(float((p - every[0]).abs().max()) for p in every))
+
+    pre = optimizer.register_step_pre_hook(before_step)
+    post = optimizer.register_step_post_hook(after_step)
+    try:
+        logged = ddp_accumulate(ddp, optimizer, loader, task.item_losses, accum_steps=spec.accum_steps,
+                                device=device, count_items=task.count_items, **VARIANTS[spec.variant])
+    finally:
+        pre.remove()
+        post.remove()
+    gathered: list[dict] = [None] * world  # type: ignore[list-item]
+    dist.all_gather_object(gathered, mine)
+    steps = range(len(mine["rel"]))
+    return RunResult(
+        spec=spec, world_size=world,
+        rel_errors=[[g["rel"][s] for g in gathered] for s in steps],
+        rel_to_rank_means=[[g["rel_means"][s] for g in gathered] for s in steps],
+        param_spread=mine["spread"],
+        calls=[[g["calls"][s] for g in gathered] for s in steps],
+        bytes=[[g["bytes"][s] for g in gathered] for s in steps],
+        window_batches=mine["batches"],
+        window_items=[[g["items"][s] for g in gathered] for s in steps],
+        logged=logged,
+        oracle_loss=mine["loss"],
+    )
+
+
+def worker(rank: int, world_size: int, specs: Sequence[dict], out: str | None = None) -> list[RunResult]:
+    """Spawn/torchrun target: run every spec in order; rank 0 writes the results to ``out`` as JSON."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    results = [run_one(RunSpec(**s), device) for s in specs]
+    if rank == 0 and out is not None:
+        with open(out, "w") as f:
+            json.dump([asdict(r) for r in results], f)
+    return results
+
+
+def run_specs(specs: Sequence[RunSpec], *, world_size: int = 2, timeout: float = 120.0, port: int | None = None) -> list[RunResult]:
+    """Run ``specs`` in ONE spawned group of ``world_size`` processes on loopback; return rank 0's records."""
+    world_size = check_world_size(world_size)
+    with tempfile.TemporaryDirectory(prefix="accumlib-ddp-") as tmp:
+        out = os.path.join(tmp, "results.json")
+        launch(worker, ([asdict(s) for s in specs], out), world_size=world_size, timeout=timeout, port=port)
+        with open(out) as f:
+            return [RunResult.from_dict(d) for d in json.load(f)]
+
+
+@dataclass
+class DDPReport:
+    """The figures ``accumlib ddp`` prints: one result per variant at one ``accum_steps``."""
+
+    world_size: int
+    accum_steps: int
+    task: str
+    results: dict[str, RunResult]
+
+    @property
+    def ok(self) -> bool:
+        ref = self.results["no_sync"]
+        exact = all(self.results[v].max_rel_error <= FLOAT32_RTOL for v in COMM_VARIANTS)
+        in_step = all(max(r.param_spread) == 0.0 for r in self.results.values())
+        k_rounds = all(
+            c[0] == m * ref_c[0] for c, m, ref_c in zip(self.results["every micro-batch"].calls, ref.window_batches, ref.calls)
+        )
+        wrong = self.world_size == 1 or self.results["per-rank counts"].max_rel_error > PER_RANK_MIN_ERROR
+        return exact and in_step and k_rounds and wrong
+
+    def summary(self) -> dict:
+        r = self.results
+        return {
+            "world_size": self.world_size, "accum_steps": self.accum_steps, "task": self.task,
+            "rel_error_vs_large_batch": r["no_sync"].max_rel_error,
+            "max_param_spread_across_ranks": max(max(x.param_spread) for x in r.values()),
+            "allreduce_per_step": {
+                v: {"calls": r[v].calls_per_step, "bytes": r[v].bytes_per_step} for v in COMM_VARIANTS
+            },
+            "per_rank_counts_rel_error": r["per-rank counts"].max_rel_error,
+            "tolerance": FLOAT32_RTOL,
+            "ok": self.ok,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.summary(), indent=2)
+
+    def __str__(self) -> str:
+        s = self.summary()
+        ref = self.results["no_sync"]
+        lines = [
+            f"DDP accumulation: task {self.task}, world size {self.world_size}, accum_steps {self.accum_steps}, "
+            f"{len(ref.window_batches)} optimizer steps",
+            f"  relative error vs large batch (max over steps and ranks)  {s['rel_error_vs_large_batch']:.1e}"
+            f"  (tolerance {FLOAT32_RTOL:.0e})",
+            f"  parameters identical on every rank after every step      {'yes' if s['max_param_spread_across_ranks'] == 0 else 'NO'}",
+            "  all-reduce per optimizer step (first window), from the DDP comm hook:",
+        ]
+        for v in COMM_VARIANTS:
+            c = s["allreduce_per_step"][v]
+            lines.append(f"    {v:<26} {c['calls']:>3} calls  {c['bytes']:>9,} bytes")
+        lines.append(f"  per-rank counts (local mean, then DDP's average) rel error  {s['per_rank_counts_rel_error']:.1e}")
+        lines.append(f"verdict: {'ok' if s['ok'] else 'FAILED'}")
+        return "\n".join(lines)
+
+
+def ddp_experiment(
+    *, world_size: int = 2, accum_steps: int = 4, task: str = "lm-tokens", timeout: float = 120.0, port: int | None = None
+) -> DDPReport:
+    """Every variant at one ``accum_steps``, in one spawned run (or in the current group under torchrun).
+
+    >>> report = ddp_experiment(world_size=2, accum_steps=4)  # doctest: +SKIP
+    >>> report.ok                                               # doctest: +SKIP
+    True
+    """
+    specs = [RunSpec(v, task, accum_steps) for v in VARIANTS]
+    if dist.is_initialized():  # under torchrun: run in this process group, every rank gets the report
+        results = worker(dist.get_rank(), dist.get_world_size(), [asdict(s) for s in specs])
+        world_size = dist.get_world_size()
+    else:
+        results = run_specs(specs, world_size=world_size, timeout=timeout, port=port)
+    return DDPReport(world_size, accum_steps, task, {r.spec.variant: r for r in results})

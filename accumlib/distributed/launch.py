@@ -1,0 +1,157 @@
+"""Start a process group on loopback (or under torchrun) with bounded time and no leftovers.
+
+``launch(fn, args, world_size=2)`` spawns ``world_size`` processes, each running
+``fn(rank, world_size, *args)`` inside an initialized process group (gloo on CPU,
+NCCL when every rank has a GPU). A rank that raises fails the launch with its
+traceback; a launch that runs past ``timeout`` is stopped. Either way every child is
+terminated (then killed) before ``launch`` returns or raises.
+
+``fn`` must be importable (a module-level function in an installed module): spawned
+children import it by name, so a function defined in a notebook cannot be sent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import numbers
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+HOST = "127.0.0.1"
+# How long a rank may wait inside one collective before gloo gives up on its peers:
+# long enough for a slow import on a busy 2-core machine, short enough that a lost
+# peer surfaces as an error rather than a hang.
+COLLECTIVE_TIMEOUT_S = 60.0
+# After SIGTERM, how long a child gets to exit before SIGKILL.
+KILL_GRACE_S = 5.0
+
+
+def check_world_size(world_size: object) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        raise ValueError(f"world_size must be an integer >= 1 (got {world_size!r} of type {type(world_size).__name__})")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1 (got {world_size})")
+    return int(world_size)
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_port(port: object, host: str = HOST) -> int:
+    """``port`` must be an integer in 1..65535 that can be bound on ``host`` now."""
+    if isinstance(port, bool) or not isinstance(port, numbers.Integral) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be an integer between 1 and 65535 (got {port!r})")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, int(port)))
+        except OSError as err:
+            raise ValueError(f"port must be free on {host} for the rendezvous (got {port}, in use: {err.strerror})") from None
+    return int(port)
+
+
+def _check_importable(fn: Callable[..., Any]) -> None:
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module in (None, "__main__") or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(
+            "fn must be a module-level function importable by spawned processes, e.g. "
+            f"accumlib.distributed.experiment.worker (got {module}.{qualname}; functions defined in a notebook, "
+            "a script's __main__, a lambda or a closure cannot be imported by the children)"
+        )
+
+
+def default_backend() -> str:
+    """NCCL when CUDA is present (one GPU per rank), gloo on CPU."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_from_env(backend: str | None = None, timeout: float = COLLECTIVE_TIMEOUT_S) -> tuple[int, int]:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    import torch.distributed as dist
+
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ValueError(f"environment must set {missing} to join a process group; start this with torchrun (got none of them)")
+    backend = backend or default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, host: str, port: int, backend: str,
+           timeout: float, args: Sequence[Any]) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # ranks share the machine's cores; one thread each avoids oversubscription
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    *,
+    world_size: int = 2,
+    port: int | None = None,
+    backend: str | None = None,
+    timeout: float = 120.0,
+    host: str = HOST,
+) -> None:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes on ``host``.
+
+    Raises ``torch.multiprocessing.ProcessRaisedException`` (with the rank's traceback)
+    when a rank fails, ``TimeoutError`` after ``timeout`` seconds; no child outlives the call.
+
+    >>> from accumlib.distributed import launch, free_port   # doctest: +SKIP
+    >>> launch(accumlib.distributed.experiment.worker, (spec, out), world_size=2)  # doctest: +SKIP
+    """
+    world_size = check_world_size(world_size)
+    port = free_port(host) if port is None else check_port(port, host)
+    if not (isinstance(timeout, numbers.Real) and timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds > 0 (got {timeout!r})")
+    _check_importable(fn)
+    backend = backend or default_backend()
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"world_size must be <= the number of GPUs for nccl (got {world_size}, {torch.cuda.device_count()} GPUs)")
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(
+        _entry, args=(fn, world_size, host, port, backend, min(COLLECTIVE_TIMEOUT_S, timeout), tuple(args)),
+        nprocs=world_size, join=False, start_method="spawn",
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        # join() raises ProcessRaisedException/ProcessExitedException as soon as one rank fails
+        while not ctx.join(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"distributed run did not finish within timeout={timeout} s (world_size={world_size}); ranks stopped")
+    finally:
+        _stop(ctx.processes)
+
+
+def _stop(processes: Sequence[Any]) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + KILL_GRACE_S
+    for p in processes:
+        p.join(max(0.0, end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
