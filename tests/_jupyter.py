@@ -1,0 +1,362 @@
+"""JupyterLab in headless Chromium, for the browser tests (tests/test_browser.py).
+
+``jupyter_lab(root)`` serves ``root`` from this environment on a free loopback port, offline
+(no news feed, no update check, no extension manager), with its config, data, runtime,
+settings and workspace directories in a temp dir so no user state leaks in or out, and shuts
+the server and every process it started down on exit, failure included.
+``chromium_page(...)`` is a headless Chromium (Debian's ``chromium``, driven by Playwright)
+with a fresh profile and no background networking. The ``Lab*`` helpers act through the UI
+as a person would: menus, clicks and keys, never the kernel API.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CHROMIUM = os.environ.get("ACCUMLIB_CHROMIUM", "/usr/bin/chromium")
+INSTALL_HINT = "sudo apt-get install -y chromium"
+# Headless, no sandbox (CI containers run as root), no GPU, and nothing that phones home:
+# without the background-networking flags Chromium keeps retrying the closed network.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--no-proxy-server",
+]
+
+STARTUP_TIMEOUT_S = 60  # JupyterLab answers /api in ~3 s here; 60 s covers a loaded CI box
+SHUTDOWN_TIMEOUT_S = 20  # graceful /api/shutdown (kernels included), then SIGTERM, SIGKILL
+
+# The server also stops itself if the test process dies without cleaning up (SIGKILL):
+# kernels idle for 5 min are culled, and a server with no kernel for 5 min exits.
+SELF_STOP_S = 300
+
+
+def chromium_missing_reason() -> str | None:
+    """Why the browser tests cannot run here, or None when they can."""
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return (
+            f"Chromium not found at {CHROMIUM} (set ACCUMLIB_CHROMIUM to another path); "
+            f"install it with: {INSTALL_HINT}"
+        )
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed: pip install -c constraints.txt -e '.[dev]'"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class LabServer:
+    root: Path
+    port: int
+    token: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def lab_url(self, notebook: str) -> str:
+        return f"{self.base_url}lab/tree/{notebook}?token={self.token}"
+
+    def api(self, path: str, method: str = "GET", timeout: float = 5) -> bytes:
+        req = urllib.request.Request(
+            self.base_url + path,
+            method=method,
+            headers={"Authorization": f"token {self.token}"},
+            data=b"" if method == "POST" else None,
+        )
+        with _NO_PROXY.open(req, timeout=timeout) as resp:
+            return resp.read()
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no server log)"
+
+
+def _server_env(state: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # tests/conftest.py sets MPLBACKEND=Agg for pytest; a participant's kernel has none
+    # and shows figures inline. Same for the other per-user Jupyter/IPython locations.
+    env.pop("MPLBACKEND", None)
+    env.pop("JUPYTER_PATH", None)
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    for var, sub in [
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("IPYTHONDIR", "ipython"),
+        ("MPLCONFIGDIR", "matplotlib"),
+    ]:
+        (state / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(state / sub)
+    env["JUPYTER_PLATFORM_DIRS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _write_config(state: Path) -> None:
+    # news_url must be None (not "") to switch the news feed off; the command line cannot say None.
+    (state / "config" / "jupyter_server_config.json").write_text(
+        json.dumps({"LabApp": {"news_url": None}}, indent=1)
+    )
+    # JupyterLab user settings: no autosave (the server serves a throwaway copy anyway),
+    # no news or update notifications.
+    overrides = {
+        "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
+        "@jupyterlab/apputils-extension:notification": {
+            "checkForUpdates": False,
+            "fetchNews": "false",
+        },
+    }
+    settings = state / "settings"
+    for plugin, values in overrides.items():
+        package, name = plugin.split(":")
+        path = settings / package / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
+def _lab_command(root: Path, state: Path, port: int, token: str) -> list[str]:
+    return [
+        sys.executable, "-m", "jupyter", "lab",  # this environment's JupyterLab and kernel
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={root}",
+        f"--IdentityProvider.token={token}",
+        "--ServerApp.terminals_enabled=False",
+        f"--ServerApp.shutdown_no_activity_timeout={SELF_STOP_S}",
+        f"--MappingKernelManager.cull_idle_timeout={SELF_STOP_S}",
+        "--MappingKernelManager.cull_interval=60",
+        "--MappingKernelManager.cull_connected=True",
+        f"--LabApp.user_settings_dir={state / 'settings'}",
+        f"--LabApp.workspaces_dir={state / 'workspaces'}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+    ] + (["--allow-root"] if os.geteuid() == 0 else [])  # CI containers run as root
+
+
+def _wait_ready(server: LabServer, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(
+                f"jupyter lab exited with {server.proc.returncode} before answering:\n"
+                + server.log_tail()
+            )
+        try:
+            json.loads(server.api("api/status", timeout=2))
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            time.sleep(0.25)
+    raise TimeoutError(
+        f"jupyter lab did not answer on port {server.port} within {STARTUP_TIMEOUT_S} s:\n"
+        + server.log_tail()
+    )
+
+
+def _stop(server: LabServer) -> list[str]:
+    """Stop the server and everything it started. Returns processes that would not die."""
+    import psutil
+
+    try:
+        family = [psutil.Process(server.proc.pid)]
+        family += family[0].children(recursive=True)  # kernels run in their own sessions
+    except psutil.NoSuchProcess:
+        family = []
+    if server.proc.poll() is None:
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            server.api("api/shutdown", method="POST")  # shuts kernels down too
+        try:
+            server.proc.wait(SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.proc.pid, signal.SIGTERM)
+    live = [p for p in family if p.is_running()]
+    for p in live:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, live = psutil.wait_procs(live, timeout=5)
+    for p in live:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    _, live = psutil.wait_procs(live, timeout=5)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.proc.wait(5)
+    return [f"{p.pid} {p.name()}" for p in live if p.is_running()]
+
+
+@contextlib.contextmanager
+def jupyter_lab(root: Path) -> Iterator[LabServer]:
+    """Serve ``root`` with JupyterLab; stop it and every process it started on exit."""
+    state = Path(tempfile.mkdtemp(prefix="accumlib-lab-"))
+    server = None
+    try:
+        _server_env_ = _server_env(state)
+        _write_config(state)
+        for attempt in range(3):  # the free port can be taken between probe and bind
+            port, token = free_port(), secrets.token_hex(24)
+            log_path = state / f"server-{attempt}.log"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    _lab_command(root, state, port, token),
+                    cwd=root,
+                    env=_server_env_,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: killable as one
+                )
+            server = LabServer(root, port, token, proc, log_path)
+            try:
+                _wait_ready(server, time.monotonic() + STARTUP_TIMEOUT_S)
+                break
+            except RuntimeError:
+                _stop(server)
+                if "already in use" not in server.log_tail() or attempt == 2:
+                    raise
+        yield server
+    finally:
+        survivors = _stop(server) if server is not None else []
+        log_copy = server.log_tail(200) if server is not None else ""
+        shutil.rmtree(state, ignore_errors=True)
+        if survivors:
+            raise RuntimeError(f"processes left after stopping jupyter lab: {survivors}\n{log_copy}")
+
+
+@contextlib.contextmanager
+def chromium_page(profile_dir: Path, timeout_ms: int = 30_000):
+    """A Playwright page in headless Debian Chromium with a fresh profile in ``profile_dir``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile_dir),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            context.set_default_timeout(timeout_ms)
+            page = context.pages[0] if context.pages else context.new_page()
+            yield page
+        finally:
+            context.close()
+
+
+# --- acting in JupyterLab through its UI -------------------------------------------------
+
+ERROR_MIME = "application/vnd.jupyter.error"
+STDERR_MIME = "application/vnd.jupyter.stderr"
+
+
+def open_notebook(page, server: LabServer, notebook: str, timeout_ms: int = 60_000) -> None:
+    """Open ``notebook`` (relative to the server root) and wait for its kernel to be idle."""
+    page.goto(server.lab_url(notebook), timeout=timeout_ms)
+    page.locator(".jp-NotebookPanel .jp-Notebook").first.wait_for(timeout=timeout_ms)
+    wait_kernel_idle(page, timeout_ms)
+
+
+def wait_kernel_idle(page, timeout_ms: int) -> None:
+    # The notebook toolbar's execution indicator carries the kernel status.
+    page.locator('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(
+        timeout=timeout_ms
+    )
+
+
+def menu_command(page, menu: str, command: str) -> None:
+    """Click a main-menu entry, e.g. ("Run", "runmenu:run-all")."""
+    page.locator(".lm-MenuBar-item", has_text=menu).first.click()
+    page.locator(f'.lm-Menu-item[data-command="{command}"]').first.click()
+
+
+_EXECUTION_STATE_JS = """
+() => {
+  const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell')];
+  const prompts = cells.map(c => (c.querySelector('.jp-InputArea-prompt')?.textContent || '').trim());
+  const code = cells.map(c => (c.querySelector('.jp-InputArea-editor .cm-content')?.textContent || '').trim());
+  const ind = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator');
+  return {prompts, code, status: ind ? ind.getAttribute('data-status') : null};
+}
+"""
+
+
+def run_all_cells(page, timeout_ms: int) -> list[str]:
+    """Clear every output, Run > Run All Cells, and wait until every code cell has run and the
+    kernel is idle (or a cell failed: Run All stops there). Returns the cells' prompts."""
+    menu_command(page, "Edit", "editmenu:clear-all")
+    page.wait_for_function(
+        "() => ![...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]"
+        ".some(p => /\\d/.test(p.textContent))",
+        timeout=10_000,
+    )
+    menu_command(page, "Run", "runmenu:run-all")
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        state = page.evaluate(_EXECUTION_STATE_JS)
+        ran = [p for p, c in zip(state["prompts"], state["code"]) if c]
+        done = all(p.strip("[]:").strip().isdigit() for p in ran)
+        failed = page.locator(f'.jp-OutputArea-output[data-mime-type="{ERROR_MIME}"]').count() > 0
+        if state["status"] == "idle" and (done or failed) and "[*]:" not in state["prompts"]:
+            return state["prompts"]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"cells still running after {timeout_ms / 1000:.0f} s: {state}")
+        time.sleep(0.25)
+
+
+def outputs_of(page, mime: str) -> list[str]:
+    """Text of every rendered output of one MIME type in the open notebook."""
+    return page.locator(f'.jp-OutputArea-output[data-mime-type="{mime}"]').all_inner_texts()
+
+
+def png_pixels(src: str):
+    """Decode an ``<img src="data:image/png;base64,...">`` into a PIL image (RGBA)."""
+    from PIL import Image
+
+    head, _, data = src.partition(",")
+    if not head.startswith("data:image/png;base64"):
+        raise ValueError(f"figure is not an inline PNG: {head[:60]!r}")
+    return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGBA")
+
+
+def images_differ(src_a: str, src_b: str) -> bool:
+    from PIL import ImageChops
+
+    a, b = png_pixels(src_a), png_pixels(src_b)
+    return a.size != b.size or ImageChops.difference(a, b).getbbox() is not None

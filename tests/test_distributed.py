@@ -1,0 +1,170 @@
+"""DDP accumulation on real processes (gloo, 127.0.0.1) against the oracle.
+
+One spawned group of 2 ranks runs every configuration once (module fixture); the tests
+then assert on what it recorded at every optimizer step on every rank:
+- the rank's gradient against ``true_gradient`` (float64) over the union of every rank's window,
+- the all-reduce calls and bytes the DDP communication hook counted,
+- the spread of parameters across ranks after the step.
+"""
+
+import multiprocessing
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.multiprocessing import ProcessRaisedException
+
+from accumlib import get_task
+from accumlib.distributed import FLOAT32_RTOL, VARIANTS, RunSpec, ddp_accumulate, launch, run_specs
+from accumlib.distributed.experiment import PER_RANK_MIN_ERROR
+
+WORLD = 2
+# One spawned run: ~10 s on an idle 2-core machine (torch + DDP's torch._dynamo import in each
+# rank), ~40 s when other jobs load the cores; 180 s only bounds a hang.
+SPAWN_TIMEOUT_S = 180
+K = 3  # lm-tokens gives each rank 8 micro-batches: windows of 3, 3 and a ragged tail of 2
+
+SPECS = {(v, "lm-tokens"): RunSpec(v, "lm-tokens", accum_steps=K) for v in VARIANTS}
+# mlp-digits: 55 rows per rank in 7 micro-batches (last one 7 rows), k=4 -> windows 4 and 3;
+# both ranks hold equal counts, so per-rank normalization is exact here (the mistake hides).
+SPECS[("no_sync", "mlp-digits")] = RunSpec("no_sync", "mlp-digits", accum_steps=4)
+SPECS[("per-rank counts", "mlp-digits")] = RunSpec("per-rank counts", "mlp-digits", accum_steps=4)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    start = time.monotonic()
+    results = run_specs(list(SPECS.values()), world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
+    print(f"\none spawned run of {len(SPECS)} configurations on {WORLD} ranks: {time.monotonic() - start:.1f} s")
+    assert not multiprocessing.active_children()
+    return dict(zip(SPECS, results))
+
+
+def n_params(task: str) -> int:
+    return sum(p.numel() for p in get_task(task).make_model(0).parameters())
+
+
+@pytest.mark.parametrize("task", ["lm-tokens", "mlp-digits"])
+def test_every_rank_gets_the_large_batch_gradient_at_every_step(runs, task):
+    r = runs[("no_sync", task)]
+    assert len(r.rel_errors) == {"lm-tokens": 3, "mlp-digits": 2}[task]
+    assert r.window_batches[-1] < r.spec.accum_steps  # the ragged tail is stepped, not dropped
+    for step in r.rel_errors:
+        assert len(step) == WORLD
+        assert max(step) <= FLOAT32_RTOL, step
+
+
+def test_token_counts_differ_across_ranks(runs):
+    # the premise of the per-rank-count test: ranks hold different numbers of items per window
+    items = runs[("no_sync", "lm-tokens")].window_items
+    assert all(len(set(step)) == WORLD for step in items), items
+
+
+def test_ranks_hold_identical_parameters_after_every_step(runs):
+    for key, r in runs.items():
+        assert r.param_spread == [0.0] * len(r.rel_errors), key
+
+
+def test_logged_loss_is_the_global_window_mean(runs):
+    # float32 sums of a few hundred token losses against the same losses summed in float64
+    for key, r in runs.items():
+        assert r.logged == pytest.approx(r.oracle_loss, rel=FLOAT32_RTOL), key
+
+
+def test_no_sync_all_reduces_one_round_of_buckets_per_step(runs):
+    ref, every = runs[("no_sync", "lm-tokens")], runs[("every micro-batch", "lm-tokens")]
+    param_bytes = 4 * n_params("lm-tokens")  # float32: every gradient travels once per round
+    for s, m in enumerate(ref.window_batches):
+        assert len(set(ref.calls[s])) == 1 and len(set(every.calls[s])) == 1  # every rank sends the same
+        assert ref.calls[s][0] >= 1 and ref.bytes[s][0] == param_bytes
+        assert every.calls[s][0] == m * ref.calls[s][0]  # k rounds without no_sync (m on the tail)
+        assert every.bytes[s][0] == m * param_bytes
+    assert every.window_batches == [K, K, 2]
+
+
+def test_no_sync_around_backward_only_saves_nothing(runs):
+    ref, late = runs[("no_sync", "lm-tokens")], runs[("no_sync on backward only", "lm-tokens")]
+    every = runs[("every micro-batch", "lm-tokens")]
+    assert late.calls == every.calls and late.bytes == every.bytes
+    assert sum(c[0] for c in late.calls) > sum(c[0] for c in ref.calls)
+    # the waste is communication only: the gradient is still the large-batch one
+    assert late.max_rel_error <= FLOAT32_RTOL and every.max_rel_error <= FLOAT32_RTOL
+
+
+def test_per_rank_counts_are_wrong_on_token_counts(runs):
+    wrong, ref = runs[("per-rank counts", "lm-tokens")], runs[("no_sync", "lm-tokens")]
+    for step in wrong.rel_errors:
+        assert min(step) > PER_RANK_MIN_ERROR, step
+    # and it is exactly the mistake described: DDP's average of per-rank means
+    assert max(max(s) for s in wrong.rel_to_rank_means) <= FLOAT32_RTOL
+    assert min(min(s) for s in ref.rel_to_rank_means) > PER_RANK_MIN_ERROR
+
+
+def test_per_rank_counts_hide_when_every_rank_holds_as_many_items(runs):
+    r = runs[("per-rank counts", "mlp-digits")]
+    assert all(len(set(step)) == 1 for step in r.window_items)
+    assert r.max_rel_error <= FLOAT32_RTOL
+
+
+# ---- launching: failures, time limits, bad settings ------------------------------------
+
+def _fail_on_rank_1(rank, world_size):
+    if rank == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    dist.barrier()  # rank 0 would wait here for its peer until the collective timeout
+
+
+def _sleep(rank, world_size):
+    time.sleep(600)
+
+
+def test_a_failing_rank_fails_the_launch_with_its_traceback_and_leaves_nothing():
+    start = time.monotonic()
+    with pytest.raises(ProcessRaisedException, match="rank 1 fails on purpose") as info:
+        launch(_fail_on_rank_1, world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
+    assert "Traceback" in str(info.value) and "_fail_on_rank_1" in str(info.value)
+    assert not multiprocessing.active_children()
+    assert time.monotonic() - start < 60  # rank 0 was stopped, not left to its collective timeout
+
+
+def test_a_launch_past_its_timeout_is_stopped():
+    with pytest.raises(TimeoutError, match="timeout=2"):
+        launch(_sleep, world_size=WORLD, timeout=2)
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 1.5, True])
+def test_world_size_must_be_a_positive_integer(world_size):
+    with pytest.raises(ValueError, match=r"world_size must be .*>= 1 \(got"):
+        launch(_sleep, world_size=world_size)
+    with pytest.raises(ValueError, match="world_size"):
+        run_specs([RunSpec()], world_size=world_size)
+
+
+@pytest.mark.parametrize("accum_steps", [0, -2])
+def test_accum_steps_must_be_at_least_one(accum_steps):
+    with pytest.raises(ValueError, match=rf"accum_steps must be >= 1 \(got {accum_steps}\)"):
+        RunSpec(accum_steps=accum_steps)
+
+
+def test_a_port_in_use_is_refused_before_spawning():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"port must be free on 127.0.0.1 .*\(got {port}, in use"):
+            launch(_sleep, world_size=WORLD, port=port)
+    assert not multiprocessing.active_children()
+
+
+def test_functions_from_a_notebook_or_a_closure_are_refused():
+    with pytest.raises(ValueError, match="fn must be a module-level function importable"):
+        launch(lambda rank, world: None, world_size=WORLD)
+
+
+def test_the_loop_refuses_a_model_without_ddp():
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(TypeError, match="model must be wrapped in DistributedDataParallel"):
+        ddp_accumulate(model, torch.optim.SGD(model.parameters(), lr=0.1), [], None, accum_steps=2)

@@ -1,0 +1,132 @@
+"""Bad input is refused loudly, naming the argument, the rule and the value."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from accumlib import LOOPS, MLP, compare, get_task, resolve_device, true_gradient
+from accumlib.data import TokenSequences, digits, synthetic_classification
+
+
+def setup():
+    ds = synthetic_classification(16, n_features=6, n_classes=3)
+    model = MLP(6, 8, 3)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(ds, batch_size=4)
+
+
+def ce(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("bad", [0, -1, 2.0, 2.5, "4", True, None])
+def test_accum_steps_must_be_a_positive_integer(loop, bad):
+    model, opt, loader = setup()
+    with pytest.raises(ValueError, match=r"accum_steps must be .*" + (r"\(got " if not isinstance(bad, str) else "")):
+        LOOPS[loop](model, opt, loader, ce, accum_steps=bad)
+
+
+def test_accum_steps_message_names_the_value():
+    model, opt, loader = setup()
+    with pytest.raises(ValueError, match=r"accum_steps must be >= 1 \(got 0\)"):
+        LOOPS["ragged"](model, opt, loader, ce, accum_steps=0)
+    with pytest.raises(ValueError, match=r"accum_steps must be an integer >= 1 \(got 2.5 of type float\)"):
+        LOOPS["ragged"](model, opt, loader, ce, accum_steps=2.5)
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_empty_loader_is_an_error(loop):
+    model, opt, _ = setup()
+    empty = DataLoader(TensorDataset(torch.zeros(0, 6), torch.zeros(0, dtype=torch.long)), batch_size=4)
+    with pytest.raises(ValueError, match="loader must yield at least one micro-batch"):
+        LOOPS[loop](model, opt, empty, ce, accum_steps=2)
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize(
+    "bad_fn, message",
+    [
+        (lambda m, b: ce(m, b).mean(), r"must return a 1-D tensor .*got shape \(\)"),
+        (lambda m, b: ce(m, b).view(2, -1), r"must return a 1-D tensor .*got shape \(2, \d+\)"),
+        (lambda m, b: ce(m, b) * float("nan"), r"must return finite values \(got \d+ non-finite, e.g. nan\)"),
+        (lambda m, b: ce(m, b) + float("inf"), r"must return finite values \(got \d+ non-finite, e.g. inf\)"),
+        (lambda m, b: ce(m, b).tolist(), r"must return a 1-D torch.Tensor .*\(got list\)"),
+    ],
+)
+def test_item_losses_contract_is_enforced(loop, bad_fn, message):
+    model, opt, loader = setup()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="item_losses " + message):
+        LOOPS[loop](model, opt, loader, bad_fn, accum_steps=2)
+    # refused before any step: the model is untouched
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_count_items_must_agree_with_item_losses():
+    model, opt, loader = setup()
+    with pytest.raises(ValueError, match="count_items said 5 items, item_losses returned 4"):
+        LOOPS["ragged"](model, opt, loader, ce, accum_steps=2, count_items=lambda b: 5)
+
+
+def test_window_without_items_is_an_error():
+    model, opt, loader = setup()
+    with pytest.raises(ValueError, match="at least one item .*got 0 items in 2 micro-batches"):
+        LOOPS["ragged"](model, opt, loader, ce, accum_steps=2, count_items=lambda b: 0)
+
+
+def test_amp_max_norm_must_be_positive():
+    model, opt, loader = setup()
+    with pytest.raises(ValueError, match=r"max_norm must be > 0 or None \(got -1\)"):
+        LOOPS["amp"](model, opt, loader, ce, accum_steps=2, max_norm=-1)
+
+
+def test_progress_must_be_a_bar_or_bool():
+    model, opt, loader = setup()
+    with pytest.raises(ValueError, match="progress must be True, False or a tqdm bar"):
+        LOOPS["ragged"](model, opt, loader, ce, accum_steps=2, progress="yes")
+
+
+def test_unknown_task_lists_the_names():
+    with pytest.raises(ValueError, match=r"task must be one of \[.*'mlp-digits'.*\] \(got 'nope'\)"):
+        get_task("nope")
+
+
+def test_bad_device_and_data_arguments():
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="'cuda' needs a GPU"):
+            resolve_device("cuda")
+    assert resolve_device("auto").type in {"cpu", "cuda"}
+    with pytest.raises(ValueError, match=r"n must be between 1 and 1797 for digits \(got 5000\)"):
+        digits(5000)
+    with pytest.raises(ValueError, match=r"min_len must be >= 2 and <= max_len \(got min_len=9, max_len=3\)"):
+        TokenSequences(4, min_len=9, max_len=3)
+    with pytest.raises(ValueError, match=r"norm must be 'batch', 'group' or None \(got 'layer'\)"):
+        get_task("cnn-groupnorm").make_model(0).__class__(norm="layer")
+
+
+def test_compare_refuses_mismatched_gradients():
+    with pytest.raises(ValueError, match=r"a and b must name the same parameters \(only in a: \['x'\]"):
+        compare({"x": torch.ones(1), "w": torch.ones(1)}, {"w": torch.ones(1)})
+    with pytest.raises(ValueError, match=r"same shape for 'w' \(got \(2,\) and \(3,\)\)"):
+        compare({"w": torch.ones(2)}, {"w": torch.ones(3)})
+    with pytest.raises(TypeError, match="a must be a dict of tensors"):
+        compare(3, {"w": torch.ones(1)})
+
+
+def test_oracle_refuses_empty_window_and_padding_without_pad_values():
+    task = get_task("lm-tokens")
+    model = task.make_model(0)
+    with pytest.raises(ValueError, match="batches must hold at least one micro-batch"):
+        true_gradient(model, [], task.item_losses)
+    batches = list(task.loader())[:2]
+    with pytest.raises(ValueError, match="different trailing shapes .* pass pad_values="):
+        true_gradient(model, batches, task.item_losses)  # default merge cannot re-pad
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_loops_do_not_touch_the_data(loop):
+    model, opt, loader = setup()
+    x0 = loader.dataset.tensors[0].clone()
+    LOOPS[loop](model, opt, loader, ce, accum_steps=3)
+    assert torch.equal(loader.dataset.tensors[0], x0)
