@@ -13,6 +13,7 @@ One spawned run (or one torchrun job) trains a fresh model per ``RunSpec`` with
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ class RunSpec:
     batch_size: int | None = None
     lr: float = 0.05
     seed: int = 0
+    oracle: bool = True  # False: count communication only (no per-step oracle; rel_errors stay empty)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -90,7 +92,7 @@ class RunResult:
 
     @property
     def max_rel_error(self) -> float:
-        return max(max(step) for step in self.rel_errors)
+        return max((max(step) for step in self.rel_errors), default=math.nan)
 
     @property
     def calls_per_step(self) -> int:
@@ -108,9 +110,9 @@ class RunResult:
         return cls(**d)
 
 
-def shard_loader(task: Task, rank: int, world_size: int, batch_size: int | None = None) -> DataLoader:
+def shard_loader(task: Task, rank: int, world_size: int, batch_size: int | None = None, dataset=None) -> DataLoader:
     """This rank's loader: DistributedSampler's interleaved shard (padded so every rank gets as many items)."""
-    dataset = task.make_dataset()
+    dataset = task.make_dataset() if dataset is None else dataset
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
     return DataLoader(dataset, batch_size=batch_size or task.batch_size, sampler=sampler, collate_fn=task.collate_fn)
 
@@ -132,8 +134,28 @@ class _Recording:
         return out
 
 
-def run_one(spec: RunSpec, device: torch.device | None = None) -> RunResult:
-    """Train one epoch of ``spec`` on this rank (inside a process group); return what rank 0 gathered."""
+def _against_oracle(model: torch.nn.Module, window: list, task: Task, device: torch.device) -> tuple[float, float, float]:
+    """This rank's ``.grad`` against the oracle over every rank's window, and against the mean of rank means."""
+    world = dist.get_world_size()
+    union: list[list] = [None] * world  # type: ignore[list-item]
+    dist.all_gather_object(union, window)  # every rank's window: the large batch of this step
+    batches = [b for w in union for b in w]
+    oracle = true_gradient(model, batches, task.item_losses, merge=task.merge, dtype=torch.float64, device=device)
+    own = true_gradient(model, window, task.item_losses, merge=task.merge, dtype=torch.float64, device=device)
+    flat = torch.cat([g.reshape(-1) for g in own.values()])
+    dist.all_reduce(flat)  # (1/R) sum_r grad of rank r's own window mean: what per-rank counts compute
+    rank_means = {k: v.view_as(own[k]) for k, v in zip(own, (flat / world).split([g.numel() for g in own.values()]))}
+    with torch.no_grad():
+        loss = torch.cat([task.item_losses(model, to_device(b, device)) for b in batches]).double().mean()
+    grads = grads_of(model)
+    return compare(grads, oracle).rel_error, compare(grads, rank_means).rel_error, float(loss)
+
+
+def run_one(spec: RunSpec, device: torch.device | None = None, datasets: dict | None = None) -> RunResult:
+    """Train one epoch of ``spec`` on this rank (inside a process group); return what rank 0 gathered.
+
+    ``datasets`` caches each task's dataset across runs (building token sequences is the slow part).
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     device = device or torch.device("cpu")
     task = get_task(spec.task)
@@ -142,27 +164,24 @@ def run_one(spec: RunSpec, device: torch.device | None = None) -> RunResult:
     ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)  # broadcasts rank 0's parameters
     counter = count_allreduce(ddp)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=spec.lr)
-    loader = _Recording(shard_loader(task, rank, world, spec.batch_size))
+    datasets = {} if datasets is None else datasets
+    if spec.task not in datasets:
+        datasets[spec.task] = task.make_dataset()
+    loader = _Recording(shard_loader(task, rank, world, spec.batch_size, datasets[spec.task]))
     mine: dict[str, list] = {"rel": [], "rel_means": [], "calls": [], "bytes": [], "batches": [], "items": [], "spread": [], "loss": []}
 
     def before_step(opt, args, kwargs):
         window = loader.take()
         calls, nbytes = counter.take()
-        union: list[list] = [None] * world  # type: ignore[list-item]
-        dist.all_gather_object(union, window)  # every rank's window: the large batch of this step
-        union_batches = [b for w in union for b in w]
-        oracle = true_gradient(model, union_batches, task.item_losses, merge=task.merge, dtype=torch.float64, device=device)
-        with torch.no_grad():
-            loss = torch.cat([task.item_losses(model, to_device(b, device)) for b in union_batches])
-        per_rank = [true_gradient(model, w, task.item_losses, merge=task.merge, dtype=torch.float64, device=device) for w in union]
-        rank_means = {k: sum(g[k] for g in per_rank) / world for k in oracle}  # (1/R) sum_r grad of rank r's own mean
-        mine["rel"].append(compare(grads_of(model), oracle).rel_error)
-        mine["rel_means"].append(compare(grads_of(model), rank_means).rel_error)
         mine["calls"].append(calls)
         mine["bytes"].append(nbytes)
         mine["batches"].append(len(window))
         mine["items"].append(sum(task.count_items(b) for b in window))
-        mine["loss"].append(float(loss.double().mean()))
+        if spec.oracle:
+            rel, rel_means, loss = _against_oracle(model, window, task, device)
+            mine["rel"].append(rel)
+            mine["rel_means"].append(rel_means)
+            mine["loss"].append(loss)
 
     def after_step(opt, args, kwargs):
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -180,11 +199,11 @@ def run_one(spec: RunSpec, device: torch.device | None = None) -> RunResult:
         post.remove()
     gathered: list[dict] = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(gathered, mine)
-    steps = range(len(mine["rel"]))
+    steps, checked = range(len(mine["calls"])), range(len(mine["rel"]))
     return RunResult(
         spec=spec, world_size=world,
-        rel_errors=[[g["rel"][s] for g in gathered] for s in steps],
-        rel_to_rank_means=[[g["rel_means"][s] for g in gathered] for s in steps],
+        rel_errors=[[g["rel"][s] for g in gathered] for s in checked],
+        rel_to_rank_means=[[g["rel_means"][s] for g in gathered] for s in checked],
         param_spread=mine["spread"],
         calls=[[g["calls"][s] for g in gathered] for s in steps],
         bytes=[[g["bytes"][s] for g in gathered] for s in steps],
@@ -198,7 +217,8 @@ def run_one(spec: RunSpec, device: torch.device | None = None) -> RunResult:
 def worker(rank: int, world_size: int, specs: Sequence[dict], out: str | None = None) -> list[RunResult]:
     """Spawn/torchrun target: run every spec in order; rank 0 writes the results to ``out`` as JSON."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    results = [run_one(RunSpec(**s), device) for s in specs]
+    datasets: dict = {}  # read-only after construction, so runs may share it
+    results = [run_one(RunSpec(**s), device, datasets) for s in specs]
     if rank == 0 and out is not None:
         with open(out, "w") as f:
             json.dump([asdict(r) for r in results], f)
