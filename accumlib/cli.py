@@ -28,6 +28,27 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if table.ok else 1
 
 
+def _ddp(args: argparse.Namespace) -> int:
+    import os
+
+    from .distributed import ddp_experiment, init_from_env
+
+    try:
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun: join its group
+            init_from_env()
+        report = ddp_experiment(world_size=args.world_size, accum_steps=args.accum_steps, task=args.task, timeout=args.timeout)
+    except ValueError as err:
+        print(f"accumlib ddp: error: {err}", file=sys.stderr)
+        return 2
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(report.to_json() if args.json else report)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accumlib", description="Gradient accumulation, checked against the large batch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -42,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print the results as JSON")
     v.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
     v.set_defaults(func=_verify)
+    d = sub.add_parser(
+        "ddp",
+        help="DDP accumulation on local processes: error vs the large batch, all-reduce counts, per-rank counts",
+        description="Spawn --world-size processes on 127.0.0.1 (gloo on CPU), accumulate with DistributedDataParallel "
+        "and compare every step with the large-batch gradient over all ranks' windows; count all-reduce calls and bytes "
+        "with and without no_sync. Under torchrun it joins torchrun's process group instead.",
+    )
+    d.add_argument("--world-size", type=int, default=2, help="processes to spawn (default: 2; ignored under torchrun)")
+    d.add_argument("--accum-steps", type=int, default=4, help="micro-batches per optimizer step (default: 4)")
+    d.add_argument("--task", default="lm-tokens", help="built-in task (default: lm-tokens, variable token counts)")
+    d.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are stopped (default: 300)")
+    d.add_argument("--json", action="store_true", help="print the results as JSON")
+    d.set_defaults(func=_ddp)
     return parser
 
 
