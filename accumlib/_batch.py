@@ -15,6 +15,7 @@ import torch
 
 Batch = Any
 ItemLosses = Callable[[torch.nn.Module, Batch], torch.Tensor]
+Device = torch.device | str | None
 
 
 def to_device(batch: Batch, device: torch.device | str | None) -> Batch:

@@ -11,17 +11,28 @@ then stepped and the scale updated once. bfloat16 on CPU, float16 on CUDA.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
+from torch import nn
+from torch.optim import Optimizer
 
 from .._batch import (
+    Batch, Device, ItemLosses,
     check_accum_steps, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, windows,
 )
 
 
 def amp(
-    model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, count_items=_rows,
-    dtype=None, scaler=None, max_norm=None, enabled=True,
+    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
+    accum_steps: int, device: Device = None, progress: bool | Any = False,
+    count_items: Callable[[Batch], int] = _rows,
+    dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    max_norm: float | None = None,
+    enabled: bool = True,
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
 

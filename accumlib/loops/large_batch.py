@@ -8,11 +8,20 @@ every other loop is judged against the gradient this one takes.
 
 from __future__ import annotations
 
-from .._batch import cat_batches, check_accum_steps, checked_losses, progress_bar, to_device, windows
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from .._batch import Batch, Device, ItemLosses, cat_batches, check_accum_steps, checked_losses, progress_bar, to_device, windows
 
 
 def large_batch(
-    model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, merge=cat_batches
+    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
+    accum_steps: int, device: Device = None, progress: bool | Any = False,
+    merge: Callable[[list[Batch]], Batch] = cat_batches,
 ) -> list[float]:
     """Run one epoch; each window of ``accum_steps`` micro-batches is merged and stepped once."""
     accum_steps = check_accum_steps(accum_steps)

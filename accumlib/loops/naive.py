@@ -11,12 +11,20 @@ the bug survives.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
+from torch import nn
+from torch.optim import Optimizer
 
-from .._batch import checked_losses, check_accum_steps, progress_bar, to_device, windows
+from .._batch import Batch, Device, ItemLosses, checked_losses, check_accum_steps, progress_bar, to_device, windows
 
 
-def naive(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False) -> list[float]:
+def naive(
+    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
+    accum_steps: int, device: Device = None, progress: bool | Any = False,
+) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
 
     >>> from accumlib import naive, get_task

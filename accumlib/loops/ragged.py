@@ -11,16 +11,24 @@ and the last, partial window is stepped, never dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
+from torch import nn
+from torch.optim import Optimizer
 
 from .._batch import (
+    Batch, Device, ItemLosses,
     check_accum_steps, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, windows,
 )
 
 
 def ragged(
-    model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, count_items=_rows
+    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
+    accum_steps: int, device: Device = None, progress: bool | Any = False,
+    count_items: Callable[[Batch], int] = _rows,
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window."""
     accum_steps = check_accum_steps(accum_steps)
