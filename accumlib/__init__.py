@@ -12,6 +12,8 @@ from .memory import activation_bytes, cuda_peak_bytes
 from .models import MLP, SmallCNN, TinyLM
 from .oracle import grads_of, true_gradient
 from .tasks import TASKS, Task, classification_losses, get_task, token_losses
+from . import distributed  # DDP accumulation; importing it starts no process and no process group
+from .distributed import ddp_accumulate
 
 __version__ = "0.1.0"
 
@@ -22,3 +24,4 @@ __all__ = [
     "naive", "normalized", "pad_collate", "ragged", "resolve_device", "synthetic_classification", "token_losses",
     "trace_loop", "true_gradient", "windows",
 ]
+__all__ += ["ddp_accumulate", "distributed"]
