@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -138,6 +139,8 @@ def _write_config(state: Path) -> None:
     # no news or update notifications.
     overrides = {
         "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
+        # Every cell in the DOM (the default windowing leaves off-screen cells out of it).
+        "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
         "@jupyterlab/apputils-extension:notification": {
             "checkForUpdates": False,
             "fetchNews": "false",
@@ -282,22 +285,45 @@ def chromium_page(profile_dir: Path, timeout_ms: int = 30_000):
 
 # --- acting in JupyterLab through its UI -------------------------------------------------
 
-ERROR_MIME = "application/vnd.jupyter.error"
+# JupyterLab renders an exception (an `error` output) with the stderr MIME type, as it does
+# stream output to stderr; ERROR_MIME is what a renderer of raw error outputs would use.
 STDERR_MIME = "application/vnd.jupyter.stderr"
+ERROR_MIME = "application/vnd.jupyter.error"
+_ERROR_TEXT = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b", re.M)
 
 
 def open_notebook(page, server: LabServer, notebook: str, timeout_ms: int = 60_000) -> None:
-    """Open ``notebook`` (relative to the server root) and wait for its kernel to be idle."""
+    """Open ``notebook`` (relative to the server root); wait until every cell is rendered and
+    its kernel is connected and idle."""
+    import nbformat
+
     page.goto(server.lab_url(notebook), timeout=timeout_ms)
-    page.locator(".jp-NotebookPanel .jp-Notebook").first.wait_for(timeout=timeout_ms)
-    wait_kernel_idle(page, timeout_ms)
-
-
-def wait_kernel_idle(page, timeout_ms: int) -> None:
-    # The notebook toolbar's execution indicator carries the kernel status.
-    page.locator('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]').first.wait_for(
-        timeout=timeout_ms
+    nb = nbformat.read(server.root / notebook, as_version=4)
+    page.wait_for_function(
+        "n => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell').length === n",
+        arg=len(nb.cells),
+        timeout=timeout_ms,
     )
+    wait_kernel_idle(page, server, timeout_ms)
+
+
+def wait_kernel_idle(page, server: LabServer, timeout_ms: int) -> None:
+    """The notebook's execution indicator says idle and the server agrees (a kernel with a
+    browser connection, idle)."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        ui = page.evaluate(
+            "() => document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
+            ".jp-Notebook-ExecutionIndicator')?.getAttribute('data-status')"
+        )
+        kernels = json.loads(server.api("api/kernels"))
+        if ui == "idle" and any(
+            k["execution_state"] == "idle" and k["connections"] > 0 for k in kernels
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"kernel not idle after {timeout_ms / 1000:.0f} s: ui={ui} {kernels}")
+        time.sleep(0.25)
 
 
 def menu_command(page, menu: str, command: str) -> None:
@@ -306,37 +332,35 @@ def menu_command(page, menu: str, command: str) -> None:
     page.locator(f'.lm-Menu-item[data-command="{command}"]').first.click()
 
 
-_EXECUTION_STATE_JS = """
-() => {
-  const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell')];
-  const prompts = cells.map(c => (c.querySelector('.jp-InputArea-prompt')?.textContent || '').trim());
-  const code = cells.map(c => (c.querySelector('.jp-InputArea-editor .cm-content')?.textContent || '').trim());
-  const ind = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator');
-  return {prompts, code, status: ind ? ind.getAttribute('data-status') : null};
-}
-"""
+_PROMPTS_JS = (
+    "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook "
+    ".jp-CodeCell .jp-InputArea-prompt')].map(p => p.textContent.trim())"
+)
 
 
-def run_all_cells(page, timeout_ms: int) -> list[str]:
-    """Clear every output, Run > Run All Cells, and wait until every code cell has run and the
-    kernel is idle (or a cell failed: Run All stops there). Returns the cells' prompts."""
+def run_all_cells(page, server: LabServer, notebook: str, timeout_ms: int) -> list[str]:
+    """Edit > Clear Outputs of All Cells, Run > Run All Cells, then wait until every non-empty
+    code cell shows an execution count (or a cell failed: Run All stops there) and the kernel
+    is idle. Returns the code cells' prompts."""
+    import nbformat
+
+    nb = nbformat.read(server.root / notebook, as_version=4)
+    n_code = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
     menu_command(page, "Edit", "editmenu:clear-all")
-    page.wait_for_function(
-        "() => ![...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]"
-        ".some(p => /\\d/.test(p.textContent))",
-        timeout=10_000,
-    )
+    page.wait_for_function(_PROMPTS_JS.replace("() =>", "() => !(") + ".some(p => /\\d/.test(p)))")
     menu_command(page, "Run", "runmenu:run-all")
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
-        state = page.evaluate(_EXECUTION_STATE_JS)
-        ran = [p for p, c in zip(state["prompts"], state["code"]) if c]
-        done = all(p.strip("[]:").strip().isdigit() for p in ran)
-        failed = page.locator(f'.jp-OutputArea-output[data-mime-type="{ERROR_MIME}"]').count() > 0
-        if state["status"] == "idle" and (done or failed) and "[*]:" not in state["prompts"]:
-            return state["prompts"]
+        prompts = page.evaluate(_PROMPTS_JS)
+        ran = sum(1 for p in prompts if p.strip("[]:").strip().isdigit())
+        failed = any(_ERROR_TEXT.search(t) for t in outputs_of(page, STDERR_MIME))
+        if (ran == n_code or failed) and not any("*" in p for p in prompts):
+            wait_kernel_idle(page, server, max(1000, int((deadline - time.monotonic()) * 1000)))
+            return prompts
         if time.monotonic() > deadline:
-            raise TimeoutError(f"cells still running after {timeout_ms / 1000:.0f} s: {state}")
+            raise TimeoutError(
+                f"{ran} of {n_code} code cells ran within {timeout_ms / 1000:.0f} s: {prompts}"
+            )
         time.sleep(0.25)
 
 
@@ -356,7 +380,7 @@ def png_pixels(src: str):
 
 
 def images_differ(src_a: str, src_b: str) -> bool:
-    from PIL import ImageChops
-
+    """Whether two inline PNGs differ in size or in any pixel (not merely in their bytes)."""
     a, b = png_pixels(src_a), png_pixels(src_b)
-    return a.size != b.size or ImageChops.difference(a, b).getbbox() is not None
+    # Not ImageChops.difference(...).getbbox(): on RGBA it looks at the alpha channel only.
+    return a.size != b.size or a.tobytes() != b.tobytes()

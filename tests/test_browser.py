@@ -1,0 +1,238 @@
+"""The notebooks as a workshop participant meets them: JupyterLab in a real (headless) browser.
+
+Each test serves a throwaway copy of notebooks/ with this environment's JupyterLab
+(tests/_jupyter.py), opens a notebook in Debian's Chromium through Playwright, runs all cells
+from the Run menu, and checks what is rendered. Screenshots go to test-artifacts/browser/.
+Without Chromium these tests skip, saying how to install it; with ACCUMLIB_REQUIRE_BROWSER=1
+(set by .ci/run) a missing browser fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _jupyter import (
+    ERROR_MIME,
+    STDERR_MIME,
+    chromium_missing_reason,
+    chromium_page,
+    images_differ,
+    jupyter_lab,
+    open_notebook,
+    outputs_of,
+    run_all_cells,
+    wait_kernel_idle,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+ARTIFACTS = Path(os.environ.get("ACCUMLIB_ARTIFACTS", REPO / "test-artifacts")) / "browser"
+
+NB_WHY = "01_why_accumulate.ipynb"
+NB_VERIFY = "07_verify_your_loop.ipynb"
+
+RUN_ALL_TIMEOUT_MS = 60_000  # notebook 1 runs in ~10 s on 2 shared cores; 6x headroom
+REDRAW_TIMEOUT_S = 30  # one recompute + redraw after a slider step takes ~1-3 s here
+
+# A hard cap per test, below pytest's global 600 s: a hung browser test fails in 2 minutes.
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """One JupyterLab for the module, serving a copy of notebooks/ (running a notebook in the
+    UI rewrites it; the repository's copies stay untouched) plus a scratch/ folder."""
+    reason = chromium_missing_reason()
+    if reason:
+        if os.environ.get("ACCUMLIB_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"ACCUMLIB_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("lab-root")
+    shutil.copytree(NOTEBOOKS, root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    (root / "scratch").mkdir()
+    with jupyter_lab(root) as server:
+        yield server
+
+
+@pytest.fixture
+def page(lab, tmp_path):
+    with chromium_page(tmp_path / "chromium-profile") as page:
+        yield page
+
+
+def _artifact(request, label: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    return ARTIFACTS / f"{name}-{label}.png"
+
+
+def _need(notebook: str) -> str:
+    if not (NOTEBOOKS / notebook).exists():
+        pytest.skip(f"notebooks/{notebook} is not in the repository yet")
+    return f"notebooks/{notebook}"
+
+
+def _slider_and_figure(page):
+    """The first slider in the notebook and the figure in the same cell's output."""
+    slider = page.locator(".jp-Notebook .widget-slider").first
+    slider.wait_for(timeout=10_000)
+    cell = slider.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-CodeCell ')][1]")
+    figure = cell.locator('.jp-OutputArea-output[data-mime-type="image/png"] img').first
+    figure.wait_for(timeout=10_000)
+    return slider, cell, figure
+
+
+def _step_slider(page, slider) -> tuple[str, str]:
+    """Move the slider one step right with the keyboard, as a person would. Returns the value
+    shown before and after."""
+    handle = slider.locator(".noUi-handle").first
+    before = handle.get_attribute("aria-valuenow")
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    deadline = time.monotonic() + 5
+    while handle.get_attribute("aria-valuenow") == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return before, handle.get_attribute("aria-valuenow")
+
+
+def _wait_redrawn(figure, old_src: str) -> str:
+    deadline = time.monotonic() + REDRAW_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if figure.count() and (src := figure.get_attribute("src")) and src != old_src:
+            return src
+        time.sleep(0.2)
+    raise AssertionError(f"the figure's <img> did not change within {REDRAW_TIMEOUT_S} s")
+
+
+def _slider_changes_figure(page, lab, request) -> None:
+    slider, cell, figure = _slider_and_figure(page)
+    cell.scroll_into_view_if_needed()
+    src_before = figure.get_attribute("src")
+    page.screenshot(path=_artifact(request, "before"))
+    cell.screenshot(path=_artifact(request, "before-cell"))
+
+    value_before, value_after = _step_slider(page, slider)
+    assert value_after != value_before, f"the slider did not move (value {value_before})"
+    src_after = _wait_redrawn(figure, src_before)
+    wait_kernel_idle(page, lab, 30_000)
+    page.screenshot(path=_artifact(request, "after"))
+    cell.screenshot(path=_artifact(request, "after-cell"))
+
+    assert images_differ(src_before, src_after), (
+        f"moving the slider {value_before} -> {value_after} re-rendered an identical figure"
+    )
+
+
+# --- the harness itself, on a scratch notebook: it must see errors and redraws -------------
+
+SCRATCH_CELLS = [
+    ("markdown", "# scratch: a slider that redraws a figure, then stderr and an error"),
+    ("code", "import sys\nimport ipywidgets as w\nimport matplotlib.pyplot as plt\nprint(sys.prefix)"),
+    (
+        "code",
+        "out = w.Output()\n"
+        "k = w.IntSlider(value=2, min=1, max=8, description='k')\n"
+        "def show(k):\n"
+        "    fig, ax = plt.subplots(figsize=(3, 2))\n"
+        "    ax.plot(range(10), [i * k for i in range(10)])\n"
+        "    ax.set_ylim(0, 80)\n"
+        "    with out:\n"
+        "        out.clear_output(wait=True)\n"
+        "        display(fig)\n"
+        "    plt.close(fig)\n"
+        "k.observe(lambda change: show(change['new']), names='value')\n"
+        "show(k.value)\n"
+        "w.VBox([k, out])",
+    ),
+    ("code", "print('a warning-like line', file=sys.stderr)"),
+    ("code", "1 / 0"),
+    ("code", "print('never runs: Run All stops at the error')"),
+]
+
+
+def _write_scratch(root: Path) -> str:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    new = {"code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell}
+    nb.cells = [new[kind](src) for kind, src in SCRATCH_CELLS]
+    nbformat.write(nb, root / "scratch" / "scratch.ipynb")
+    return "scratch/scratch.ipynb"
+
+
+def test_harness_sees_errors_and_redraws(lab, page, request):
+    """The checks the notebook tests rely on can fail: stderr and a traceback are found, Run All
+    stops at the error, the kernel is this environment's, and a slider step redraws."""
+    notebook = _write_scratch(lab.root)
+    started = time.monotonic()
+    open_notebook(page, lab, notebook)
+    prompts = run_all_cells(page, lab, notebook, RUN_ALL_TIMEOUT_MS)
+
+    assert prompts[:4] == ["[1]:", "[2]:", "[3]:", "[4]:"] and prompts[4] == "[ ]:", prompts
+    stdout = outputs_of(page, "application/vnd.jupyter.stdout")
+    assert stdout and stdout[0].strip() == sys.prefix, "the kernel is not this environment's Python"
+    stderr = outputs_of(page, STDERR_MIME)
+    assert len(stderr) == 2, stderr
+    assert "a warning-like line" in stderr[0]
+    assert "ZeroDivisionError" in stderr[1] and "Traceback" in stderr[1]
+    _slider_changes_figure(page, lab, request)
+    print(f"scratch notebook: {time.monotonic() - started:.1f} s in the browser")
+
+
+def test_images_differ_is_not_vacuous():
+    """images_differ() compares pixels: the same figure twice is 'same', another is 'different'."""
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def png(k: int) -> str:
+        fig, ax = plt.subplots(figsize=(2, 2))
+        ax.plot([0, 1], [0, k])
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+    assert not images_differ(png(1), png(1))
+    assert images_differ(png(1), png(2))
+
+
+# --- the lesson notebooks --------------------------------------------------------------------
+
+
+def test_notebook_1_runs_and_slider_redraws(lab, page, request):
+    notebook = _need(NB_WHY)
+    open_notebook(page, lab, notebook)
+    run_all_cells(page, lab, notebook, RUN_ALL_TIMEOUT_MS)
+    assert outputs_of(page, STDERR_MIME) == [], "error or stderr output in notebook 1"
+    assert outputs_of(page, ERROR_MIME) == []
+    _slider_changes_figure(page, lab, request)
+    assert outputs_of(page, STDERR_MIME) == [], "moving the slider wrote to stderr"
+
+
+FINDING_CODE = re.compile(r"\b[a-z]+(?:-[a-z]+)+\b")  # e.g. unscaled-sum
+EXPECTED_FINDING = "unscaled-sum"
+
+
+def test_notebook_7_report_shows_a_finding(lab, page, request):
+    notebook = _need(NB_VERIFY)
+    open_notebook(page, lab, notebook)
+    run_all_cells(page, lab, notebook, RUN_ALL_TIMEOUT_MS)
+    assert outputs_of(page, STDERR_MIME) == [], "error or stderr output in notebook 7"
+    tables = page.locator(".jp-OutputArea-output table")
+    assert tables.count() > 0, "no rendered report table in notebook 7"
+    cells = " | ".join(tables.locator("td").all_inner_texts())
+    page.screenshot(path=_artifact(request, "report"), full_page=True)
+    assert EXPECTED_FINDING in cells, f"finding code {EXPECTED_FINDING!r} not in the report: {cells}"
