@@ -32,9 +32,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/uv pip install --python $(PY) -c constraints.txt -e ".[dev]" $(addprefix --find-links ,$(FIND_LINKS))
 	touch $(STAMP)
 
-# JupyterLab on notebooks/. Without a display it only serves and prints the URL.
+# JupyterLab on notebooks/. Without a display it only serves and prints the URL
+# (containers often run as root, which JupyterLab refuses unless told).
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(if $(DISPLAY),,--no-browser)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(if $(DISPLAY),,--no-browser) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Every test: unit and property tests, then nbval over every notebook.
 test: $(STAMP)
