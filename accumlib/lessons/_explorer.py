@@ -1,0 +1,66 @@
+"""A widget that re-runs one lesson computation: controls in, ``compute(**values)``, ``show(result)`` out.
+
+Used by the lessons of notebooks 4-7. ``Explorer.result`` holds the latest result, so a
+test can set a control's ``value`` and assert on the recomputed result without a browser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import matplotlib.pyplot as plt
+
+
+class Explorer:
+    """Controls + an output area; every change of a control re-runs ``compute`` and shows it.
+
+    >>> import ipywidgets as w
+    >>> ex = Explorer(lambda k: k * 2, str, k=w.IntSlider(value=2))
+    >>> ex.result, (setattr(ex.controls["k"], "value", 5), ex.result)[1]
+    (4, 10)
+    """
+
+    def __init__(self, compute: Callable[..., Any], show: Callable[[Any], Any], *, initial: Any = None, **controls: Any):
+        import ipywidgets as widgets
+
+        self.compute, self.show, self.controls = compute, show, controls
+        self.out = widgets.Output()
+        self.widget = widgets.VBox([*controls.values(), self.out])
+        self.result: Any = None
+        for control in controls.values():
+            control.observe(self._rerun, names="value")
+        # ``initial``: the result the notebook already computed for the controls' start values
+        self._rerun(result=initial)
+
+    def values(self) -> dict[str, Any]:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def _rerun(self, change: Any = None, result: Any = None) -> None:
+        from IPython.display import display
+
+        self.result = result if result is not None else self.compute(**self.values())
+        shown = self.show(self.result)
+        if not _in_kernel():
+            if isinstance(shown, plt.Figure):
+                plt.close(shown)
+            return  # no frontend (pytest): the result is what a test checks
+        with self.out:
+            self.out.clear_output(wait=True)
+            display(shown)
+            if isinstance(shown, plt.Figure):
+                plt.close(shown)  # shown once in the output area, not again by the inline backend
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None

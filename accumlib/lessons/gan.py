@@ -1,0 +1,370 @@
+"""Lesson 6: GANs and two optimizers (seed: "Gradient Accumulation in PyTorch, GANs and other Nightmares").
+
+A generator G and a discriminator D share one autograd graph: ``D(G(z))``. The
+generator's backward therefore also writes ``.grad`` of every D parameter (the *leak*),
+and the discriminator's backward through an undetached fake writes G's ``.grad``.
+Each optimizer must step on exactly its own loss's gradient:
+
+    G's step:  grad_G  mean_z  bce(D(G(z)), 1)
+    D's step:  grad_D  mean over fakes and reals of  bce(D(G(z)), 0) / bce(D(x), 1)
+
+The step functions below are the seed's orderings (made to run, see ``seed_as_written``)
+and accumulation with two optimizers; ``check_step`` and ``check_accumulation`` compare
+each optimizer's gradient, at its ``step``, with ``accumlib.true_gradient``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import compare, grads_of, true_gradient
+
+NOISE_DIM = 4
+
+
+def make_gan(seed: int = 0, hidden: int = 16) -> tuple[nn.Module, nn.Module]:
+    """A tiny generator (noise -> 2-D point) and discriminator (2-D point -> logit)."""
+    torch.manual_seed(seed)
+    G = nn.Sequential(nn.Linear(NOISE_DIM, hidden), nn.ReLU(), nn.Linear(hidden, 2))
+    D = nn.Sequential(nn.Linear(2, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, 1))
+    return G, D
+
+
+def real_points(n: int, seed: int = 0) -> torch.Tensor:
+    """2-D toy data: 8 small Gaussian blobs on a circle of radius 2."""
+    g = torch.Generator().manual_seed(seed)
+    angle = torch.randint(0, 8, (n,), generator=g).float() * (torch.pi / 4)
+    centres = torch.stack([angle.cos(), angle.sin()], dim=1) * 2.0
+    return centres + 0.1 * torch.randn(n, 2, generator=g)
+
+
+def noise(n: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, NOISE_DIM, generator=torch.Generator().manual_seed(seed))
+
+
+def _bce(logits: torch.Tensor, label: float) -> torch.Tensor:
+    """Per-item binary cross-entropy on logits (the seed's BCELoss on a sigmoid, stably)."""
+    return F.binary_cross_entropy_with_logits(logits.squeeze(1), torch.full((len(logits),), label), reduction="none")
+
+
+def d_item_losses(D: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The task contract for D: items are points, labelled 1 (real) or 0 (fake)."""
+    x, y = batch
+    return F.binary_cross_entropy_with_logits(D(x).squeeze(1), y, reduction="none")
+
+
+def g_item_losses(D: nn.Module) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    """The task contract for G, given D: items are noise vectors, the target is "real"."""
+    return lambda G, z: _bce(D(G(z)), 1.0)
+
+
+def _d_loss(D: nn.Module, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """D's loss: the mean over all its items, fake (label 0) and real (label 1)."""
+    return torch.cat([_bce(D(fake), 0.0), _bce(D(real), 1.0)]).mean()
+
+
+# --- one GAN step, the seed's orderings ---------------------------------------------------------
+
+
+def seed_as_written(G, D, g_opt, d_opt, z, x_real) -> None:
+    """The seed's first listing, verbatim: D's loss reuses ``y_fake = D(G(z))`` after G has stepped.
+
+    ``d_loss.backward()`` then runs back through G, whose weights ``g_opt.step()`` changed in
+    place: PyTorch (since 1.5) refuses with "modified by an inplace operation".
+    """
+    x_fake = G(z)
+    y_fake = D(x_fake)
+    g_opt.zero_grad(set_to_none=True)
+    g_loss = _bce(y_fake, 1.0).mean()
+    g_loss.backward(retain_graph=True)
+    g_opt.step()
+    y_real = D(x_real)
+    d_opt.zero_grad(set_to_none=True)
+    d_loss = torch.cat([_bce(y_fake, 0.0), _bce(y_real, 1.0)]).mean()
+    d_loss.backward()  # raises: G's weights are needed here and have been changed
+    d_opt.step()
+
+
+def leaky(G, D, g_opt, d_opt, z, x_real) -> None:
+    """The seed's "this will break" ordering (fake detached for D so it runs): D steps on the leak too."""
+    x_fake = G(z)
+    g_loss = _bce(D(x_fake), 1.0).mean()
+    g_loss.backward()  # writes G's .grad AND D's .grad (the leak)
+    g_opt.step()
+    g_opt.zero_grad(set_to_none=True)
+    d_loss = _d_loss(D, x_fake.detach(), x_real)
+    d_loss.backward()  # D's .grad = its own gradient + the leak
+    d_opt.step()
+    d_opt.zero_grad(set_to_none=True)
+
+
+def zero_grad_after_g(G, D, g_opt, d_opt, z, x_real) -> None:
+    """The seed's first ordering (fake detached so it runs): ``d_opt.zero_grad()`` after G's backward wipes the leak."""
+    x_fake = G(z)
+    g_opt.zero_grad(set_to_none=True)
+    _bce(D(x_fake), 1.0).mean().backward()
+    g_opt.step()
+    d_opt.zero_grad(set_to_none=True)  # placed here, it clears what G's backward wrote into D
+    _d_loss(D, x_fake.detach(), x_real).backward()
+    d_opt.step()
+
+
+def requires_grad_toggle(G, D, g_opt, d_opt, z, x_real) -> None:
+    """The seed's fix: D's parameters stop requiring grad while G trains, so nothing leaks at all."""
+    D.requires_grad_(False)  # autograd no longer writes D's .grad (and skips that work)
+    x_fake = G(z)
+    _bce(D(x_fake), 1.0).mean().backward()
+    g_opt.step()
+    g_opt.zero_grad(set_to_none=True)
+    D.requires_grad_(True)
+    _d_loss(D, x_fake.detach(), x_real).backward()  # detach: D's loss must not reach G
+    d_opt.step()
+    d_opt.zero_grad(set_to_none=True)
+
+
+def d_first_detach(G, D, g_opt, d_opt, z, x_real) -> None:
+    """The usual DCGAN order: D on a detached fake, then G; each optimizer zeroes its own grads first."""
+    x_fake = G(z)
+    d_opt.zero_grad(set_to_none=True)
+    _d_loss(D, x_fake.detach(), x_real).backward()  # detach: D's loss does not reach G
+    d_opt.step()
+    g_opt.zero_grad(set_to_none=True)
+    _bce(D(x_fake), 1.0).mean().backward()  # leaks into D, cleared by d_opt.zero_grad() next time
+    g_opt.step()
+
+
+STEPS: dict[str, Callable[..., None]] = {
+    "seed as written": seed_as_written,
+    "leaky (seed's broken order)": leaky,
+    "zero_grad(D) after G's backward": zero_grad_after_g,
+    "requires_grad toggle (seed's fix)": requires_grad_toggle,
+    "D first, detach": d_first_detach,
+}
+
+
+# --- accumulation with two optimizers --------------------------------------------------------------
+
+
+def accumulate_two_phase(G, D, g_opt, d_opt, z_batches, real_batches) -> None:
+    """Exact: a D window on detached fakes, D steps; then a G window with D frozen, G steps."""
+    n_d = sum(len(z) + len(x) for z, x in zip(z_batches, real_batches))
+    for z, x in zip(z_batches, real_batches):
+        fake = G(z).detach()  # D's loss must not reach G
+        (torch.cat([_bce(D(fake), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
+    d_opt.step()
+    d_opt.zero_grad(set_to_none=True)
+    n_g = sum(len(z) for z in z_batches)
+    D.requires_grad_(False)  # G's loss must not reach D
+    for z in z_batches:
+        (_bce(D(G(z)), 1.0).sum() / n_g).backward()
+    D.requires_grad_(True)
+    g_opt.step()
+    g_opt.zero_grad(set_to_none=True)
+
+
+def accumulate_interleaved_leaky(G, D, g_opt, d_opt, z_batches, real_batches) -> None:
+    """Both losses per micro-batch, both steps at the end: G's backward leaks into D's window k times."""
+    n_d = sum(len(z) + len(x) for z, x in zip(z_batches, real_batches))
+    n_g = sum(len(z) for z in z_batches)
+    for z, x in zip(z_batches, real_batches):
+        fake = G(z)
+        (torch.cat([_bce(D(fake.detach()), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
+        (_bce(D(fake), 1.0).sum() / n_g).backward()  # also adds to D's .grad
+    g_opt.step()
+    d_opt.step()
+    g_opt.zero_grad(set_to_none=True)
+    d_opt.zero_grad(set_to_none=True)
+
+
+def accumulate_interleaved_zero_d(G, D, g_opt, d_opt, z_batches, real_batches) -> None:
+    """As above, "fixed" with ``d_opt.zero_grad()`` after each G backward: it wipes D's window too."""
+    n_d = sum(len(z) + len(x) for z, x in zip(z_batches, real_batches))
+    n_g = sum(len(z) for z in z_batches)
+    for z, x in zip(z_batches, real_batches):
+        fake = G(z)
+        (_bce(D(fake), 1.0).sum() / n_g).backward()
+        d_opt.zero_grad(set_to_none=True)  # clears the leak, and every earlier micro-batch of D's window
+        (torch.cat([_bce(D(fake.detach()), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
+    g_opt.step()
+    d_opt.step()
+    g_opt.zero_grad(set_to_none=True)
+    d_opt.zero_grad(set_to_none=True)
+
+
+ACCUMULATIONS: dict[str, Callable[..., None]] = {
+    "two phases (D window, then G window)": accumulate_two_phase,
+    "interleaved, leaky": accumulate_interleaved_leaky,
+    "interleaved, zero_grad(D) per micro-batch": accumulate_interleaved_zero_d,
+}
+
+
+# --- the check: each optimizer's gradient at its step vs the oracle --------------------------------
+
+
+@dataclass
+class GanCheck:
+    """Relative error of each optimizer's gradient at its step (``None`` if it never stepped), or the error raised."""
+
+    rel_error: dict[str, float | None]
+    error: str | None = None
+
+    def exact(self, tol: float = 1e-4) -> bool:
+        return self.error is None and all(e is not None and e <= tol for e in self.rel_error.values())
+
+
+def _run_checked(fn: Callable[..., None], G, D, z_batches: list[torch.Tensor], real_batches: list[torch.Tensor], args: tuple) -> GanCheck:
+    g_opt = torch.optim.Adam(G.parameters(), lr=1e-3)
+    d_opt = torch.optim.Adam(D.parameters(), lr=1e-3)
+    with torch.no_grad():
+        fakes = [G(z) for z in z_batches]  # the fakes D trains on, from G before any step
+    seen: dict[str, float | None] = {"D": None, "G": None}
+
+    def check_d(opt: Any, a: Any, kw: Any) -> None:
+        batches = [(f, torch.zeros(len(f))) for f in fakes] + [(x, torch.ones(len(x))) for x in real_batches]
+        seen["D"] = compare(grads_of(D), true_gradient(D, batches, d_item_losses)).rel_error
+
+    def check_g(opt: Any, a: Any, kw: Any) -> None:  # at D's parameters when G steps
+        seen["G"] = compare(grads_of(G), true_gradient(G, z_batches, g_item_losses(D))).rel_error
+
+    d_opt.register_step_pre_hook(check_d)
+    g_opt.register_step_pre_hook(check_g)
+    try:
+        fn(G, D, g_opt, d_opt, *args)
+    except RuntimeError as e:
+        return GanCheck(seen, error=str(e).split(":")[0])
+    return GanCheck(seen)
+
+
+def leak_norm(seed: int = 0, n: int = 64) -> float:
+    """Norm of what G's backward writes into D's ``.grad`` (relative to D's own gradient)."""
+    G, D = make_gan(seed)
+    z, x = noise(n, seed + 1), real_points(n, seed)
+    _bce(D(G(z)), 1.0).mean().backward()
+    leak = grads_of(D)
+    with torch.no_grad():
+        fake = G(z)
+    own = true_gradient(D, [(fake, torch.zeros(n)), (x, torch.ones(n))], d_item_losses)
+    return compare(leak, own).norm_ratio
+
+
+def check_step(step: str | Callable[..., None], seed: int = 0, n: int = 64) -> GanCheck:
+    """One GAN step with ``step`` (a name in ``STEPS`` or a function) on fresh G, D; each gradient vs the oracle."""
+    fn = STEPS[step] if isinstance(step, str) else step
+    G, D = make_gan(seed)
+    z, x = noise(n, seed + 1), real_points(n, seed)
+    return _run_checked(fn, G, D, [z], [x], (z, x))
+
+
+def check_accumulation(
+    accumulate: str | Callable[..., None], k: int = 4, micro_batch: int = 16, seed: int = 0
+) -> GanCheck:
+    """One window of k micro-batches through ``accumulate``; each optimizer's gradient vs its large-batch oracle."""
+    if k < 1 or micro_batch < 1:
+        raise ValueError(f"k and micro_batch must be >= 1 (got k={k}, micro_batch={micro_batch})")
+    fn = ACCUMULATIONS[accumulate] if isinstance(accumulate, str) else accumulate
+    G, D = make_gan(seed)
+    z, x = noise(k * micro_batch, seed + 1), real_points(k * micro_batch, seed)
+    z_batches, real_batches = list(z.split(micro_batch)), list(x.split(micro_batch))
+    return _run_checked(fn, G, D, z_batches, real_batches, (z_batches, real_batches))
+
+
+@dataclass
+class GanTable:
+    k: int
+    micro_batch: int
+    steps: dict[str, GanCheck]
+    accumulations: dict[str, GanCheck]
+
+
+def compute(k: int = 4, micro_batch: int = 16, seed: int = 0) -> GanTable:
+    """Every single-step ordering (64 points) and every accumulation scheme (k x micro_batch), checked."""
+    return GanTable(
+        k, micro_batch,
+        {name: check_step(name, seed) for name in STEPS},
+        {name: check_accumulation(name, k, micro_batch, seed) for name in ACCUMULATIONS},
+    )
+
+
+def plot(table: GanTable) -> plt.Figure:
+    rows = [(name, c) for name, c in table.steps.items()] + [(f"k={table.k}: {name}", c) for name, c in table.accumulations.items()]
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    y = range(len(rows))
+    for dy, who, color in ((-0.2, "G", "tab:blue"), (0.2, "D", "tab:orange")):
+        vals = [max(c.rel_error[who] or 0.0, 1e-8) if c.error is None else 0 for _, c in rows]
+        ax.barh([i + dy for i in y], vals, height=0.4, color=color, label=f"{who}'s gradient at its step")
+    for i, (_, c) in enumerate(rows):
+        if c.error:
+            ax.text(1.5e-8, i, "RuntimeError: " + c.error[:48], va="center", fontsize=7, color="tab:red")
+    ax.set_yticks(list(y), [name for name, _ in rows], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(1e-8, 10)
+    ax.axvline(1e-4, color="gray", ls="--", lw=1)
+    ax.invert_yaxis()
+    ax.set_xlabel("relative error vs the true large-batch gradient (log)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def explorer(initial: GanTable | None = None) -> Any:
+    """Sliders for k and the micro-batch size; re-runs ``compute`` and redraws the bars."""
+    import ipywidgets as w
+
+    from ._explorer import Explorer
+
+    return Explorer(
+        lambda k, micro_batch: compute(k, micro_batch),
+        plot,
+        initial=initial,
+        k=w.IntSlider(value=4, min=1, max=8, description="k", continuous_update=False),
+        micro_batch=w.IntSlider(value=16, min=1, max=64, description="micro-batch", continuous_update=False),
+    )
+
+
+# --- the exercise: D's side of an accumulated GAN loop, checked by accumlib.verify -------------------
+
+
+def d_loss(D: nn.Module, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """D's mean loss over a micro-batch of fakes (label 0) and reals (label 1)."""
+    return _d_loss(D, fake, real)
+
+
+def g_loss(D: nn.Module, fake: torch.Tensor) -> torch.Tensor:
+    """G's mean loss over a micro-batch: D should call every fake real."""
+    return _bce(D(fake), 1.0).mean()
+
+
+@dataclass
+class Exercise:
+    """What ``accumlib.verify`` needs to judge D's steps in a loop that also trains G."""
+
+    G: nn.Module
+    g_opt: torch.optim.Optimizer
+    D: nn.Module
+    dataset: torch.utils.data.Dataset
+    item_losses: Callable[[nn.Module, Any], torch.Tensor]
+
+
+def exercise(n: int = 64, seed: int = 0) -> Exercise:
+    """A fresh G (with its optimizer), a fresh D, a dataset of (noise, real point) pairs, and D's item losses.
+
+    D's items are the fakes and the reals of a micro-batch; the fakes come from the live G,
+    which the loop steps only after D, so a window's fakes are the ones D's oracle sees.
+    """
+    G, D = make_gan(seed)
+    dataset = torch.utils.data.TensorDataset(noise(n, seed + 1), real_points(n, seed))
+
+    def item_losses(D: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        z, x = batch
+        with torch.no_grad():
+            fake = G(z)
+        return torch.cat([_bce(D(fake), 0.0), _bce(D(x), 1.0)])
+
+    return Exercise(G, torch.optim.Adam(G.parameters(), lr=1e-3), D, dataset, item_losses)

@@ -1,0 +1,350 @@
+"""Lesson 4: mixed precision with ``GradScaler`` inside an accumulation window.
+
+The correct order is the one ``accumlib.amp`` uses, once per window:
+
+    scale(loss_j / N).backward()  for every micro-batch j   (.grad holds S * g)
+    unscale_(optimizer)           once, after the last micro-batch   (.grad holds g)
+    clip_grad_norm_               on true magnitudes
+    step(optimizer)               skipped when .grad holds inf/nan
+    update()                      once: the scale may change only between windows
+
+The two functions ``clip_before_unscale`` and ``scale_changes_mid_window`` are the
+bugs this lesson shows, written out so they can be measured against the oracle.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import matplotlib.pyplot as plt
+import torch
+
+from .. import amp, compare, get_task, grads_of, ragged, resolve_device, trace_loop, true_gradient
+from .._batch import checked_losses, to_device
+
+TASK = "mlp-digits"
+
+
+def autocast_dtype(device: str | torch.device = "auto") -> torch.dtype:
+    """What ``accumlib.amp`` computes in: float16 on CUDA, bfloat16 elsewhere."""
+    return torch.float16 if resolve_device(device).type == "cuda" else torch.bfloat16
+
+
+def underflow(value: float = 1e-8, scale: float = 2.0**16) -> dict[str, float]:
+    """A small gradient value stored in float16, in bfloat16, and in float16 after scaling by ``scale``.
+
+    float16 flushes values below ~6e-8 to zero; bfloat16 keeps float32's exponent range;
+    the scaler multiplies the loss (hence every gradient) by ``scale`` so float16 keeps them.
+    """
+    x = torch.tensor(value, dtype=torch.float32)
+    return {
+        "float16 smallest subnormal": float(torch.finfo(torch.float16).smallest_normal) * 2.0**-10,
+        "float32": float(x),
+        "float16": float(x.half()),
+        "bfloat16": float(x.bfloat16()),
+        "float16, scaled then unscaled": float((x * scale).half().float() / scale),
+    }
+
+
+def amp_vs_oracle(device: str | torch.device = "auto", task: str = TASK) -> dict[str, float]:
+    """Worst relative error against the oracle over one epoch, per loop: exact float32 vs autocast."""
+    dev = resolve_device(device)
+    t = get_task(task)
+    worst = lambda tr: max(c.rel_error for c in tr.comparisons)  # noqa: E731
+    return {
+        "ragged (float32)": worst(trace_loop(ragged, t, device=dev)),
+        "amp, autocast off (float32 + scaler)": worst(trace_loop(amp, t, device=dev, enabled=False)),
+        f"amp ({str(autocast_dtype(dev)).removeprefix('torch.')} autocast)": worst(trace_loop(amp, t, device=dev)),
+    }
+
+
+# --- one window, measured: the oracle, the reference loop, and the two bugs ------------------------
+
+
+def _window(task: str, accum_steps: int, device: torch.device) -> tuple[torch.nn.Module, list[Any], Any]:
+    t = get_task(task)
+    batches = list(t.loader())[:accum_steps]
+    return t.make_model(0).to(device), batches, t
+
+
+def _clipped(g: dict[str, torch.Tensor], max_norm: float | None) -> dict[str, torch.Tensor]:
+    if max_norm is None:
+        return g
+    norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in g.values()))
+    return {k: v * min(1.0, max_norm / (norm + 1e-6)) for k, v in g.items()}
+
+
+def _captured_at_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, torch.Tensor]]:
+    seen: list[dict[str, torch.Tensor]] = []
+    optimizer.register_step_pre_hook(lambda opt, a, kw: seen.append(grads_of(model)))
+    return seen
+
+
+def clip_before_unscale(model, optimizer, window, item_losses, *, scaler, max_norm, dtype) -> None:
+    """THE BUG: clip while .grad still holds S * g, so the clip threshold is S times too small."""
+    n = sum(len(b[1]) for b in window)
+    dev = next(model.parameters()).device
+    for batch in window:
+        with torch.autocast(dev.type, dtype=dtype):
+            losses = checked_losses(item_losses, model, to_device(batch, dev))
+        scaler.scale(losses.float().sum() / n).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # sees S * g, clips it to max_norm
+    scaler.step(optimizer)  # then unscales: the window's gradient ends up max_norm / S long
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def scale_changes_mid_window(model, optimizer, window, item_losses, *, scaler, change_after, factor, dtype) -> None:
+    """THE BUG: the scale changes after micro-batch ``change_after`` (an ``update()`` inside the window).
+
+    .grad then holds S * g_early + factor * S * g_late, and ``step`` divides all of it by factor * S.
+    """
+    n = sum(len(b[1]) for b in window)
+    dev = next(model.parameters()).device
+    for j, batch in enumerate(window):
+        with torch.autocast(dev.type, dtype=dtype):
+            losses = checked_losses(item_losses, model, to_device(batch, dev))
+        scaler.scale(losses.float().sum() / n).backward()
+        if j + 1 == change_after:
+            scaler.update(scaler.get_scale() * factor)  # what a mid-window update() does when the scale grows
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class WindowResult:
+    """Relative error of the gradient each variant hands to ``optimizer.step`` vs the (clipped) oracle."""
+
+    rel_error: dict[str, float]
+    norm_ratio: dict[str, float]
+    max_norm: float | None
+    oracle_norm: float
+    scale: float
+    change_after: int
+    factor: float
+
+
+def one_window(
+    max_norm: float | None = 0.25,
+    *,
+    init_scale: float = 2.0**16,
+    change_after: int = 2,
+    factor: float = 2.0,
+    accum_steps: int = 4,
+    device: str | torch.device = "auto",
+    task: str = TASK,
+) -> WindowResult:
+    """The first window of ``task``, stepped three ways, each gradient compared with the oracle.
+
+    'unscale_ then clip' is ``accumlib.amp`` itself; the other two are the bugs above.
+    The oracle is the true large-batch gradient, clipped to ``max_norm`` like the loops clip.
+    """
+    dev = resolve_device(device)
+    dtype = autocast_dtype(dev)
+    model0, window, t = _window(task, accum_steps, dev)
+    oracle = true_gradient(model0, window, t.item_losses, device=dev)
+    runs = {
+        "unscale_ then clip (accumlib.amp)": lambda m, o, s: amp(
+            m, o, window, t.item_losses, accum_steps=accum_steps, device=dev, scaler=s, max_norm=max_norm
+        ),
+        "clip before unscale_": lambda m, o, s: clip_before_unscale(
+            m, o, window, t.item_losses, scaler=s, max_norm=max_norm if max_norm is not None else math.inf, dtype=dtype
+        ),
+        f"scale x{factor:g} after micro-batch {change_after}": lambda m, o, s: scale_changes_mid_window(
+            m, o, window, t.item_losses, scaler=s, change_after=change_after, factor=factor, dtype=dtype
+        ),
+    }
+    rel, ratio = {}, {}
+    for name, run in runs.items():
+        model = copy.deepcopy(model0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        seen = _captured_at_step(model, opt)
+        run(model, opt, torch.amp.GradScaler(dev.type, init_scale=init_scale))
+        # the scale-change bug does not clip, so it is judged against the unclipped oracle
+        ref = oracle if name.startswith("scale") else _clipped(oracle, max_norm)
+        c = compare(seen[0], ref)
+        rel[name], ratio[name] = c.rel_error, c.norm_ratio
+    oracle_norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in oracle.values()))
+    return WindowResult(rel, ratio, max_norm, oracle_norm, init_scale, change_after, factor)
+
+
+def plot_window(result: WindowResult) -> plt.Figure:
+    names = list(result.rel_error)
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    bars = ax.barh(names, [max(result.rel_error[n], 1e-8) for n in names], color=["tab:green", "tab:red", "tab:orange"])
+    ax.set_xscale("log")
+    ax.set_xlim(1e-6, 10)
+    ax.axvline(0.1, color="gray", ls="--", lw=1)
+    ax.text(0.1, -0.6, " bf16 tolerance", color="gray", fontsize=8)
+    for bar, n in zip(bars, names):
+        ax.text(bar.get_width() * 1.2, bar.get_y() + bar.get_height() / 2, f"{result.rel_error[n]:.2g}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("relative error of the stepped gradient vs the oracle (log)")
+    ax.set_title(f"one window, max_norm={result.max_norm}, scale={result.scale:g}")
+    fig.tight_layout()
+    return fig
+
+
+def unscale_twice_error(device: str | torch.device = "auto") -> str:
+    """GradScaler refuses a second ``unscale_`` before ``update``: the message it raises."""
+    dev = resolve_device(device)
+    model, window, t = _window(TASK, 1, dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(dev.type)
+    scaler.scale(t.item_losses(model, to_device(window[0], dev)).mean()).backward()
+    scaler.unscale_(opt)
+    try:
+        scaler.unscale_(opt)  # e.g. unscaling after every micro-batch
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+# --- skipped steps: inject an inf and watch the scaler back off ------------------------------------
+
+
+class _RecordingScaler(torch.amp.GradScaler):
+    """A GradScaler that records its scale before and after every ``update``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.before: list[float] = []
+        self.after: list[float] = []
+
+    def update(self, new_scale: Any = None) -> None:
+        self.before.append(self.get_scale())
+        super().update(new_scale)
+        self.after.append(self.get_scale())
+
+
+@dataclass
+class InfRun:
+    """Per window of one ``accumlib.amp`` epoch: the scale used, whether the optimizer stepped."""
+
+    scale: list[float]
+    scale_after: list[float]
+    stepped: list[bool]
+    params_moved: list[bool]
+    inf_windows: tuple[int, ...]
+    growth_interval: int
+    logged: list[float] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> list[int]:
+        return [i for i, s in enumerate(self.stepped) if not s]
+
+
+def inf_run(
+    inf_windows: tuple[int, ...] = (3,),
+    *,
+    growth_interval: int = 2,
+    init_scale: float = 2.0**10,
+    accum_steps: int = 2,
+    n_samples: int = 160,
+    device: str | torch.device = "auto",
+) -> InfRun:
+    """One ``accumlib.amp`` epoch on digits with an inf injected into one gradient of each window in ``inf_windows``.
+
+    A tensor hook on the first layer's weight replaces its gradient by inf during the
+    first micro-batch of those windows (what an overflow in float16 produces). The
+    scaler finds it at ``step``, skips ``optimizer.step()`` and multiplies the scale by
+    0.5; every ``growth_interval`` clean windows in a row double it.
+    """
+    from .. import digits
+
+    dev = resolve_device(device)
+    t = get_task(TASK)
+    model = t.make_model(0).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = _RecordingScaler(dev.type, init_scale=init_scale, growth_interval=growth_interval)
+    loader = t.loader(8, dataset=digits(n_samples))
+    micro = {"i": -1}
+    stepped_at: list[int] = []
+    params: list[torch.Tensor] = []
+
+    def count(module: Any, args: Any) -> None:
+        micro["i"] += 1
+        if micro["i"] % accum_steps == 0:  # a window starts: remember its parameters
+            params.append(torch.cat([p.detach().flatten() for p in model.parameters()]).clone())
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        i = micro["i"]
+        if i % accum_steps == 0 and i // accum_steps in inf_windows:
+            return torch.full_like(grad, math.inf)
+        return grad
+
+    model.register_forward_pre_hook(count)
+    first = next(model.parameters())
+    first.register_hook(poison)
+    opt.register_step_post_hook(lambda o, a, kw: stepped_at.append(micro["i"] // accum_steps))
+    logged = amp(model, opt, loader, t.item_losses, accum_steps=accum_steps, device=dev, scaler=scaler)
+    params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    n_windows = len(logged)
+    moved = [not torch.equal(params[i], params[i + 1]) for i in range(n_windows)]
+    return InfRun(
+        scale=scaler.before, scale_after=scaler.after, stepped=[w in stepped_at for w in range(n_windows)],
+        params_moved=moved, inf_windows=tuple(inf_windows), growth_interval=growth_interval, logged=logged,
+    )
+
+
+def plot_inf_run(run: InfRun) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7, 3))
+    steps = range(len(run.scale))
+    ax.step(steps, run.scale, where="post", label="scale used by the window")
+    skipped = run.skipped
+    ax.scatter(skipped, [run.scale[i] for i in skipped], color="tab:red", zorder=3, label="inf found: step skipped")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("window (optimizer step)")
+    ax.set_ylabel("GradScaler scale")
+    ax.set_title(f"inf injected in window(s) {list(run.inf_windows)}, growth_interval={run.growth_interval}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def inf_explorer(device: str | torch.device = "auto", initial: InfRun | None = None) -> Any:
+    """Sliders for the window that overflows and the growth interval; re-runs ``inf_run``.
+
+    ``initial``: a result already computed for the start values (window 3, growth_interval 2).
+    """
+    import ipywidgets as w
+
+    from ._explorer import Explorer
+
+    return Explorer(
+        lambda inf_window, growth_interval: inf_run((inf_window,), growth_interval=growth_interval, device=device),
+        plot_inf_run,
+        initial=initial,
+        inf_window=w.IntSlider(value=3, min=0, max=9, description="inf in window", continuous_update=False),
+        growth_interval=w.IntSlider(value=2, min=1, max=5, description="growth_interval", continuous_update=False),
+    )
+
+
+def clip_explorer(device: str | torch.device = "auto", initial: WindowResult | None = None) -> Any:
+    """Sliders for max_norm and the scale; re-runs ``one_window`` and redraws its bars (``initial``: max_norm 0.25, 2**16)."""
+    import ipywidgets as w
+
+    from ._explorer import Explorer
+
+    return Explorer(
+        lambda max_norm, log2_scale: one_window(max_norm, init_scale=2.0**log2_scale, device=device),
+        plot_window,
+        initial=initial,
+        max_norm=w.FloatLogSlider(value=0.25, base=10, min=-2, max=2, description="max_norm", continuous_update=False),
+        log2_scale=w.IntSlider(value=16, min=0, max=24, description="log2 scale", continuous_update=False),
+    )
+
+
+def window_source(loop: Any = amp) -> str:
+    """The lines of a reference loop that handle one window, from ``for window`` to the logged loss."""
+    import inspect
+
+    lines = inspect.getsource(loop).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("for window"))
+    end = next(i for i, line in enumerate(lines) if line.strip().startswith("logged.append"))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    return "\n".join(line[indent:] for line in lines[start : end + 1])

@@ -1,0 +1,137 @@
+"""Lessons 4-7: the computations behind the notebooks, and their widgets driven without a browser.
+
+Each widget test sets a control's value and asserts that the recomputed result moved the
+way the lesson says it should. Tolerances: FLOAT32_RTOL (1e-4, float32 rounding, see
+accumlib/check.py) for exact claims, BF16_RTOL (0.1) for autocast; every bug shown in
+these lessons is at least 0.1 off, most about 1.
+"""
+
+import pytest
+import torch
+
+import accumlib
+from accumlib.check import BF16_RTOL, FLOAT32_RTOL
+from accumlib.lessons import gan, mixed_precision as mp, norms
+
+
+# --- 4: mixed precision -------------------------------------------------------------------------
+
+
+def test_float16_underflows_and_scaling_rescues_it():
+    u = mp.underflow(1e-8, scale=2.0**16)
+    assert u["float16"] == 0.0  # below float16's smallest subnormal (~6e-8)
+    assert u["bfloat16"] == pytest.approx(1e-8, rel=1e-2)  # 8-bit mantissa: ~0.4% rounding
+    assert u["float16, scaled then unscaled"] == pytest.approx(1e-8, rel=1e-3)  # float16 eps 2^-11 ~ 5e-4
+
+
+def test_one_window_correct_order_is_close_and_the_two_bugs_are_not():
+    r = mp.one_window(0.25, device="cpu")
+    ok, clip_first, mid = r.rel_error.values()
+    assert ok < BF16_RTOL
+    assert clip_first > 0.9 and r.norm_ratio["clip before unscale_"] < 1e-3  # step shrunk ~S-fold
+    assert mid > 0.2
+
+
+def test_a_scale_of_one_makes_clip_before_unscale_harmless():
+    r = mp.one_window(0.25, init_scale=1.0, device="cpu")
+    assert r.rel_error["clip before unscale_"] < BF16_RTOL
+
+
+def test_gradscaler_refuses_unscaling_twice():
+    assert "unscale_() has already been called" in mp.unscale_twice_error("cpu")
+
+
+def test_inf_window_is_skipped_and_scale_halved():
+    run = mp.inf_run((3,), growth_interval=2, device="cpu")
+    assert run.skipped == [3] and not run.params_moved[3]
+    assert all(run.params_moved[i] for i in range(len(run.stepped)) if i != 3)
+    assert run.scale_after[3] == run.scale[3] / 2
+
+
+def test_inf_explorer_moves_the_skipped_step():
+    ex = mp.inf_explorer("cpu")
+    assert ex.result.skipped == [3]
+    ex.controls["inf_window"].value = 6
+    assert ex.result.skipped == [6]
+    before = list(ex.result.scale)
+    ex.controls["growth_interval"].value = 1  # the scale now doubles after every clean window
+    assert ex.result.scale != before and ex.result.scale[1] == 2 * ex.result.scale[0]
+
+
+def test_clip_explorer_scale_of_one_hides_the_clip_first_bug():
+    ex = mp.clip_explorer("cpu")
+    assert ex.result.rel_error["clip before unscale_"] > 0.9
+    ex.controls["log2_scale"].value = 0  # S = 1: scaled and unscaled gradients are the same
+    assert ex.result.scale == 1.0 and ex.result.rel_error["clip before unscale_"] < BF16_RTOL
+    ex.controls["max_norm"].value = 100.0  # above |g|: neither loop clips
+    assert ex.result.max_norm == pytest.approx(100.0)
+    assert ex.result.rel_error["unscale_ then clip (accumlib.amp)"] < BF16_RTOL
+
+
+# --- 5: BatchNorm vs GroupNorm ------------------------------------------------------------------
+
+
+def test_groupnorm_is_exact_and_batchnorm_error_grows_with_k():
+    r = norms.error_vs_k((1, 2, 8), large_batch=16, device="cpu")
+    assert max(r.errors["group"]) < FLOAT32_RTOL
+    assert r.errors["batch"][0] < FLOAT32_RTOL  # k = 1 is the large batch itself
+    assert FLOAT32_RTOL * 100 < r.errors["batch"][1] < r.errors["batch"][2]
+
+
+def test_running_stats_are_updated_k_times_as_often():
+    rs = norms.running_stats(k=4, large_batch=16, device="cpu")
+    assert rs.batches_tracked["accumulated"] == 4 * rs.batches_tracked["large batch"]
+    assert min(rs.rel_diff.values()) > 0.1
+
+
+def test_error_explorer_recomputes_for_another_large_batch():
+    ex = norms.error_explorer("cpu", ks=(1, 4))
+    assert ex.result.large_batch == 32
+    ex.controls["large_batch"].value = 16
+    assert ex.result.large_batch == 16 and ex.result.micro_batch(4) == 4
+    assert max(ex.result.errors["group"]) < FLOAT32_RTOL < ex.result.errors["batch"][1]
+
+
+def test_curves_explorer_k1_makes_batchnorm_match():
+    ex = norms.curves_explorer("cpu", epochs=1, n=64)
+    assert ex.result.max_gap("group") < FLOAT32_RTOL < 1e-3 < ex.result.max_gap("batch")
+    ex.controls["k"].value = 1  # one micro-batch per window: accumulation is the large batch
+    assert ex.result.k == 1 and ex.result.max_gap("batch") < FLOAT32_RTOL
+
+
+# --- 6: GANs and two optimizers -----------------------------------------------------------------
+
+
+def test_seed_listing_raises_inplace_error_and_leak_is_measured():
+    c = gan.check_step("seed as written")
+    assert c.error is not None and "inplace" in c.error
+    leaky = gan.check_step("leaky (seed's broken order)")
+    assert leaky.rel_error["D"] == pytest.approx(gan.leak_norm(), rel=1e-3)  # D's error is exactly the leak
+    assert leaky.rel_error["G"] < FLOAT32_RTOL
+
+
+@pytest.mark.parametrize("name", ["zero_grad(D) after G's backward", "requires_grad toggle (seed's fix)", "D first, detach"])
+def test_fixed_orderings_are_exact_for_both_optimizers(name):
+    assert gan.check_step(name).exact(FLOAT32_RTOL)
+
+
+def test_accumulation_two_phase_exact_interleaved_wrong():
+    assert gan.check_accumulation("two phases (D window, then G window)", k=3, micro_batch=5).exact(FLOAT32_RTOL)
+    assert gan.check_accumulation("interleaved, leaky", k=3, micro_batch=5).rel_error["D"] > 1
+    assert gan.check_accumulation("interleaved, zero_grad(D) per micro-batch", k=3, micro_batch=5).rel_error["D"] > 0.1
+
+
+def test_gan_explorer_k1_makes_zero_grad_per_micro_batch_exact():
+    ex = gan.explorer()
+    name = "interleaved, zero_grad(D) per micro-batch"
+    assert not ex.result.accumulations[name].exact()
+    ex.controls["k"].value = 1  # no earlier micro-batch for zero_grad to wipe
+    assert ex.result.k == 1 and ex.result.accumulations[name].exact(FLOAT32_RTOL)
+    ex.controls["micro_batch"].value = 3
+    assert ex.result.micro_batch == 3
+
+
+def test_gan_check_leaves_no_requires_grad_toggled_off():
+    G, D = gan.make_gan()
+    gan._run_checked(gan.requires_grad_toggle, G, D, [gan.noise(4)], [gan.real_points(4)], (gan.noise(4), gan.real_points(4)))
+    assert all(p.requires_grad for p in D.parameters())
