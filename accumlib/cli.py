@@ -14,6 +14,13 @@ from ._batch import resolve_device
 def _verify(args: argparse.Namespace) -> int:
     from .check import check_reference_loops
 
+    if args.target:  # a user's own loop: FILE.py:FUNCTION
+        from .verify._cli import run_target
+
+        return run_target(args)
+    if args.accum_steps is not None or args.batch_size is not None:
+        print("accumlib verify: error: --accum-steps and --batch-size need a target FILE.py:FUNCTION", file=sys.stderr)
+        return 2
     try:
         device = resolve_device(args.device)
         table = check_reference_loops(tasks=args.task or None, loops=args.loop or None, device=device)
@@ -54,11 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser(
         "verify",
-        help="run every reference loop on every built-in task and check its verdict",
-        description="Run every reference loop on every built-in task, compare each optimizer step with the true "
-        "large-batch gradient, and check the verdict each loop's docstring promises.",
+        help="check the reference loops, or your own loop (FILE.py:FUNCTION), against the large batch",
+        description="Without a target: run every reference loop on every built-in task, compare each optimizer step "
+        "with the true large-batch gradient, and check the verdict each loop's docstring promises. With a target "
+        "FILE.py:FUNCTION: run FUNCTION(model, optimizer, loader) once on --task NAME, or on a task the file defines "
+        "(item_losses, make_model, make_dataset or dataset; optional collate_fn, make_optimizer, ACCUM_STEPS, "
+        "BATCH_SIZE), and name what is wrong with its accumulation. Exit 0 when correct, 1 when not, 2 on bad usage.",
     )
-    v.add_argument("--task", action="append", metavar="NAME", help="only this built-in task (repeatable)")
+    v.add_argument("target", nargs="?", metavar="FILE.py:FUNCTION", help="your training loop (optional)")
+    v.add_argument("--task", action="append", metavar="NAME", help="only this built-in task (repeatable); with a target, the task to run it on")
+    v.add_argument("--accum-steps", type=int, metavar="K", help="with a target: micro-batches per optimizer step")
+    v.add_argument("--batch-size", type=int, metavar="B", help="with a target: micro-batch size")
     v.add_argument("--loop", action="append", metavar="NAME", help="only this reference loop (repeatable)")
     v.add_argument("--json", action="store_true", help="print the results as JSON")
     v.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")

@@ -33,7 +33,8 @@ _MESSAGES = {
 }
 
 
-def _check_args(train_fn: Any, model: Any, dataset: Any, item_losses: Any, batch_size: Any, optimizer: Any, collate_fn: Any) -> None:
+def check_args(train_fn: Any, model: Any, dataset: Any, item_losses: Any, batch_size: Any, optimizer: Any, collate_fn: Any) -> None:
+    """Refuse bad arguments to ``verify`` before anything runs, naming argument, rule and value."""
     if not callable(train_fn):
         raise TypeError(f"train_fn must be callable as train_fn(model, optimizer, loader) (got {type(train_fn).__name__})")
     if not isinstance(model, torch.nn.Module):
@@ -78,7 +79,7 @@ def verify(
     >>> report.ok, sorted(report.codes)
     (False, ['tail-dropped', 'unscaled-sum'])
     """
-    _check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn)
+    check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn)
     k = check_accum_steps(accum_steps)
     net = copy.deepcopy(model)  # the caller's model is never touched
     dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
@@ -107,8 +108,11 @@ def verify(
 def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list[float]) -> Report:
     last = len(rec.dataset) - 1
     rows, by_code, bn_diffs, details = [], {}, [], {}  # type: ignore[var-annotated]
+    n_micro = sum(len(s.batches) for s in rec.steps)
     for t, step in enumerate(rec.steps):
-        is_tail = t == len(rec.steps) - 1 and any(last in rec.indices[b] for b in step.batches)
+        # a short last window is a legitimate tail only if it holds the epoch's last micro-batches
+        is_tail = (t == len(rec.steps) - 1 and any(last in rec.indices[b] for b in step.batches)
+                   and len(step.batches) == n_micro % k)
         v = analyse(step, k=k, is_tail=is_tail)
         for c in v.codes:
             by_code.setdefault(c, []).append(t)

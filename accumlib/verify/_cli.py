@@ -1,0 +1,97 @@
+"""``accumlib verify FILE.py:FUNCTION``: verify a user's own loop from the command line.
+
+The loop runs on a built-in task (``--task NAME``) or on a task the same file defines:
+
+    item_losses(model, batch) -> 1-D tensor     required
+    make_model() -> nn.Module                    required
+    make_dataset() -> Dataset, or dataset        required (one of the two)
+    collate_fn, make_optimizer(params)           optional
+    ACCUM_STEPS, BATCH_SIZE                      optional defaults for --accum-steps, --batch-size
+
+Exit status: 0 when every step saw the true gradient, 1 when not (or the loop raised), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _load(target: str) -> tuple[ModuleType, Any]:
+    path, sep, name = target.rpartition(":")
+    if not sep or not path or not name:
+        raise UsageError(f"target must be FILE.py:FUNCTION (got {target!r})")
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"target file must exist (got {path!r})")
+    spec = importlib.util.spec_from_file_location(f"_accumlib_target_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"target file must be a Python file (got {path!r})")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(file.resolve().parent))  # so the file can import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise UsageError(f"target function must be defined in {path} and callable (got {name!r})")
+    return module, fn
+
+
+def _task(args: argparse.Namespace, module: ModuleType) -> dict[str, Any]:
+    if args.task:
+        from ..tasks import get_task
+
+        if len(args.task) != 1:
+            raise UsageError(f"--task must be given once with a target (got {args.task})")
+        t = get_task(args.task[0])
+        return dict(model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
+                    collate_fn=t.collate_fn, accum_steps=t.accum_steps, batch_size=t.batch_size, optimizer=None)
+    missing = [n for n in ("item_losses", "make_model") if not callable(getattr(module, n, None))]
+    if not (callable(getattr(module, "make_dataset", None)) or hasattr(module, "dataset")):
+        missing.append("make_dataset or dataset")
+    if missing:
+        raise UsageError(f"without --task the file must define {', '.join(missing)} (see `accumlib verify --help`)")
+    make = getattr(module, "make_dataset", None)
+    return dict(model=module.make_model(), dataset=make() if callable(make) else module.dataset,
+                item_losses=module.item_losses, collate_fn=getattr(module, "collate_fn", None),
+                accum_steps=getattr(module, "ACCUM_STEPS", None), batch_size=getattr(module, "BATCH_SIZE", None),
+                optimizer=getattr(module, "make_optimizer", None))
+
+
+def run_target(args: argparse.Namespace) -> int:
+    from .._batch import check_accum_steps
+    from ._api import check_args, verify
+
+    try:
+        if args.loop:
+            raise UsageError("--loop selects reference loops; it cannot be combined with a target")
+        module, fn = _load(args.target)
+        kw = _task(args, module)
+        kw["accum_steps"] = args.accum_steps if args.accum_steps is not None else kw["accum_steps"]
+        kw["batch_size"] = args.batch_size if args.batch_size is not None else kw["batch_size"]
+        for flag in ("accum_steps", "batch_size"):
+            if kw[flag] is None:
+                raise UsageError(f"--{flag.replace('_', '-')} is required when the file does not set {flag.upper()}")
+        check_accum_steps(kw["accum_steps"])
+        check_args(fn, kw["model"], kw["dataset"], kw["item_losses"], kw["batch_size"], kw["optimizer"], kw["collate_fn"])
+    except (UsageError, ValueError, TypeError) as err:
+        print(f"accumlib verify: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        report = verify(fn, **kw)
+    except Exception:  # the user's loop raised: its traceback, with verify's note of how far it got
+        traceback.print_exc()
+        return 1
+    print(report.to_json() if args.json else report)
+    return 0 if report.ok else 1
