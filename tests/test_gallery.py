@@ -1,0 +1,32 @@
+"""Every gallery loop gets exactly its expected codes; every issue code has a loop that triggers it."""
+
+from __future__ import annotations
+
+import pytest
+
+from accumlib.gallery import GALLERY
+from accumlib.verify import CODES
+
+ISSUE_CODES = {c for c in CODES if c not in {"unexplained", "non-finite", "no-items"}}
+
+
+@pytest.mark.parametrize("name", list(GALLERY))
+def test_gallery_loop_gets_exactly_its_codes(name):
+    loop = GALLERY[name]
+    report = loop.run()
+    # exact equality: a missing code is a missed bug, an extra one a false alarm on a correct part
+    assert report.codes == loop.expected_codes, str(report)
+    assert report.ok == all(CODES[c] == "note" for c in loop.expected_codes)
+
+
+def test_every_issue_code_is_triggered_by_some_loop():
+    triggered = set().union(*(g.expected_codes for g in GALLERY.values()))
+    assert ISSUE_CODES <= triggered
+
+
+def test_correct_loops_and_frameworks_are_present():
+    correct = [n for n, g in GALLERY.items() if not g.expected_codes]
+    assert {"correct-enumerate", "correct-inner-for", "correct-nanogpt", "accelerate", "lightning"} <= set(correct)
+    seeds = {n for n in GALLERY if n.startswith("seed-")}
+    assert {"seed-000-bert", "seed-001-mindspore", "seed-002-last-batch", "seed-003-gan-normalized",
+            "seed-003-gan-grad-division", "seed-004-question", "seed-004-question-last-batch", "seed-004-answer"} <= seeds

@@ -1,0 +1,324 @@
+"""accumlib.verify against the oracle: numbers, every code, the guarantees, bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accumlib
+from accumlib import LOOPS, TASKS, compare, get_task, true_gradient
+from accumlib.check import BF16_RTOL, FLOAT32_RTOL
+from accumlib.verify import CODES, Finding, Report
+
+K = 4
+TASK = get_task("mlp-digits")  # 110 items, batch 8: 14 micro-batches, windows 4, 4, 4, 2 (8 + 6 items)
+
+
+def run(fn, *, n: int | None = None, task=TASK, **kw) -> Report:
+    data = task.make_dataset() if n is None else accumlib.digits(n)
+    kw = {"accum_steps": K, "batch_size": task.batch_size, "collate_fn": task.collate_fn} | kw
+    return accumlib.verify(fn, model=task.make_model(0), dataset=data, item_losses=task.item_losses, **kw)
+
+
+def exact(model, opt, loader):
+    """The reference: every item weighs 1/N of its window, the tail stepped."""
+    batches = list(loader)
+    for s in range(0, len(batches), K):
+        window = batches[s:s + K]
+        n = sum(len(y) for _, y in window)
+        for x, y in window:
+            (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def naive(model, opt, loader):
+    for i, (x, y) in enumerate(loader):
+        F.cross_entropy(model(x), y).backward()
+        if (i + 1) % K == 0 or i + 1 == len(loader):
+            opt.step()
+            opt.zero_grad()
+
+
+# ---- the numbers in the report are the oracle's ----------------------------------------------
+
+def test_report_rows_agree_with_true_gradient():
+    """Record what the loop's optimizer saw ourselves and compare with accumlib.true_gradient."""
+    seen = []
+
+    def recording_naive(model, opt, loader):
+        window = []
+        for i, batch in enumerate(loader):
+            window.append(batch)
+            F.cross_entropy(model(batch[0]), batch[1]).backward()
+            if (i + 1) % K == 0 or i + 1 == len(loader):
+                oracle = true_gradient(model, window, TASK.item_losses)
+                seen.append(compare(model, oracle))
+                opt.step()
+                opt.zero_grad()
+                window = []
+
+    report = run(recording_naive)
+    assert len(report.steps) == len(seen) == 4
+    for row, c in zip(report.steps, seen):
+        # both sides are float32 gradients of the same windows, compared in float64
+        assert row.norm_ratio == pytest.approx(c.norm_ratio, rel=FLOAT32_RTOL)
+        assert row.rel_error == pytest.approx(c.rel_error, rel=FLOAT32_RTOL)
+    # the naive loop is about m x too large: 4 micro-batches, then a 2-micro-batch tail
+    assert [round(r.norm_ratio) for r in report.steps] == [4, 4, 4, 2]
+    assert report.codes == {"unscaled-sum"}
+
+
+def test_exact_loop_passes_with_tiny_error():
+    report = run(exact)
+    assert report.ok and report.findings == []
+    assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
+    assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2]
+    assert (report.items_stepped, report.items_total) == (110, 110)
+
+
+# ---- every reference loop passes or fails as its docstring says -------------------------------
+
+def expected_codes(loop: str, task: str) -> set[str]:
+    tags = set(TASKS[task].tags)
+    bn = {"batchnorm"} if "batchnorm" in tags else set()
+    if loop == "large_batch":
+        return set()  # one forward over the window is the oracle, BatchNorm included
+    if loop == "naive":
+        return {"unscaled-sum"} | bn
+    if loop == "normalized":
+        if "ragged-tail" in tags:
+            return {"tail-misscaled", "mean-of-means"}  # 2-batch tail of 8 + 6 items, divided by 4
+        if "token-counts" in tags:
+            return {"mean-of-means"}
+        return bn
+    return bn  # ragged, amp: exact (amp within bf16)
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_reference_loops_get_their_documented_verdict(loop, task):
+    t = TASKS[task]
+    kw = {"count_items": t.count_items} if loop in ("ragged", "amp") else {}
+    if loop == "large_batch":
+        kw = {"merge": t.merge}
+
+    def train_fn(model, opt, loader):
+        return LOOPS[loop](model, opt, loader, t.item_losses, accum_steps=t.accum_steps, **kw)
+
+    report = accumlib.verify(train_fn, model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
+                             accum_steps=t.accum_steps, batch_size=t.batch_size, collate_fn=t.collate_fn)
+    assert report.codes == expected_codes(loop, task), str(report)
+    if not report.codes:
+        tol = BF16_RTOL if loop == "amp" else FLOAT32_RTOL
+        assert max(r.rel_error for r in report.steps) <= tol
+
+
+# ---- codes not covered by the gallery's simple cases ------------------------------------------
+
+def test_unknown_inputs_are_matched_by_rows():
+    """A loop that copies its inputs (new storage) is still attributed to the right micro-batches."""
+    def copying(model, opt, loader):
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x.clone()), y, reduction="sum") / 32).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+    report = run(copying, n=128)
+    assert report.ok, str(report)
+
+
+def test_never_steps_is_tail_dropped_not_a_crash():
+    def no_step(model, opt, loader):
+        for x, y in loader:
+            F.cross_entropy(model(x), y).backward()
+
+    report = run(no_step)
+    assert report.codes == {"tail-dropped"}
+    assert "never called optimizer.step()" in report.findings[0].message
+    assert report.items_stepped == 0 and report.items_total == 110
+
+
+def test_step_without_micro_batch_is_early_step():
+    def double_step(model, opt, loader):
+        exact(model, opt, loader)
+        opt.step()  # nothing drawn since the last step
+
+    report = run(double_step)
+    assert report.codes == {"early-step"}
+    assert report.steps[-1].micro_batches == 0
+
+
+def test_non_finite_gradient_is_a_finding():
+    def nan_grads(model, opt, loader):
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x), y) * float("nan")).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+    report = run(nan_grads, n=128)
+    assert report.codes == {"non-finite"}
+
+
+def test_window_without_items_is_a_finding():
+    lm = get_task("lm-tokens")
+
+    def ignore_all(model, batch):  # every token ignored: the window holds no item
+        return lm.item_losses(model, batch)[:0]
+
+    def loop(model, opt, loader):
+        for i, batch in enumerate(loader):
+            model(batch[0]).sum().mul(0).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+    report = accumlib.verify(loop, model=lm.make_model(0), dataset=lm.make_dataset(), item_losses=ignore_all,
+                             accum_steps=K, batch_size=4, collate_fn=lm.collate_fn)
+    assert "no-items" in report.codes
+
+
+def test_logged_per_step_list_checked():
+    def divided_log(model, opt, loader):
+        logged, total = [], 0.0
+        for i, (x, y) in enumerate(loader):
+            loss = F.cross_entropy(model(x), y) / K
+            loss.backward()
+            total += loss.item()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+                logged.append(total / K)  # mean of divided micro-batch losses: 1/K of the window's loss
+                total = 0.0
+        return logged
+
+    assert run(divided_log, n=128).codes == {"logged-loss-scaled"}
+    # and the reference loops log the true window mean: no finding (checked in the loop test too)
+    assert run(lambda m, o, l: accumlib.ragged(m, o, l, TASK.item_losses, accum_steps=K)).ok
+
+
+def test_clip_of_unscaled_window_passes_and_really_clipped():
+    norms = []
+
+    def clipped(model, opt, loader):
+        batches = list(loader)
+        for s in range(0, len(batches), K):
+            window = batches[s:s + K]
+            n = sum(len(y) for _, y in window)
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)))
+            opt.step()
+            opt.zero_grad()
+
+    report = run(clipped)
+    assert report.ok, str(report)
+    assert min(norms) > 0.1  # every window was really clipped, so the pass is not vacuous
+    assert max(r.norm_ratio for r in report.steps) < 1.0
+
+
+# ---- guarantees --------------------------------------------------------------------------------
+
+def test_model_optimizer_and_data_are_untouched():
+    model = TASK.make_model(0)
+    data = TASK.make_dataset()
+    before = copy.deepcopy(model.state_dict())
+    tensors = [t.clone() for t in data.tensors]
+    report = accumlib.verify(naive, model=model, dataset=data, item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
+    assert not report.ok
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(tensors, data.tensors))
+
+
+def test_dropout_stays_in_the_users_model():
+    model = accumlib.MLP(dropout=0.3)
+    accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
+    assert model.net[2].p == 0.3
+
+
+def test_train_fn_error_reaches_caller_with_note():
+    def broken(model, opt, loader):
+        for i, (x, y) in enumerate(loader):
+            F.cross_entropy(model(x), y).backward()
+            if i == 5:
+                raise KeyError("user bug")
+            if (i + 1) % K == 0:
+                opt.step()
+
+    with pytest.raises(KeyError, match="user bug") as info:
+        run(broken)
+    assert any("6 micro-batch forwards and 1 optimizer steps" in n for n in info.value.__notes__)
+    assert any(f.name == "broken" for f in info.traceback)  # the user's own frame is in the traceback
+
+
+def test_clip_patch_is_restored_after_an_error():
+    original = torch.nn.utils.clip_grad_norm_
+
+    def broken(model, opt, loader):
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError):
+        run(broken)
+    assert torch.nn.utils.clip_grad_norm_ is original
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "change, error, words",
+    [
+        ({"train_fn": 3}, TypeError, "train_fn must be callable"),
+        ({"model": "mlp"}, TypeError, "model must be a torch.nn.Module"),
+        ({"dataset": 5}, TypeError, "dataset must be a map-style dataset"),
+        ({"dataset": []}, ValueError, "dataset must hold at least one item"),
+        ({"item_losses": None}, TypeError, "item_losses must be callable"),
+        ({"accum_steps": 0}, ValueError, r"accum_steps must be >= 1 \(got 0\)"),
+        ({"accum_steps": 2.0}, ValueError, "accum_steps must be an integer"),
+        ({"batch_size": 0}, ValueError, r"batch_size must be an integer >= 1 \(got 0\)"),
+        ({"optimizer": "sgd"}, TypeError, "optimizer must be None or callable"),
+        ({"optimizer": lambda ps: None}, TypeError, "optimizer must return a torch.optim.Optimizer"),
+        ({"collate_fn": 1}, TypeError, "collate_fn must be None or callable"),
+    ],
+)
+def test_bad_input_names_argument_rule_and_value(change, error, words):
+    kw = dict(train_fn=exact, model=TASK.make_model(0), dataset=TASK.make_dataset(), item_losses=TASK.item_losses,
+              accum_steps=K, batch_size=8) | change
+    fn = kw.pop("train_fn")
+    with pytest.raises(error, match=words):
+        accumlib.verify(fn, **kw)
+
+
+def test_frozen_model_is_refused():
+    model = TASK.make_model(0).requires_grad_(False)
+    with pytest.raises(ValueError, match="requires_grad=True"):
+        accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+def test_report_prints_table_html_and_json():
+    import json
+
+    report = run(naive)
+    text = str(report)
+    assert "unscaled-sum" in text and "|g|/|g*|" in text and "NOT OK" in text
+    assert "<table>" in report._repr_html_()
+    data = json.loads(report.to_json())
+    assert data["ok"] is False and data["findings"][0]["code"] == "unscaled-sum" and len(data["steps"]) == 4
+
+
+def test_codes_and_severities():
+    issue_codes = {
+        "unscaled-sum", "mean-of-means", "tail-dropped", "tail-misscaled", "zero-grad-inside-window", "no-zero-grad",
+        "early-step", "scheduler-per-micro-batch", "clip-per-micro-batch", "clip-before-unscale", "batchnorm",
+        "dropout", "logged-loss-scaled",
+    }
+    assert issue_codes <= set(CODES)
+    assert Report([], [Finding("dropout", "m", "f")], K, 0, 0).ok  # a note does not fail a loop
+    assert not Report([], [Finding("batchnorm", "m", "f")], K, 0, 0).ok
