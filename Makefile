@@ -44,5 +44,15 @@ test: $(STAMP)
 verify: $(STAMP)
 	$(VENV)/bin/accumlib verify
 
+# The papermill report for the parameters above, as reports/report.ipynb and as
+# reports/report.html with the figures embedded. MPLBACKEND=Agg: no display needed.
+report: $(STAMP)
+	mkdir -p reports
+	MPLBACKEND=Agg $(VENV)/bin/papermill notebooks/report.ipynb reports/report.ipynb \
+		-p task "$(TASK)" -p accum_steps "$(ACCUM)" -p batch_size $(BATCH) -p norm "$(NORM)" \
+		-p precision "$(PRECISION)" -p device "$(DEVICE)" -p seed $(SEED)
+	$(VENV)/bin/jupyter nbconvert --to html reports/report.ipynb --output-dir reports
+	@echo "report: reports/report.ipynb and reports/report.html"
+
 clean:
 	rm -rf $(VENV) reports .pytest_cache .hypothesis
