@@ -126,6 +126,10 @@ def _server_env(state: Path) -> dict[str, str]:
         (state / sub).mkdir(parents=True, exist_ok=True)
         env[var] = str(state / sub)
     env["JUPYTER_PLATFORM_DIRS"] = "1"
+    # One intra-op thread per kernel, as tests/conftest.py does for pytest: on 2 shared cores
+    # PyTorch's default (a thread per core) oversubscribes them, and notebook 1's training
+    # cell took 56 s instead of 1.6 s under load here.
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
