@@ -44,6 +44,11 @@ test: $(STAMP)
 verify: $(STAMP)
 	$(VENV)/bin/accumlib verify
 
+# Figures, not tests: memory and time of accumulation, every goal of issue 7 stated as met or
+# MISSED; writes benchmarks/results/latest.{json,md,png} (under 10 minutes on 2 cores).
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py
+
 # The papermill report for the parameters above, as reports/report.ipynb and as
 # reports/report.html with the figures embedded. MPLBACKEND=Agg: no display needed.
 report: $(STAMP)
