@@ -56,7 +56,7 @@ class GalleryLoop:
 
 def seed_000_bert(model, optimizer, loader):
     """BERT-style epoch: divided loss, step on (step + 1) % K, scheduler per step, running_loss of the divided loss."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain tqdm: the notebook flavour imports widgets
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s))
     model.train()
@@ -334,7 +334,7 @@ def correct_nanogpt(model, optimizer, loader):
 
 def correct_amp_clip_scheduler(model, optimizer, loader):
     """autocast + GradScaler + clipping + a per-step scheduler + tqdm, exact on a ragged tail."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain tqdm: the notebook flavour imports widgets
 
     scaler = torch.amp.GradScaler("cpu")
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)

@@ -7,6 +7,9 @@ import pytest
 from accumlib.gallery import GALLERY
 from accumlib.verify import CODES
 
+# the scheduler-per-micro-batch loop steps its scheduler before the optimizer: torch warns, rightly
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`:UserWarning")
+
 ISSUE_CODES = {c for c in CODES if c not in {"unexplained", "non-finite", "no-items"}}
 
 

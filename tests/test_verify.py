@@ -322,3 +322,29 @@ def test_codes_and_severities():
     assert issue_codes <= set(CODES)
     assert Report([], [Finding("dropout", "m", "f")], K, 0, 0).ok  # a note does not fail a loop
     assert not Report([], [Finding("batchnorm", "m", "f")], K, 0, 0).ok
+
+
+def test_clipping_we_cannot_intercept_is_recognised_from_norms():
+    """A loop holding its own reference to clip_grad_norm_ (imported before verify ran) is still judged by norms."""
+    from torch.nn.utils.clip_grad import clip_grad_norm_ as own_clip
+
+    def clipped(model, opt, loader):
+        batches = list(loader)
+        for s in range(0, len(batches), K):
+            window = batches[s:s + K]
+            n = sum(len(y) for _, y in window)
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+            own_clip(model.parameters(), 0.1)
+            opt.step()
+            opt.zero_grad()
+
+    def misscaled(model, opt, loader):  # a bug that also shrinks steps: norms differ, so it is not excused
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x), y) / (K + i % 3)).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+    assert run(clipped).ok
+    assert run(misscaled, n=128).codes == {"unexplained"}

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from .._batch import ItemLosses, check_accum_steps
-from ._diagnose import FIXES, analyse, coverage, logged_loss_off, step_tol
+from ._diagnose import FIXES, analyse, coverage, explained_by_clipping, logged_loss_off, step_tol
 from ._record import Recorder, Tracked, _rel, disable_dropout, make_shadow
 from .report import Finding, Report, StepRow
 
@@ -109,11 +109,17 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
     last = len(rec.dataset) - 1
     rows, by_code, bn_diffs, details = [], {}, [], {}  # type: ignore[var-annotated]
     n_micro = sum(len(s.batches) for s in rec.steps)
+    verdicts = []
     for t, step in enumerate(rec.steps):
         # a short last window is a legitimate tail only if it holds the epoch's last micro-batches
         is_tail = (t == len(rec.steps) - 1 and any(last in rec.indices[b] for b in step.batches)
                    and len(step.batches) == n_micro % k)
-        v = analyse(step, k=k, is_tail=is_tail)
+        verdicts.append(analyse(step, k=k, is_tail=is_tail))
+    if explained_by_clipping(verdicts, rec.steps):
+        for v in verdicts:
+            if v.clip_scale is not None:
+                v.codes.remove("unexplained")
+    for t, (step, v) in enumerate(zip(rec.steps, verdicts)):
         for c in v.codes:
             by_code.setdefault(c, []).append(t)
             details.setdefault(c, v.detail)

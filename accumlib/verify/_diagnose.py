@@ -51,6 +51,7 @@ class StepVerdict:
     codes: list[str] = field(default_factory=list)
     detail: str = ""
     bn_diff: float | None = None
+    clip_scale: float | None = None  # the whole window scaled by s < 1: clipping we did not see, if norms agree
 
 
 def analyse(step: Step, *, k: int, is_tail: bool) -> StepVerdict:
@@ -137,7 +138,24 @@ def analyse(step: Step, *, k: int, is_tail: bool) -> StepVerdict:
         out.codes.append("tail-misscaled")
         return out
     out.codes.append("unexplained")
+    if step.leak is None and weights[0] < 1 and all(_near(x, weights[0]) for x in weights):
+        out.clip_scale = weights[0]
     return out
+
+
+# Clipping to max_norm c leaves every clipped step with ||G|| = c; float32 rounding moves it ~1e-7.
+CLIP_NORM_RTOL = 1e-3
+
+
+def explained_by_clipping(verdicts: list[StepVerdict], steps: list[Step]) -> bool:
+    """Steps scaled uniformly by s < 1 are a clip by norm (one we did not intercept) when all of
+    them end at one norm c and every unscaled step's norm is at most c."""
+    scaled = [float(st.grad.norm()) for v, st in zip(verdicts, steps) if v.clip_scale is not None]
+    if not scaled:
+        return False
+    c = max(scaled)
+    unscaled = [float(st.grad.norm()) for v, st in zip(verdicts, steps) if not v.codes and st.oracle is not None]
+    return all(_near(x, c, CLIP_NORM_RTOL) for x in scaled) and all(x <= c * (1 + CLIP_NORM_RTOL) for x in unscaled)
 
 
 FIXES = {
