@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.multiprocessing import ProcessRaisedException
 
 from accumlib import get_task
-from accumlib.distributed import FLOAT32_RTOL, VARIANTS, RunSpec, ddp_accumulate, launch, run_specs
+from accumlib.distributed import FLOAT32_RTOL, VARIANTS, RunSpec, ddp_accumulate, ddp_experiment, free_port, launch, run_specs
 from accumlib.distributed.experiment import PER_RANK_MIN_ERROR
 
 WORLD = 2
@@ -108,6 +108,19 @@ def test_per_rank_counts_hide_when_every_rank_holds_as_many_items(runs):
     assert r.max_rel_error <= FLOAT32_RTOL
 
 
+def test_world_size_one_in_an_existing_group():
+    # what torchrun hands a script: an initialized group; world size 1 here, in this process
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        report = ddp_experiment(accum_steps=3)
+    finally:
+        dist.destroy_process_group()
+    assert report.world_size == 1 and report.ok
+    assert report.results["no_sync"].max_rel_error <= FLOAT32_RTOL
+    assert report.results["per-rank counts"].max_rel_error <= FLOAT32_RTOL  # one rank: its count is the global count
+    assert report.results["every micro-batch"].calls_per_step == 3 * report.results["no_sync"].calls_per_step
+
+
 # ---- launching: failures, time limits, bad settings ------------------------------------
 
 def _fail_on_rank_1(rank, world_size):
@@ -125,6 +138,8 @@ def test_a_failing_rank_fails_the_launch_with_its_traceback_and_leaves_nothing()
     with pytest.raises(ProcessRaisedException, match="rank 1 fails on purpose") as info:
         launch(_fail_on_rank_1, world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
     assert "Traceback" in str(info.value) and "_fail_on_rank_1" in str(info.value)
+    assert "rank 1 failed first" in str(info.value)  # the cause first, not rank 0's lost connection
+    assert info.value.error_index == 1
     assert not multiprocessing.active_children()
     assert time.monotonic() - start < 60  # rank 0 was stopped, not left to its collective timeout
 

@@ -97,10 +97,10 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, host: str, port: 
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
-    try:
-        fn(rank, world_size, *args)
-    finally:
-        dist.destroy_process_group()
+    fn(rank, world_size, *args)
+    # Only on success: tearing the group down on failure would break the peers' connections
+    # before this rank's traceback is written, and the peers' errors would look like the cause.
+    dist.destroy_process_group()
 
 
 def launch(
@@ -141,8 +141,37 @@ def launch(
         while not ctx.join(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"distributed run did not finish within timeout={timeout} s (world_size={world_size}); ranks stopped")
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
+        _stop(ctx.processes)
+        raise _every_failure(ctx, err) from None
     finally:
         _stop(ctx.processes)
+
+
+def _every_failure(ctx: Any, err: Exception) -> Exception:
+    """One rank's failure makes its peers fail too (a reset connection); report every rank, first failure first.
+
+    torch's join() reports whichever failed rank it notices first, which may be a peer
+    that only lost its connection; the earliest traceback written is the cause.
+    """
+    import pickle
+
+    import torch.multiprocessing as mp
+
+    found = []
+    for rank, path in enumerate(ctx.error_files):
+        if os.access(path, os.R_OK) and os.path.getsize(path) > 0:
+            with open(path, "rb") as fh:
+                found.append((os.path.getmtime(path), rank, pickle.load(fh)))
+    if not found:
+        return err
+    found.sort()
+    msg = "".join(
+        f"\n\n-- rank {rank} {'failed first' if n == 0 else 'failed next'} with the following error:\n{trace}"
+        for n, (_, rank, trace) in enumerate(found)
+    )
+    first = found[0][1]
+    return mp.ProcessRaisedException(msg, first, ctx.processes[first].pid)
 
 
 def _stop(processes: Sequence[Any]) -> None:
