@@ -33,3 +33,14 @@ def test_correct_loops_and_frameworks_are_present():
     seeds = {n for n in GALLERY if n.startswith("seed-")}
     assert {"seed-000-bert", "seed-001-mindspore", "seed-002-last-batch", "seed-003-gan-normalized",
             "seed-003-gan-grad-division", "seed-004-question", "seed-004-question-last-batch", "seed-004-answer"} <= seeds
+
+
+@pytest.mark.parametrize("name", ["lightning", "accelerate"])
+def test_frameworks_really_clip_and_cover_every_item(name):
+    """Both clip (CLIP is below every window's norm), so a pass means the clip was seen at the right moment:
+    after Lightning's closure ran the last micro-batch, and on Accelerate's re-created DataLoader."""
+    report = GALLERY[name].run()
+    assert report.ok
+    assert all(row.norm_ratio < 1.0 for row in report.steps)
+    assert report.items_stepped == report.items_total == 128
+    assert [row.micro_batches for row in report.steps] == [4] * 4

@@ -1,0 +1,102 @@
+"""`accumlib verify FILE.py:FUNCTION`: built-in and file-defined tasks, exit codes, JSON; the table mode stays."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from accumlib.cli import main
+
+LOOPS = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+
+    from accumlib import MLP, synthetic_classification
+
+    def item_losses(model, batch):
+        x, y = batch
+        return F.cross_entropy(model(x), y, reduction="none")
+
+    def make_model():
+        torch.manual_seed(0)
+        return MLP(in_features=20, n_classes=4)
+
+    dataset = synthetic_classification(40)  # 8 micro-batches of 5: two full windows of 4
+    ACCUM_STEPS = 4
+
+    def naive(model, opt, loader):
+        for i, (x, y) in enumerate(loader):
+            F.cross_entropy(model(x), y).backward()
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+
+    def divided(model, opt, loader):
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x), y) / 4).backward()
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+
+    def broken(model, opt, loader):
+        raise RuntimeError("user bug")
+''')
+
+
+@pytest.fixture
+def loops(tmp_path):
+    path = tmp_path / "my_loops.py"
+    path.write_text(LOOPS)
+    return path
+
+
+def test_file_defined_task(loops, capsys):
+    assert main(["verify", f"{loops}:divided", "--batch-size", "5"]) == 0
+    assert main(["verify", f"{loops}:naive", "--batch-size", "5"]) == 1
+    assert "unscaled-sum" in capsys.readouterr().out
+
+
+def test_builtin_task_and_json(loops, capsys):
+    assert main(["verify", f"{loops}:divided", "--task", "mlp-digits", "--accum-steps", "4", "--batch-size", "8", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert {f["code"] for f in data["findings"]} == {"tail-dropped"}  # 110 items: the 2-batch tail is never stepped
+
+
+def test_loop_that_raises_exits_1_with_its_traceback(loops, capsys):
+    assert main(["verify", f"{loops}:broken", "--batch-size", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "user bug" in err and "accumlib.verify: train_fn raised after 0 micro-batch forwards" in err
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["{f}:missing", "--batch-size", "5"], "target function must be defined"),
+        (["nofile.py:naive", "--batch-size", "5"], "target file must exist"),
+        (["{f}", "--batch-size", "5"], "target must be FILE.py:FUNCTION"),
+        (["{f}:naive"], "--batch-size is required"),
+        (["{f}:naive", "--batch-size", "0"], "batch_size must be an integer >= 1 (got 0)"),
+        (["{f}:naive", "--batch-size", "5", "--accum-steps", "0"], "accum_steps must be >= 1 (got 0)"),
+        (["{f}:naive", "--task", "mlp-digits", "--task", "lm-tokens"], "--task must be given once"),
+        (["{f}:naive", "--task", "nope"], "task must be one of"),
+        (["{f}:naive", "--batch-size", "5", "--loop", "naive"], "--loop selects reference loops"),
+        (["--accum-steps", "4"], "need a target"),
+    ],
+)
+def test_bad_usage_exits_2(loops, capsys, args, words):
+    assert main(["verify", *[a.format(f=loops) for a in args]]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_file_without_a_task_needs_task(tmp_path, capsys):
+    path = tmp_path / "bare.py"
+    path.write_text("def train(model, opt, loader):\n    pass\n")
+    assert main(["verify", f"{path}:train", "--batch-size", "5", "--accum-steps", "4"]) == 2
+    assert "item_losses, make_model, make_dataset or dataset" in capsys.readouterr().err
+
+
+def test_table_mode_still_works(capsys):
+    assert main(["verify", "--task", "mlp-digits", "--loop", "ragged"]) == 0
+    assert "1/1 verdicts hold" in capsys.readouterr().out
