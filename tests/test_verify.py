@@ -348,3 +348,31 @@ def test_clipping_we_cannot_intercept_is_recognised_from_norms():
 
     assert run(clipped).ok
     assert run(misscaled, n=128).codes == {"unexplained"}
+
+
+def test_optimizer_built_inside_the_loop_is_seen():
+    def own_adam(model, opt, loader):
+        adam = torch.optim.Adam(model.parameters(), lr=1e-3)  # ignores the optimizer verify passed
+        naive(model, adam, loader)
+
+    report = run(own_adam)
+    assert report.codes == {"unscaled-sum"} and len(report.steps) == 4
+
+
+def test_window_skipped_by_gradscaler_is_not_merged_into_the_next():
+    def overflow_once(model, opt, loader):
+        scaler = torch.amp.GradScaler("cpu")
+        for i, (x, y) in enumerate(loader):
+            loss = F.cross_entropy(model(x), y) / K
+            if i == 5:
+                loss = loss * 1e38  # the scaled gradient overflows: GradScaler skips window 2
+            scaler.scale(loss).backward()
+            if (i + 1) % K == 0:
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+
+    report = run(overflow_once, n=128)
+    assert report.ok, str(report)
+    assert report.steps[1].codes == ("skipped by GradScaler",)
+    assert [r.micro_batches for r in report.steps] == [4] * 4

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from .._batch import ItemLosses, check_accum_steps
@@ -89,9 +90,10 @@ def verify(
     tracked = Tracked(dataset)
     rec = Recorder(net, make_shadow(net), opt, tracked, collate_fn or default_collate, item_losses, step_tol)
     loader = DataLoader(tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn)
-    hooks = [net.register_forward_pre_hook(rec.on_forward, with_kwargs=True), opt.register_step_pre_hook(rec.on_step)]
+    # a global step hook: it also sees an optimizer the loop builds itself (on_step keeps those over net's parameters)
+    hooks = [net.register_forward_pre_hook(rec.on_forward, with_kwargs=True), register_optimizer_step_pre_hook(rec.on_step)]
     try:
-        with rec.clipping():
+        with rec.clipping(), rec.scaler_skips():
             returned = train_fn(net, opt, loader)
     except Exception as err:
         err.add_note(
@@ -131,7 +133,7 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
             lr=step.lrs[-1][0] if step.lrs else float("nan"),
             norm_ratio=float(step.grad.norm() / step.oracle.norm()) if ok_ref else float("nan"),
             rel_error=_rel(step.grad, step.oracle) if ok_ref else float("nan"),
-            codes=tuple(v.codes),
+            codes=("skipped by GradScaler",) if step.skipped else tuple(v.codes),
         ))
     stepped, missing, seen_items, seen_loss = coverage(rec, batch_size)
     findings = []

@@ -58,6 +58,9 @@ def analyse(step: Step, *, k: int, is_tail: bool) -> StepVerdict:
     """Codes for one optimizer step (see the module docstring for the model)."""
     out = StepVerdict()
     m = len(step.batches)
+    if step.skipped:
+        out.detail = "GradScaler skipped this step (inf/nan in the scaled gradient), as designed"
+        return out
     if m == 0:
         out.codes.append("early-step")
         out.detail = "stepped without a single micro-batch since the previous step"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
 from .._batch import ItemLosses, checked_losses
 
@@ -82,6 +82,7 @@ class Step:
     parts: list[torch.Tensor] | None = None  # per micro-batch: grad of (its item-loss sum) / items
     part_items: list[int] | None = None
     batchnorm: bool = False
+    skipped: bool = False  # GradScaler found inf/nan and did not step
 
 
 @dataclass
@@ -95,6 +96,7 @@ class Recorder:
     tol: Callable[[bool], float]
     batches: list[Any] = field(default_factory=list)
     indices: list[list[int]] = field(default_factory=list)
+    address: dict[int, int] = field(default_factory=dict)
     storage: dict[int, int] = field(default_factory=dict)
     stepped: set[int] = field(default_factory=set)
     steps: list[Step] = field(default_factory=list)
@@ -107,6 +109,7 @@ class Recorder:
 
     def __post_init__(self) -> None:
         self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self.param_ids = {id(p) for p in self.params}
         self.shadow_params = [p for p in self.shadow.parameters() if p.requires_grad]
 
     # -- data -------------------------------------------------------------------------
@@ -114,8 +117,11 @@ class Recorder:
         batch = self.collate(samples)
         self.indices.append(self.dataset.pending)
         self.dataset.pending = []
+        b = len(self.batches)
         for t in _tensors(batch):
-            self.storage[t.untyped_storage().data_ptr()] = len(self.batches)
+            self.address[t.data_ptr()] = b
+            s = t.untyped_storage().data_ptr()
+            self.storage[s] = b if self.storage.get(s, b) == b else -1  # -1: batches share one storage
         self.batches.append(batch)  # kept alive, so no later batch can reuse its storage
         return batch
 
@@ -123,8 +129,8 @@ class Recorder:
         """The micro-batches a forward consumed: by tensor storage, else by leading size."""
         tensors = list(_tensors((args, kwargs)))
         for t in tensors:
-            b = self.storage.get(t.untyped_storage().data_ptr())
-            if b is not None:
+            b = self.address.get(t.data_ptr(), self.storage.get(t.untyped_storage().data_ptr(), -1))
+            if b >= 0:
                 return [b]
         # inputs rebuilt by the loop (copied, cast, merged): the oldest fresh batches whose rows add up
         fresh = [b for b in range(len(self.batches)) if b not in self.stepped and b not in self.window]
@@ -154,6 +160,9 @@ class Recorder:
         self.low_precision |= torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
     def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if not any(id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"]):
+            return None  # another model's optimizer (a GAN's other half)
+        self.optimizer = optimizer  # the loop may have built its own; read learning rates from it
         # args[0] is the optimizer itself; a closure comes positionally after it or by keyword
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if closure is None:
@@ -186,6 +195,27 @@ class Recorder:
             yield
         finally:
             nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = original  # type: ignore[assignment]
+
+    @contextlib.contextmanager
+    def scaler_skips(self) -> Iterator[None]:
+        """Close a window GradScaler skipped (inf/nan), so it is not merged into the next one."""
+        original = torch.amp.GradScaler.step
+
+        def step(scaler: Any, optimizer: Any, *a: Any, **kw: Any) -> Any:
+            before = len(self.steps)
+            out = original(scaler, optimizer, *a, **kw)
+            if len(self.steps) == before and self.window:
+                self.steps.append(Step(list(self.window), list(self.lrs), self.low_precision,
+                                       flat([p.grad for p in self.params], self.params), None, list(self.clips), skipped=True))
+                self.stepped.update(self.window)
+                self.window, self.lrs, self.low_precision, self.leak, self.clips = [], [], False, None, []
+            return out
+
+        torch.amp.GradScaler.step = step  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            torch.amp.GradScaler.step = original  # type: ignore[method-assign]
 
     # -- the oracle at each step ---------------------------------------------------------
     def _sync_shadow(self) -> None:
@@ -263,4 +293,4 @@ def disable_dropout(net: torch.nn.Module) -> list[float]:
     return found
 
 
-__all__ = ["Recorder", "Step", "Clip", "Tracked", "default_collate", "disable_dropout", "flat", "make_shadow"]
+__all__ = ["Clip", "Recorder", "Step", "Tracked", "disable_dropout", "flat", "make_shadow"]
