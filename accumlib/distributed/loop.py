@@ -62,7 +62,17 @@ def ddp_accumulate(
     model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, count_items=_rows,
     no_sync="forward+backward", global_counts=True,
 ) -> list[float]:
-    """Run one epoch on this rank; return the true mean item loss (over all ranks) of each step's window."""
+    """Run one epoch on this rank; return the true mean item loss (over all ranks) of each step's window.
+
+    Every rank calls it with its own shard (e.g. ``shard_loader``; all shards must yield as many
+    micro-batches). ``no_sync`` and ``global_counts`` exist to reproduce the mistakes; keep the defaults.
+
+    >>> rank, world = init_from_env()                                # under torchrun  # doctest: +SKIP
+    >>> model = DDP(task.make_model(0)); opt = torch.optim.SGD(model.parameters(), lr=0.05)  # doctest: +SKIP
+    >>> ddp_accumulate(model, opt, shard_loader(task, rank, world), task.item_losses,
+    ...                accum_steps=4, count_items=task.count_items)  # doctest: +SKIP
+    [3.83..., 3.62...]
+    """
     accum_steps = check_accum_steps(accum_steps)
     _check_args(model, no_sync)
     world = dist.get_world_size()
