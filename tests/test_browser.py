@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from _jupyter import (
+    _ERROR_TEXT,
     ERROR_MIME,
     STDERR_MIME,
     chromium_missing_reason,
@@ -222,17 +223,44 @@ def test_notebook_1_runs_and_slider_redraws(lab, page, request):
     assert outputs_of(page, STDERR_MIME) == [], "moving the slider wrote to stderr"
 
 
-FINDING_CODE = re.compile(r"\b[a-z]+(?:-[a-z]+)+\b")  # e.g. unscaled-sum
-EXPECTED_FINDING = "unscaled-sum"
+# The gallery runs deliberately wrong loops; PyTorch warns about one of them (scheduler.step()
+# before optimizer.step()). Tolerated here, reported upstream: the gallery should silence it.
+GALLERY_WARNING = re.compile(r"\S*accumlib/gallery\.py:\d+: UserWarning: Detected call of `lr_scheduler\.step\(\)`")
 
 
 def test_notebook_7_report_shows_a_finding(lab, page, request):
+    """The exercise's loop (the GradScaler loop of the seed question) is buggy as given: the
+    report it renders (an HTML table, one row per optimizer step, then the findings) names
+    the finding codes that the cell above printed."""
+    from accumlib.verify import CODES
+
     notebook = _need(NB_VERIFY)
     open_notebook(page, lab, notebook)
     run_all_cells(page, lab, notebook, RUN_ALL_TIMEOUT_MS)
-    assert outputs_of(page, STDERR_MIME) == [], "error or stderr output in notebook 7"
-    tables = page.locator(".jp-OutputArea-output table")
-    assert tables.count() > 0, "no rendered report table in notebook 7"
-    cells = " | ".join(tables.locator("td").all_inner_texts())
-    page.screenshot(path=_artifact(request, "report"), full_page=True)
-    assert EXPECTED_FINDING in cells, f"finding code {EXPECTED_FINDING!r} not in the report: {cells}"
+    stderr = outputs_of(page, STDERR_MIME)
+    assert not [t for t in stderr if _ERROR_TEXT.search(t)], f"error output in notebook 7: {stderr}"
+    unexpected = [t for t in stderr if not GALLERY_WARNING.match(t)]
+    assert not unexpected, f"stderr output in notebook 7: {unexpected}"
+
+    last = page.locator(".jp-Notebook .jp-CodeCell").last
+    last.scroll_into_view_if_needed()
+    last.screenshot(path=_artifact(request, "report"))
+    table = last.locator('.jp-OutputArea-output[data-mime-type="text/html"] table').first
+    header = [h.strip() for h in table.locator("th").all_inner_texts()]
+    assert "codes" in header, f"the rendered report table has no codes column: {header}"
+    column = header.index("codes")
+    step_codes = {
+        code.strip()
+        for row in table.locator("tr").all()[1:]
+        for code in row.locator("td").nth(column).inner_text().split(",")
+        if code.strip() not in ("", "ok", "-")
+    }
+    listed = set(last.locator('.jp-OutputArea-output[data-mime-type="text/html"] li code').all_inner_texts())
+    printed = re.search(r"findings: \[(.*)\]", "\n".join(outputs_of(page, "application/vnd.jupyter.stdout")))
+    assert printed, "the exercise cell did not print its findings"
+    printed_codes = set(re.findall(r"'([^']+)'", printed.group(1)))
+
+    assert step_codes | listed, "the rendered report shows no finding code"
+    assert step_codes <= set(CODES) and listed <= set(CODES), (step_codes, listed)
+    assert listed == printed_codes, f"rendered findings {listed} != printed {printed_codes}"
+    assert step_codes <= listed, f"step codes {step_codes} not among the findings {listed}"
