@@ -286,6 +286,7 @@ class DDPReport:
         for v in COMM_VARIANTS:
             c = s["allreduce_per_step"][v]
             lines.append(f"    {v:<26} {c['calls']:>3} calls  {c['bytes']:>9,} bytes")
+        lines.append("    (plus, in every variant, one all-reduce of the window's item count: 1 int64, 8 bytes)")
         lines.append(f"  per-rank counts (local mean, then DDP's average) rel error  {s['per_rank_counts_rel_error']:.1e}")
         lines.append(f"verdict: {'ok' if s['ok'] else 'FAILED'}")
         return "\n".join(lines)
