@@ -14,7 +14,9 @@ trigger one finding code each (``bug-*``), or must pass (``correct-*``).
 
 from __future__ import annotations
 
+import inspect
 import io
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +44,11 @@ class GalleryLoop:
     task: str = "mlp-digits"
     n_items: int | None = None  # None: the task's own dataset; else the first n digits
     dropout: float = 0.0
+
+    @property
+    def source(self) -> str:
+        """The loop's code, for display."""
+        return inspect.getsource(self.fn)
 
     def run(self) -> Report:
         """Verify this loop on its task with ``accum_steps=K``, the task's batch size and plain SGD."""
@@ -389,13 +396,19 @@ def lightning_loop(model, optimizer, loader):
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return optimizer
 
+    log = logging.getLogger("lightning.pytorch")
+    level = log.level
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on workers and loggers, not about accumulation
+        log.setLevel(logging.WARNING)  # and its banner (GPU available: ...), restored below
         trainer = pl.Trainer(
             max_epochs=1, accumulate_grad_batches=K, gradient_clip_val=CLIP, accelerator="cpu", devices=1,
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         )
-        trainer.fit(Lit(), loader)
+        try:
+            trainer.fit(Lit(), loader)
+        finally:
+            log.setLevel(level)
 
 
 _E = frozenset

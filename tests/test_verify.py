@@ -376,3 +376,50 @@ def test_window_skipped_by_gradscaler_is_not_merged_into_the_next():
     assert report.ok, str(report)
     assert report.steps[1].codes == ("skipped by GradScaler",)
     assert [r.micro_batches for r in report.steps] == [4] * 4
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+def _textbook(k):
+    def loop(model, opt, loader):  # loss / k on micro-batch means; the tail stepped
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x), y) / k).backward()
+            if (i + 1) % k == 0 or i + 1 == len(loader):
+                opt.step()
+                opt.zero_grad()
+    return loop
+
+
+DIGITS_50 = accumlib.digits(50)  # loaded once: sklearn parses its CSV on every call
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 50), b=st.integers(1, 9), k=st.integers(1, 5))
+def test_awkward_sizes_on_purpose(n, b, k):
+    """Sizes k and b need not divide: the exact loop always passes, the textbook loop fails only where it must."""
+    data = torch.utils.data.Subset(DIGITS_50, range(n))
+
+    def verify(fn):
+        return accumlib.verify(fn, model=TASK.make_model(0), dataset=data, item_losses=TASK.item_losses,
+                               accum_steps=k, batch_size=b)
+
+    def exact_k(model, opt, loader):
+        batches = list(loader)
+        for s in range(0, len(batches), k):
+            window = batches[s:s + k]
+            items = sum(len(y) for _, y in window)
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / items).backward()
+            opt.step()
+            opt.zero_grad()
+
+    assert verify(exact_k).ok
+    n_mb = -(-n // b)
+    m_last = n_mb % k or k
+    expected = set()
+    if m_last < k:
+        expected.add("tail-misscaled")
+    if m_last > 1 and n % b:
+        expected.add("mean-of-means")  # the last micro-batch is smaller than its window-mates
+    assert verify(_textbook(k)).codes == expected
