@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult, RunSpec, run_specs
+from ..tasks import get_task
+from .experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult, RunSpec, run_specs, shard_loader
 
 DEFAULT_KS = (1, 2, 4, 8)  # lm-tokens on 2 ranks: 8 micro-batches each, so k=8 is one step
 
@@ -45,7 +46,10 @@ def compute(
     world_size: int = 2, accum_steps: int = 4, ks: Sequence[int] = DEFAULT_KS, task: str = "lm-tokens", timeout: float = 300.0
 ) -> DistributedLesson:
     """Run the lesson's experiments in one spawned group; every number the notebook states comes from here."""
-    ks = tuple(sorted(set(ks)))
+    per_rank = len(shard_loader(get_task(task), 0, world_size))  # micro-batches per rank: no window can be longer
+    ks = tuple(k for k in sorted(set(ks)) if k <= per_rank)
+    if not ks:
+        raise ValueError(f"ks must hold a k <= {per_rank}, the micro-batches per rank at world_size={world_size} (got none)")
     specs = [RunSpec(v, task, k, oracle=False) for k in ks for v in COMM_VARIANTS]
     specs += [RunSpec("no_sync", task, accum_steps), RunSpec("per-rank counts", task, accum_steps)]
     results = run_specs(specs, world_size=world_size, timeout=timeout)
