@@ -59,5 +59,12 @@ report: $(STAMP)
 	$(VENV)/bin/jupyter nbconvert --to html reports/report.ipynb --output-dir reports
 	@echo "report: reports/report.ipynb and reports/report.html"
 
+# The verifier notebook (7) as a Voila app: a page where participants paste a loop and read
+# the verdict (code cells hidden). Share it on a workshop network with APP_IP=0.0.0.0.
+APP_IP ?= 127.0.0.1
+.PHONY: app
+app: $(STAMP)
+	$(VENV)/bin/voila notebooks/07_verify_your_loop.ipynb --Voila.ip=$(APP_IP) --port=$(PORT) $(if $(DISPLAY),,--no-browser)
+
 clean:
 	rm -rf $(VENV) reports .pytest_cache .hypothesis

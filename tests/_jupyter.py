@@ -84,6 +84,7 @@ class LabServer:
     token: str
     proc: subprocess.Popen
     log_path: Path
+    kind: str = "lab"  # or "voila"
 
     @property
     def base_url(self) -> str:
@@ -91,6 +92,9 @@ class LabServer:
 
     def lab_url(self, notebook: str) -> str:
         return f"{self.base_url}lab/tree/{notebook}?token={self.token}"
+
+    def app_url(self) -> str:
+        return f"{self.base_url}?token={self.token}"
 
     def api(self, path: str, method: str = "GET", timeout: float = 5) -> bytes:
         req = urllib.request.Request(
@@ -179,20 +183,39 @@ def _lab_command(root: Path, state: Path, port: int, token: str) -> list[str]:
     ] + (["--allow-root"] if os.geteuid() == 0 else [])  # CI containers run as root
 
 
+def _voila_command(root: Path, state: Path, port: int, token: str, notebook: str) -> list[str]:
+    # What `make app` runs, on a loopback port with a token.
+    return [
+        sys.executable, "-m", "voila", notebook,
+        "--no-browser",
+        "--Voila.ip=127.0.0.1",
+        f"--Voila.port={port}",
+        "--Voila.port_retries=0",
+        f"--Voila.token={token}",
+    ]
+
+
 def _wait_ready(server: LabServer, deadline: float) -> None:
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
             raise RuntimeError(
-                f"jupyter lab exited with {server.proc.returncode} before answering:\n"
+                f"{server.kind} exited with {server.proc.returncode} before answering:\n"
                 + server.log_tail()
             )
         try:
-            json.loads(server.api("api/status", timeout=2))
+            if server.kind == "lab":
+                json.loads(server.api("api/status", timeout=2))
+            else:  # Voila runs the notebook on GET /; any answer from a static path will do
+                server.api("voila/static/ready-probe", timeout=2)
             return
+        except urllib.error.HTTPError:
+            if server.kind != "lab":
+                return
+            time.sleep(0.25)
         except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
             time.sleep(0.25)
     raise TimeoutError(
-        f"jupyter lab did not answer on port {server.port} within {STARTUP_TIMEOUT_S} s:\n"
+        f"{server.kind} did not answer on port {server.port} within {STARTUP_TIMEOUT_S} s:\n"
         + server.log_tail()
     )
 
@@ -207,8 +230,11 @@ def _stop(server: LabServer) -> list[str]:
     except psutil.NoSuchProcess:
         family = []
     if server.proc.poll() is None:
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            server.api("api/shutdown", method="POST")  # shuts kernels down too
+        if server.kind == "lab":
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                server.api("api/shutdown", method="POST")  # shuts kernels down too
+        else:
+            server.proc.send_signal(signal.SIGTERM)  # Voila shuts its kernels down on SIGTERM
         try:
             server.proc.wait(SHUTDOWN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -231,25 +257,39 @@ def _stop(server: LabServer) -> list[str]:
 @contextlib.contextmanager
 def jupyter_lab(root: Path) -> Iterator[LabServer]:
     """Serve ``root`` with JupyterLab; stop it and every process it started on exit."""
-    state = Path(tempfile.mkdtemp(prefix="accumlib-lab-"))
+    with _serve(root, "lab", lambda state, port, token: _lab_command(root, state, port, token)) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def voila_app(root: Path, notebook: str) -> Iterator[LabServer]:
+    """Serve ``notebook`` (relative to ``root``) as a Voila app, as `make app` does."""
+    cmd = lambda state, port, token: _voila_command(root, state, port, token, notebook)  # noqa: E731
+    with _serve(root, "voila", cmd) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _serve(root: Path, kind: str, command) -> Iterator[LabServer]:
+    state = Path(tempfile.mkdtemp(prefix=f"accumlib-{kind}-"))
     server = None
     try:
-        _server_env_ = _server_env(state)
+        env = _server_env(state)
         _write_config(state)
         for attempt in range(3):  # the free port can be taken between probe and bind
             port, token = free_port(), secrets.token_hex(24)
             log_path = state / f"server-{attempt}.log"
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
-                    _lab_command(root, state, port, token),
+                    command(state, port, token),
                     cwd=root,
-                    env=_server_env_,
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group: killable as one
                 )
-            server = LabServer(root, port, token, proc, log_path)
+            server = LabServer(root, port, token, proc, log_path, kind)
             try:
                 _wait_ready(server, time.monotonic() + STARTUP_TIMEOUT_S)
                 break
@@ -263,7 +303,7 @@ def jupyter_lab(root: Path) -> Iterator[LabServer]:
         log_copy = server.log_tail(200) if server is not None else ""
         shutil.rmtree(state, ignore_errors=True)
         if survivors:
-            raise RuntimeError(f"processes left after stopping jupyter lab: {survivors}\n{log_copy}")
+            raise RuntimeError(f"processes left after stopping {kind}: {survivors}\n{log_copy}")
 
 
 @contextlib.contextmanager

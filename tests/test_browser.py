@@ -29,6 +29,7 @@ from _jupyter import (
     open_notebook,
     outputs_of,
     run_all_cells,
+    voila_app,
     wait_kernel_idle,
 )
 
@@ -264,3 +265,47 @@ def test_notebook_7_report_shows_a_finding(lab, page, request):
     assert step_codes <= set(CODES) and listed <= set(CODES), (step_codes, listed)
     assert listed == printed_codes, f"rendered findings {listed} != printed {printed_codes}"
     assert step_codes <= listed, f"step codes {step_codes} not among the findings {listed}"
+
+
+# --- `make app`: the verifier notebook as a Voila page ----------------------------------------
+
+APP_TIMEOUT_MS = 90_000  # Voila runs all of notebook 7 (~40 s here, gallery included) first
+
+
+def test_app_verdict_for_a_pasted_loop(request, tmp_path):
+    """A participant opens the app, pastes a loop that sums k micro-batch losses without
+    dividing by k, presses verify and reads `unscaled-sum` in the rendered report."""
+    reason = chromium_missing_reason()
+    if reason:
+        if os.environ.get("ACCUMLIB_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"ACCUMLIB_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+    pytest.importorskip("voila", reason="voila is not installed: pip install -c constraints.txt -e '.[dev]'")
+    _need(NB_VERIFY)
+    root = tmp_path / "app"
+    shutil.copytree(NOTEBOOKS, root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    pasted = (
+        "import torch.nn.functional as F\n\n"
+        "def train_fn(model, optimizer, loader):\n"
+        "    for i, (x, y) in enumerate(loader):\n"
+        "        F.cross_entropy(model(x), y).backward()  # not divided by k\n"
+        "        if (i + 1) % 4 == 0 or i + 1 == len(loader):\n"
+        "            optimizer.step()\n"
+        "            optimizer.zero_grad()\n"
+    )
+    with voila_app(root, f"notebooks/{NB_VERIFY}") as app, chromium_page(tmp_path / "profile") as page:
+        page.goto(app.app_url(), timeout=APP_TIMEOUT_MS)
+        box = page.locator(".widget-textarea textarea").last
+        box.wait_for(timeout=APP_TIMEOUT_MS)
+        assert page.locator(".jp-OutputArea-output pre", has_text="Traceback").count() == 0
+        panel = box.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' widget-vbox ')][1]")
+        box.fill(pasted)
+        panel.locator("button", has_text="verify").click()
+        table = panel.locator("table").first
+        table.wait_for(timeout=APP_TIMEOUT_MS)
+        panel.scroll_into_view_if_needed()
+        page.screenshot(path=_artifact(request, "verdict"), full_page=True)
+        findings = set(panel.locator("li code").all_inner_texts())
+        verdict = panel.locator("p b").first.inner_text()
+    assert "unscaled-sum" in findings, f"the app's verdict names {findings}"
+    assert "NOT OK" in verdict, verdict
