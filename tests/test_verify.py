@@ -423,3 +423,13 @@ def test_awkward_sizes_on_purpose(n, b, k):
     if m_last > 1 and n % b:
         expected.add("mean-of-means")  # the last micro-batch is smaller than its window-mates
     assert verify(_textbook(k)).codes == expected
+
+
+def test_two_epochs_each_with_a_stepped_tail_pass():
+    def two_epochs(model, opt, loader):
+        exact(model, opt, loader)
+        exact(model, opt, loader)
+
+    report = run(two_epochs)
+    assert report.ok, str(report)
+    assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2] * 2

@@ -110,12 +110,11 @@ def verify(
 def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list[float]) -> Report:
     last = len(rec.dataset) - 1
     rows, by_code, bn_diffs, details = [], {}, [], {}  # type: ignore[var-annotated]
-    n_micro = sum(len(s.batches) for s in rec.steps)
+    n_mb = -(-len(rec.dataset) // batch_size)  # micro-batches per epoch (the last may be smaller)
     verdicts = []
     for t, step in enumerate(rec.steps):
-        # a short last window is a legitimate tail only if it holds the epoch's last micro-batches
-        is_tail = (t == len(rec.steps) - 1 and any(last in rec.indices[b] for b in step.batches)
-                   and len(step.batches) == n_micro % k)
+        # a short window is a legitimate tail only if it holds exactly the epoch's last n_mb % k micro-batches
+        is_tail = bool(step.batches) and last in rec.indices[step.batches[-1]] and len(step.batches) == n_mb % k
         verdicts.append(analyse(step, k=k, is_tail=is_tail))
     if explained_by_clipping(verdicts, rec.steps):
         for v in verdicts:

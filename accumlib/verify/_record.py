@@ -186,8 +186,10 @@ class Recorder:
         original = clip_mod.clip_grad_norm_
 
         def recorded(parameters: Any, max_norm: float, *a: Any, **kw: Any) -> torch.Tensor:
-            total = original(parameters, max_norm, *a, **kw)
-            self.clips.append(Clip(len(self.window), float(max_norm), float(total)))
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            total = original(params, max_norm, *a, **kw)
+            if any(id(p) in self.param_ids for p in params):  # not another model's clip (a GAN's other half)
+                self.clips.append(Clip(len(self.window), float(max_norm), float(total)))
             return total
 
         nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = recorded  # type: ignore[assignment]
