@@ -49,6 +49,9 @@ def true_gradient(
     """
     if len(batches) == 0:
         raise ValueError("batches must hold at least one micro-batch (got an empty sequence)")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        # its forward would arm an all-reduce that no other rank joins
+        raise TypeError("model must be the plain module, not DistributedDataParallel (got a DDP wrapper; pass model.module)")
     net = copy.deepcopy(model).to(dtype) if dtype is not None else model
     saved = {k: v.clone() for k, v in net.named_buffers()} if net is model else {}
     batch = to_device(merge(list(batches)), device)

@@ -130,3 +130,10 @@ def test_loops_do_not_touch_the_data(loop):
     x0 = loader.dataset.tensors[0].clone()
     LOOPS[loop](model, opt, loader, ce, accum_steps=3)
     assert torch.equal(loader.dataset.tensors[0], x0)
+
+
+def test_oracle_refuses_a_ddp_wrapper():
+    # a real DDP needs a process group; an uninitialised instance is enough for the type check
+    wrapper = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    with pytest.raises(TypeError, match="not DistributedDataParallel .*pass model.module"):
+        true_gradient(wrapper, [(torch.zeros(1, 6), torch.zeros(1, dtype=torch.long))], ce)
