@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..check import BF16_RTOL, FLOAT32_RTOL
-from ._record import Recorder, Step, _rel
+from ._record import Recorder, Step, _rel, unclipped
 
 # Fitted weights come from float32 (or bf16) gradients solved in float64: they land within
 # ~1e-5 (~1e-2 under bf16) of the weight a bug predicts. The closest two predictions we
@@ -82,11 +82,8 @@ def analyse(step: Step, *, k: int, is_tail: bool) -> StepVerdict:
         out.codes.append("clip-per-micro-batch")
         return out  # each clip rescaled a partial sum; no single coefficient undoes that
     tol = step_tol(step.low_precision)
-    grad = step.grad
-    complete = [c for c in step.clips if c.seen >= m]
+    grad, complete = unclipped(step.grad, step.clips, m)  # the window gradient before clipping
     if complete:
-        coef = math.prod(min(1.0, c.max_norm / (c.total_norm + 1e-6)) for c in complete)
-        grad = grad / coef  # the window gradient before clipping, as the optimizer would have seen it
         seen = complete[0].total_norm / max(float(grad.norm()), 1e-30)
         if seen > SCALED_CLIP_RATIO:
             out.codes.append("clip-before-unscale")

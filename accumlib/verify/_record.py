@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -257,7 +258,8 @@ class Recorder:
                 return
             grads = torch.autograd.grad(losses.mean(), self.shadow_params, allow_unused=True)
             step.oracle = flat(list(grads), self.shadow_params)
-            if step.batchnorm or _rel(grad, step.oracle) > self.tol(step.low_precision):
+            before_clip = unclipped(grad, step.clips, len(step.batches))[0]
+            if step.batchnorm or _rel(before_clip, step.oracle) > self.tol(step.low_precision):
                 # only for a step that needs a diagnosis: each micro-batch's share of the true gradient
                 parts = [self._grad(self.batches[b], scale=step.items) for b in step.batches]
                 step.parts = [g for g, _ in parts]
@@ -269,6 +271,13 @@ class Recorder:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             losses = checked_losses(self.item_losses, self.shadow, batch)
         return losses.numel(), float(losses.double().sum())
+
+
+def unclipped(grad: torch.Tensor, clips: list[Clip], m: int) -> tuple[torch.Tensor, list[Clip]]:
+    """Undo clips that ran on the complete window: torch scales by min(1, max_norm / (norm + 1e-6))."""
+    complete = [c for c in clips if c.seen >= m]
+    coef = math.prod(min(1.0, c.max_norm / (c.total_norm + 1e-6)) for c in complete)
+    return grad / coef, complete
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
