@@ -433,3 +433,19 @@ def test_two_epochs_each_with_a_stepped_tail_pass():
     report = run(two_epochs)
     assert report.ok, str(report)
     assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2] * 2
+
+
+def test_oracle_runs_in_float32_even_when_the_step_happens_under_autocast():
+    def step_inside_autocast(model, opt, loader):
+        batches = list(loader)
+        for s in range(0, len(batches), K):
+            window = batches[s:s + K]
+            n = sum(len(y) for _, y in window)
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+                opt.step()  # the capture (and so the oracle) runs inside this context
+            opt.zero_grad()
+
+    report = run(step_inside_autocast)
+    assert report.ok and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL

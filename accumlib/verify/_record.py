@@ -250,7 +250,7 @@ class Recorder:
             return
         self._sync_shadow()
         step.batchnorm = any(isinstance(m, BN_TYPES) and m.training for m in self.net.modules())
-        with torch.random.fork_rng(devices=[]):
+        with _exact():
             # one forward over the whole window, so BatchNorm sees the large batch
             losses = checked_losses(self.item_losses, self.shadow, self.merged(step.batches))
             step.items, step.loss_sum = losses.numel(), float(losses.detach().double().sum())
@@ -268,9 +268,23 @@ class Recorder:
     def count_and_loss(self, batch: Any) -> tuple[int, float]:
         """Items and loss sum of a batch at the current parameters (for what never reached a step)."""
         self._sync_shadow()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), _exact(grad=False):
             losses = checked_losses(self.item_losses, self.shadow, batch)
         return losses.numel(), float(losses.double().sum())
+
+
+@contextlib.contextmanager
+def _exact(grad: bool = True) -> Iterator[None]:
+    """The oracle's own context, whatever the loop's: float32 (no autocast, e.g. inside Lightning's
+    closure), autograd on (optimizer.step runs under no_grad), and the loop's RNG stream left alone."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=[]))
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        if grad:
+            stack.enter_context(torch.enable_grad())
+        yield
 
 
 def unclipped(grad: torch.Tensor, clips: list[Clip], m: int) -> tuple[torch.Tensor, list[Clip]]:
