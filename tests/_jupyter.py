@@ -91,7 +91,8 @@ class LabServer:
         return f"http://127.0.0.1:{self.port}/"
 
     def lab_url(self, notebook: str) -> str:
-        return f"{self.base_url}lab/tree/{notebook}?token={self.token}"
+        # A fresh, empty workspace per page: nothing a previous test opened is restored.
+        return f"{self.base_url}lab/workspaces/{secrets.token_hex(6)}/tree/{notebook}?reset&token={self.token}"
 
     def app_url(self) -> str:
         return f"{self.base_url}?token={self.token}"
@@ -332,41 +333,41 @@ def chromium_page(profile_dir: Path, timeout_ms: int = 30_000):
 # JupyterLab renders an exception (an `error` output) with the stderr MIME type, as it does
 # stream output to stderr; ERROR_MIME is what a renderer of raw error outputs would use.
 STDERR_MIME = "application/vnd.jupyter.stderr"
+NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen, not other tabs
 ERROR_MIME = "application/vnd.jupyter.error"
 _ERROR_TEXT = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b", re.M)
 
 
-def open_notebook(page, server: LabServer, notebook: str, timeout_ms: int = 60_000) -> None:
-    """Open ``notebook`` (relative to the server root); wait until every cell is rendered and
+def open_notebook(page, server: LabServer, path: str, timeout_ms: int = 60_000) -> None:
+    """Open the notebook at ``path`` (relative to the server root); wait until every cell is rendered and
     its kernel is connected and idle."""
     import nbformat
 
-    page.goto(server.lab_url(notebook), timeout=timeout_ms)
-    nb = nbformat.read(server.root / notebook, as_version=4)
+    page.goto(server.lab_url(path), timeout=timeout_ms)
+    nb = nbformat.read(server.root / path, as_version=4)
     page.wait_for_function(
-        "n => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell').length === n",
+        "n => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell').length === n"
+        " && document.querySelectorAll('.jp-NotebookPanel').length === 1",
         arg=len(nb.cells),
         timeout=timeout_ms,
     )
-    wait_kernel_idle(page, server, timeout_ms)
+    wait_kernel_idle(page, server, path, timeout_ms)
 
 
-def wait_kernel_idle(page, server: LabServer, timeout_ms: int) -> None:
-    """The notebook's execution indicator says idle and the server agrees (a kernel with a
-    browser connection, idle)."""
+def wait_kernel_idle(page, server: LabServer, path: str, timeout_ms: int) -> None:
+    """The notebook's execution indicator says idle and the server agrees: the kernel of the
+    notebook's session is idle and has a browser connection."""
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
         ui = page.evaluate(
             "() => document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
             ".jp-Notebook-ExecutionIndicator')?.getAttribute('data-status')"
         )
-        kernels = json.loads(server.api("api/kernels"))
-        if ui == "idle" and any(
-            k["execution_state"] == "idle" and k["connections"] > 0 for k in kernels
-        ):
+        kernels = [s["kernel"] for s in json.loads(server.api("api/sessions")) if s["path"] == path]
+        if ui == "idle" and any(k["execution_state"] == "idle" and k["connections"] > 0 for k in kernels):
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"kernel not idle after {timeout_ms / 1000:.0f} s: ui={ui} {kernels}")
+            raise TimeoutError(f"kernel of {path} not idle after {timeout_ms / 1000:.0f} s: ui={ui} {kernels}")
         time.sleep(0.25)
 
 
@@ -382,13 +383,13 @@ _PROMPTS_JS = (
 )
 
 
-def run_all_cells(page, server: LabServer, notebook: str, timeout_ms: int) -> list[str]:
+def run_all_cells(page, server: LabServer, path: str, timeout_ms: int) -> list[str]:
     """Edit > Clear Outputs of All Cells, Run > Run All Cells, then wait until every non-empty
     code cell shows an execution count (or a cell failed: Run All stops there) and the kernel
     is idle. Returns the code cells' prompts."""
     import nbformat
 
-    nb = nbformat.read(server.root / notebook, as_version=4)
+    nb = nbformat.read(server.root / path, as_version=4)
     n_code = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
     menu_command(page, "Edit", "editmenu:clear-all")
     page.wait_for_function(_PROMPTS_JS.replace("() =>", "() => !(") + ".some(p => /\\d/.test(p)))")
@@ -399,7 +400,7 @@ def run_all_cells(page, server: LabServer, notebook: str, timeout_ms: int) -> li
         ran = sum(1 for p in prompts if p.strip("[]:").strip().isdigit())
         failed = any(_ERROR_TEXT.search(t) for t in outputs_of(page, STDERR_MIME))
         if (ran == n_code or failed) and not any("*" in p for p in prompts):
-            wait_kernel_idle(page, server, max(1000, int((deadline - time.monotonic()) * 1000)))
+            wait_kernel_idle(page, server, path, max(1000, int((deadline - time.monotonic()) * 1000)))
             return prompts
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -410,7 +411,12 @@ def run_all_cells(page, server: LabServer, notebook: str, timeout_ms: int) -> li
 
 def outputs_of(page, mime: str) -> list[str]:
     """Text of every rendered output of one MIME type in the open notebook."""
-    return page.locator(f'.jp-OutputArea-output[data-mime-type="{mime}"]').all_inner_texts()
+    return notebook(page).locator(f'.jp-OutputArea-output[data-mime-type="{mime}"]').all_inner_texts()
+
+
+def notebook(page):
+    """The notebook panel on screen."""
+    return page.locator(NOTEBOOK).first
 
 
 def png_pixels(src: str):

@@ -26,6 +26,7 @@ from _jupyter import (
     chromium_page,
     images_differ,
     jupyter_lab,
+    notebook,
     open_notebook,
     outputs_of,
     run_all_cells,
@@ -75,15 +76,15 @@ def _artifact(request, label: str) -> Path:
     return ARTIFACTS / f"{name}-{label}.png"
 
 
-def _need(notebook: str) -> str:
-    if not (NOTEBOOKS / notebook).exists():
-        pytest.skip(f"notebooks/{notebook} is not in the repository yet")
-    return f"notebooks/{notebook}"
+def _need(name: str) -> str:
+    if not (NOTEBOOKS / name).exists():
+        pytest.skip(f"notebooks/{name} is not in the repository yet")
+    return f"notebooks/{name}"
 
 
 def _slider_and_figure(page):
     """The first slider in the notebook and the figure in the same cell's output."""
-    slider = page.locator(".jp-Notebook .widget-slider").first
+    slider = notebook(page).locator(".widget-slider").first
     slider.wait_for(timeout=10_000)
     cell = slider.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' jp-CodeCell ')][1]")
     figure = cell.locator('.jp-OutputArea-output[data-mime-type="image/png"] img').first
@@ -113,7 +114,7 @@ def _wait_redrawn(figure, old_src: str) -> str:
     raise AssertionError(f"the figure's <img> did not change within {REDRAW_TIMEOUT_S} s")
 
 
-def _slider_changes_figure(page, lab, request) -> None:
+def _slider_changes_figure(page, lab, path: str, request) -> None:
     slider, cell, figure = _slider_and_figure(page)
     cell.scroll_into_view_if_needed()
     src_before = figure.get_attribute("src")
@@ -123,7 +124,7 @@ def _slider_changes_figure(page, lab, request) -> None:
     value_before, value_after = _step_slider(page, slider)
     assert value_after != value_before, f"the slider did not move (value {value_before})"
     src_after = _wait_redrawn(figure, src_before)
-    wait_kernel_idle(page, lab, 30_000)
+    wait_kernel_idle(page, lab, path, 30_000)
     page.screenshot(path=_artifact(request, "after"))
     cell.screenshot(path=_artifact(request, "after-cell"))
 
@@ -173,10 +174,10 @@ def _write_scratch(root: Path) -> str:
 def test_harness_sees_errors_and_redraws(lab, page, request):
     """The checks the notebook tests rely on can fail: stderr and a traceback are found, Run All
     stops at the error, the kernel is this environment's, and a slider step redraws."""
-    notebook = _write_scratch(lab.root)
+    path = _write_scratch(lab.root)
     started = time.monotonic()
-    open_notebook(page, lab, notebook)
-    prompts = run_all_cells(page, lab, notebook, RUN_ALL_TIMEOUT_MS)
+    open_notebook(page, lab, path)
+    prompts = run_all_cells(page, lab, path, RUN_ALL_TIMEOUT_MS)
 
     assert prompts[:4] == ["[1]:", "[2]:", "[3]:", "[4]:"] and prompts[4] == "[ ]:", prompts
     stdout = outputs_of(page, "application/vnd.jupyter.stdout")
@@ -185,7 +186,7 @@ def test_harness_sees_errors_and_redraws(lab, page, request):
     assert len(stderr) == 2, stderr
     assert "a warning-like line" in stderr[0]
     assert "ZeroDivisionError" in stderr[1] and "Traceback" in stderr[1]
-    _slider_changes_figure(page, lab, request)
+    _slider_changes_figure(page, lab, path, request)
     print(f"scratch notebook: {time.monotonic() - started:.1f} s in the browser")
 
 
@@ -215,12 +216,12 @@ def test_images_differ_is_not_vacuous():
 
 
 def test_notebook_1_runs_and_slider_redraws(lab, page, request):
-    notebook = _need(NB_WHY)
-    open_notebook(page, lab, notebook)
-    run_all_cells(page, lab, notebook, RUN_ALL_TIMEOUT_MS)
+    path = _need(NB_WHY)
+    open_notebook(page, lab, path)
+    run_all_cells(page, lab, path, RUN_ALL_TIMEOUT_MS)
     assert outputs_of(page, STDERR_MIME) == [], "error or stderr output in notebook 1"
     assert outputs_of(page, ERROR_MIME) == []
-    _slider_changes_figure(page, lab, request)
+    _slider_changes_figure(page, lab, path, request)
     assert outputs_of(page, STDERR_MIME) == [], "moving the slider wrote to stderr"
 
 
@@ -235,15 +236,15 @@ def test_notebook_7_report_shows_a_finding(lab, page, request):
     the finding codes that the cell above printed."""
     from accumlib.verify import CODES
 
-    notebook = _need(NB_VERIFY)
-    open_notebook(page, lab, notebook)
-    run_all_cells(page, lab, notebook, RUN_ALL_TIMEOUT_MS)
+    path = _need(NB_VERIFY)
+    open_notebook(page, lab, path)
+    run_all_cells(page, lab, path, RUN_ALL_TIMEOUT_MS)
     stderr = outputs_of(page, STDERR_MIME)
     assert not [t for t in stderr if _ERROR_TEXT.search(t)], f"error output in notebook 7: {stderr}"
     unexpected = [t for t in stderr if not GALLERY_WARNING.match(t)]
     assert not unexpected, f"stderr output in notebook 7: {unexpected}"
 
-    last = page.locator(".jp-Notebook .jp-CodeCell").last
+    last = notebook(page).locator(".jp-CodeCell").last
     last.scroll_into_view_if_needed()
     last.screenshot(path=_artifact(request, "report"))
     table = last.locator('.jp-OutputArea-output[data-mime-type="text/html"] table').first
