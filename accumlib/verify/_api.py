@@ -19,7 +19,7 @@ from .report import Finding, Report, StepRow
 DEFAULT_LR = 0.05  # plain SGD: every gradient error shows 1:1 in the update, unlike Adam
 
 _MESSAGES = {
-    "unscaled-sum": "the step's gradient is the sum of micro-batch means, about {m} x the true gradient: the loss was never divided",
+    "unscaled-sum": "the step's gradient is the sum of its m micro-batch means, about m x the true gradient: the loss was never divided",
     "mean-of-means": "micro-batches with different item counts were weighted per micro-batch, not per item",
     "tail-misscaled": "the last, partial window was divided as if it held all {k} micro-batches",
     "zero-grad-inside-window": "gradients were zeroed inside a window, so earlier micro-batches never reached the step",
@@ -137,7 +137,7 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
     stepped, missing, seen_items, seen_loss = coverage(rec, batch_size)
     findings = []
     for code, steps in by_code.items():
-        msg = _MESSAGES[code].format(k=k, m=k)
+        msg = _MESSAGES[code].format(k=k)
         if details.get(code):
             msg += f" ({details[code]})"
         findings.append(Finding(code, msg, FIXES[code], tuple(steps)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 # The codes of issue 3, plus three for runs that fit none of them (kept apart so a
@@ -82,7 +82,6 @@ class Report:
     items_total: int
     logged_loss: float | None = None
     true_loss: float | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
