@@ -50,6 +50,19 @@ REDRAW_TIMEOUT_S = 30  # one recompute + redraw after a slider step takes ~1-3 s
 BROWSER_TEST_TIMEOUT_S = 120
 
 
+def _copy_notebooks(dest: Path) -> None:
+    """notebooks/ without checkpoints and without what is not a plain file or folder (running
+    kernels leave IPC sockets there)."""
+
+    def skip(folder: str, names: list[str]) -> list[str]:
+        return [
+            n for n in names
+            if n == ".ipynb_checkpoints" or not (os.path.isfile(p := os.path.join(folder, n)) or os.path.isdir(p))
+        ]
+
+    shutil.copytree(NOTEBOOKS, dest, ignore=skip)
+
+
 def _require_chromium() -> None:
     reason = chromium_missing_reason()
     if reason:
@@ -64,7 +77,7 @@ def lab(tmp_path_factory):
     UI rewrites it; the repository's copies stay untouched) plus a scratch/ folder."""
     _require_chromium()
     root = tmp_path_factory.mktemp("lab-root")
-    shutil.copytree(NOTEBOOKS, root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    _copy_notebooks(root / "notebooks")
     (root / "scratch").mkdir()
     with jupyter_lab(root) as server:
         yield server
@@ -294,7 +307,7 @@ def test_app_verdict_for_a_pasted_loop(request, tmp_path):
     pytest.importorskip("voila", reason="voila is not installed: pip install -c constraints.txt -e '.[dev]'")
     _need(NB_VERIFY)
     root = tmp_path / "app"
-    shutil.copytree(NOTEBOOKS, root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    _copy_notebooks(root / "notebooks")
     pasted = (
         "import torch.nn.functional as F\n\n"
         "def train_fn(model, optimizer, loader):\n"
