@@ -135,3 +135,77 @@ def test_gan_check_leaves_no_requires_grad_toggled_off():
     G, D = gan.make_gan()
     gan._run_checked(gan.requires_grad_toggle, G, D, [gan.noise(4)], [gan.real_points(4)], (gan.noise(4), gan.real_points(4)))
     assert all(p.requires_grad for p in D.parameters())
+
+
+def test_gan_exercise_leaks_and_requires_grad_toggle_fixes_it():
+    def make(fix):
+        ex = gan.exercise(n=32, seed=0)
+
+        def train_fn(D, d_opt, loader):
+            for i, (z, x) in enumerate(loader):
+                fake = ex.G(z)
+                (gan.d_loss(D, fake.detach(), x) / 4).backward()
+                D.requires_grad_(not fix)
+                (gan.g_loss(D, fake) / 4).backward()
+                D.requires_grad_(True)
+                if (i + 1) % 4 == 0:
+                    d_opt.step(), ex.g_opt.step(), d_opt.zero_grad(), ex.g_opt.zero_grad()
+
+        return accumlib.verify(train_fn, model=ex.D, dataset=ex.dataset, item_losses=ex.item_losses, accum_steps=4, batch_size=8)
+
+    assert not make(fix=False).ok
+    assert make(fix=True).ok
+
+
+# --- 7: verify your own loop --------------------------------------------------------------------
+
+from accumlib.lessons import verify_lesson as vl  # noqa: E402
+
+BROKEN_SOURCE = """
+import torch.nn.functional as F
+def train_fn(model, optimizer, loader):
+    for i, (x, y) in enumerate(loader):
+        F.cross_entropy(model(x), y).backward()   # never divided
+        if (i + 1) % 4 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+FIXED_SOURCE = """
+import accumlib
+def train_fn(model, optimizer, loader):
+    accumlib.ragged(model, optimizer, loader, accumlib.classification_losses, accum_steps=4)
+"""
+
+
+def test_gallery_rows_agree_with_their_expected_codes():
+    table = vl.gallery(["seed-001-mindspore", "seed-002-last-batch", "correct-inner-for"])
+    assert all(r.agrees for r in table.rows)
+    assert [r.ok for r in table.rows] == [False, False, True]
+    assert "tail-dropped" in table.codes and "3/3 loops get exactly their expected findings" in str(table)
+
+
+def test_paste_box_verifies_the_pasted_loop():
+    box = vl.paste_box()
+    box.button.click()  # the example: the textbook loop drops the ragged tail
+    assert box.result.codes == {"tail-dropped"}
+    box.text.value = BROKEN_SOURCE
+    box.button.click()
+    assert {"unscaled-sum", "tail-dropped"} <= box.result.codes
+    box.text.value = FIXED_SOURCE
+    box.button.click()
+    assert box.result.ok
+
+
+def test_paste_box_reports_broken_code_instead_of_raising():
+    box = vl.paste_box("def train_fn(:")
+    assert isinstance(box.run(), SyntaxError)
+    box.text.value = "x = 1"
+    assert isinstance(box.run(), ValueError) and "train_fn" in str(box.result)
+
+
+def test_gallery_explorer_reruns_verify_for_the_chosen_loop():
+    ex = vl.gallery_explorer()
+    assert ex.result.report.codes == {"tail-misscaled", "mean-of-means"}
+    ex.controls["name"].value = "correct-inner-for"
+    assert ex.result.report.ok and "correct_inner_for" in ex.result.source

@@ -1,0 +1,210 @@
+"""Lesson 7: verify your own loop with ``accumlib.verify``.
+
+``gallery(...)`` runs ``accumlib.verify`` on loops of ``accumlib.GALLERY`` (the seed
+documents' loops among them) and sets what it finds beside what each loop is known to
+do; ``check(train_fn)`` verifies a loop on a built-in task; ``paste_box()`` does the
+same for a loop pasted as text.
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib.pyplot as plt
+
+import accumlib
+
+# Lightning's Trainer prints its own log lines and takes seconds to import; the table
+# leaves its two loops out by default (the dropdown still offers them).
+SLOW = ("lightning", "lightning-tail")
+
+
+@dataclass
+class Row:
+    name: str
+    note: str
+    expected: frozenset[str]
+    found: frozenset[str]
+    ok: bool
+
+    @property
+    def agrees(self) -> bool:
+        return self.found == self.expected
+
+
+@dataclass
+class GalleryTable:
+    rows: list[Row]
+
+    @property
+    def codes(self) -> list[str]:
+        """Every code found or expected in the table, in ``accumlib.verify``'s order."""
+        from accumlib.verify import CODES
+
+        seen = set().union(*(r.found | r.expected for r in self.rows))
+        return [c for c in CODES if c in seen]
+
+    def __str__(self) -> str:
+        width = max(len(r.name) for r in self.rows)
+        lines = [f"{'loop':<{width}}  {'ok':<5}  found (= expected unless marked)"]
+        for r in self.rows:
+            found = ", ".join(sorted(r.found)) or "-"
+            mark = "" if r.agrees else f"   <-- expected {sorted(r.expected)}"
+            lines.append(f"{r.name:<{width}}  {str(r.ok):<5}  {found}{mark}")
+        agree = sum(r.agrees for r in self.rows)
+        lines.append(f"\n{agree}/{len(self.rows)} loops get exactly their expected findings")
+        return "\n".join(lines)
+
+
+def gallery(names: list[str] | None = None, skip: tuple[str, ...] = SLOW) -> GalleryTable:
+    """``accumlib.verify`` on each gallery loop (all but ``skip`` when ``names`` is None)."""
+    names = names if names is not None else [n for n in accumlib.GALLERY if n not in skip]
+    rows = []
+    for name in names:
+        if name not in accumlib.GALLERY:
+            raise ValueError(f"names must be keys of accumlib.GALLERY (got {name!r})")
+        loop = accumlib.GALLERY[name]
+        report = loop.run()
+        rows.append(Row(name, loop.source_note, frozenset(loop.expected_codes), frozenset(report.codes), report.ok))
+    return GalleryTable(rows)
+
+
+def plot(table: GalleryTable) -> plt.Figure:
+    """Loops x codes: a filled dot where verify found the code, a ring where it was expected."""
+    codes = table.codes
+    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * len(codes), 0.8 + 0.26 * len(table.rows)))
+    for i, r in enumerate(table.rows):
+        for j, c in enumerate(codes):
+            if c in r.expected:
+                ax.scatter(j, i, s=120, facecolors="none", edgecolors="gray")
+            if c in r.found:
+                ax.scatter(j, i, s=40, color="tab:green" if c in r.expected else "tab:red")
+        if r.ok:
+            ax.text(len(codes) - 0.3, i, "ok", va="center", fontsize=8, color="tab:green")
+    ax.set_xticks(range(len(codes)), codes, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(len(table.rows)), [r.name for r in table.rows], fontsize=8)
+    ax.set_xlim(-0.5, len(codes) + 0.2)
+    ax.invert_yaxis()
+    ax.grid(alpha=0.3)
+    ax.set_title("accumlib.verify on the gallery: dot = found, ring = expected", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def check(train_fn: Any, task: str = "mlp-digits", accum_steps: int = 4, batch_size: int | None = None) -> Any:
+    """``accumlib.verify`` on a built-in task: a fresh model (seed 0), its dataset, plain SGD.
+
+    ``mlp-digits`` has 110 digits, so with batch 8 and k = 4 the last window holds 2
+    micro-batches of 8 and 6: the case most loops get wrong.
+    """
+    t = accumlib.get_task(task)
+    return accumlib.verify(
+        train_fn, model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
+        accum_steps=accum_steps, batch_size=batch_size or t.batch_size, collate_fn=t.collate_fn,
+    )
+
+
+@dataclass
+class Verified:
+    """A loop's source and its report, shown together."""
+
+    name: str
+    source: str
+    report: Any
+
+    def __str__(self) -> str:
+        return f"{self.name}\n\n{self.source}\n{self.report}"
+
+    def _repr_html_(self) -> str:
+        return f"<h4>{html.escape(self.name)}</h4><pre>{html.escape(self.source)}</pre>{self.report._repr_html_()}"
+
+
+def run_gallery_loop(name: str) -> Verified:
+    loop = accumlib.GALLERY[name]
+    return Verified(f"{name}: {loop.source_note}", inspect.getsource(loop.fn), loop.run())
+
+
+def gallery_explorer(initial: Verified | None = None, value: str = "seed-002-last-batch") -> Any:
+    """A dropdown of every gallery loop; shows its source and re-runs ``accumlib.verify`` on it."""
+    import ipywidgets as w
+
+    from ._explorer import Explorer
+
+    return Explorer(
+        run_gallery_loop, lambda v: v, initial=initial,
+        name=w.Dropdown(options=list(accumlib.GALLERY), value=value, description="loop", layout=w.Layout(width="420px")),
+    )
+
+
+# --- paste a loop ----------------------------------------------------------------------------------
+
+EXAMPLE = '''\
+import torch
+import torch.nn.functional as F
+
+def train_fn(model, optimizer, loader):
+    for i, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y) / 4
+        loss.backward()
+        if (i + 1) % 4 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+'''
+
+
+def loop_from_source(source: str, name: str = "train_fn") -> Any:
+    """Run pasted code in a fresh namespace and return its ``train_fn(model, optimizer, loader)``."""
+    namespace: dict[str, Any] = {}
+    exec(compile(textwrap.dedent(source), "<pasted loop>", "exec"), namespace)  # the reader's own code, on purpose
+    fn = namespace.get(name)
+    if not callable(fn):
+        raise ValueError(f"the pasted code must define a function {name}(model, optimizer, loader) (found none)")
+    return fn
+
+
+class PasteBox:
+    """A textarea for a loop, a task dropdown, a button: ``verify`` on the pasted ``train_fn``."""
+
+    def __init__(self, source: str = EXAMPLE, task: str = "mlp-digits"):
+        import ipywidgets as w
+
+        self.text = w.Textarea(value=source, layout=w.Layout(width="95%", height="220px"))
+        self.task = w.Dropdown(options=["mlp-digits", "cnn-groupnorm", "cnn-batchnorm"], value=task, description="task")
+        self.button = w.Button(description="verify", button_style="primary")
+        self.out = w.Output()
+        self.widget = w.VBox([self.text, w.HBox([self.task, self.button]), self.out])
+        self.result: Any = None
+        self.button.on_click(self.run)
+
+    def run(self, _: Any = None) -> Any:
+        """Verify the pasted loop; a loop that fails to compile or run leaves its error as the result."""
+        from IPython.display import display
+
+        from ._explorer import _in_kernel
+
+        try:
+            self.result = check(loop_from_source(self.text.value), task=self.task.value)
+        except Exception as e:  # the reader's code: show what went wrong instead of a dead button
+            self.result = e
+        if not _in_kernel():
+            return self.result  # no frontend (pytest): the result is what a test checks
+        with self.out:
+            self.out.clear_output(wait=True)
+            if isinstance(self.result, Exception):
+                print(f"{type(self.result).__name__}: {self.result}")
+            else:
+                display(self.result)
+        return self.result
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def paste_box(source: str = EXAMPLE) -> PasteBox:
+    return PasteBox(source)
