@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from .._batch import ItemLosses, check_accum_steps
 from ._diagnose import FIXES, analyse, coverage, explained_by_clipping, logged_loss_off, step_tol
-from ._record import Recorder, Tracked, _rel, disable_dropout, make_shadow
+from ._record import Recorder, Tracked, _rel, disable_dropout, first_layer, make_shadow
 from .report import Finding, Report, StepRow
 
 DEFAULT_LR = 0.05  # plain SGD: every gradient error shows 1:1 in the update, unlike Adam
@@ -91,7 +91,8 @@ def verify(
     rec = Recorder(net, make_shadow(net), opt, tracked, collate_fn or default_collate, item_losses, step_tol)
     loader = DataLoader(tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn)
     # a global step hook: it also sees an optimizer the loop builds itself (on_step keeps those over net's parameters)
-    hooks = [net.register_forward_pre_hook(rec.on_forward, with_kwargs=True), register_optimizer_step_pre_hook(rec.on_step)]
+    hooks = [net.register_forward_pre_hook(rec.on_forward, with_kwargs=True), first_layer(net).register_forward_pre_hook(rec.inside_forward),
+             register_optimizer_step_pre_hook(rec.on_step)]
     try:
         with rec.clipping(), rec.scaler_skips():
             returned = train_fn(net, opt, loader)

@@ -25,14 +25,14 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .._batch import ItemLosses, checked_losses
+from .._batch import ItemLosses, checked_losses, to_device
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
 
 
 def flat(grads: list[torch.Tensor | None], like: list[torch.Tensor]) -> torch.Tensor:
     """One float64 vector of all gradients (zeros where a grad is None)."""
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).detach().reshape(-1).double() for g, p in zip(grads, like)])
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).detach().reshape(-1).double().cpu() for g, p in zip(grads, like)])
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -102,7 +102,7 @@ class Recorder:
     stepped: set[int] = field(default_factory=set)
     steps: list[Step] = field(default_factory=list)
     window: list[int] = field(default_factory=list)
-    lrs: list[tuple[float, ...]] = field(default_factory=list)
+    lrs: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)  # (optimizer id, lr per group)
     low_precision: bool = False
     leak: torch.Tensor | None = None
     clips: list[Clip] = field(default_factory=list)
@@ -153,12 +153,17 @@ class Recorder:
         if not self.window and any(p.grad is not None for p in self.params):
             leak = flat([p.grad for p in self.params], self.params)  # .grad before the window's first backward
             self.leak = leak if bool(leak.any()) else None
-        lrs = tuple(float(g["lr"]) for g in self.optimizer.param_groups)
+        lrs = (id(self.optimizer), tuple(float(g["lr"]) for g in self.optimizer.param_groups))
         for b in new:
             self.window.append(b)
             self.lrs.append(lrs)
         self.forwards += 1
         self.low_precision |= torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+
+    def inside_forward(self, module: torch.nn.Module, args: Any) -> None:
+        # autocast entered inside forward (Accelerate's mixed_precision wraps model.forward) shows only here
+        if self.window and (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")):
+            self.low_precision = True
 
     def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         if not any(id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"]):
@@ -208,7 +213,7 @@ class Recorder:
             before = len(self.steps)
             out = original(scaler, optimizer, *a, **kw)
             if len(self.steps) == before and self.window:
-                self.steps.append(Step(list(self.window), list(self.lrs), self.low_precision,
+                self.steps.append(Step(list(self.window), self.window_lrs(), self.low_precision,
                                        flat([p.grad for p in self.params], self.params), None, list(self.clips), skipped=True))
                 self.stepped.update(self.window)
                 self.window, self.lrs, self.low_precision, self.leak, self.clips = [], [], False, None, []
@@ -232,7 +237,10 @@ class Recorder:
 
     def merged(self, batch_ids: list[int]) -> Any:
         """The window as one large batch: every item re-collated together, as a k*B DataLoader would."""
-        return self.collate([self.dataset.dataset[i] for b in batch_ids for i in self.indices[b]])
+        return self.on_shadow(self.collate([self.dataset.dataset[i] for b in batch_ids for i in self.indices[b]]))
+
+    def on_shadow(self, batch: Any) -> Any:
+        return to_device(batch, next(self.shadow.parameters()).device)
 
     def _grad(self, batch: Any, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         losses = checked_losses(self.item_losses, self.shadow, batch)
@@ -240,9 +248,14 @@ class Recorder:
         grads = torch.autograd.grad(total, self.shadow_params, allow_unused=True)
         return flat(list(grads), self.shadow_params), losses.detach()
 
+    def window_lrs(self) -> list[tuple[float, ...]]:
+        """Learning rates of the optimizer that steps, as each micro-batch saw them. Forwards that ran
+        before the loop's own optimizer first stepped (Lightning builds one) were read from another."""
+        return [lrs for opt, lrs in self.lrs if opt == id(self.optimizer)]
+
     def capture(self) -> None:
         grad = flat([p.grad for p in self.params], self.params)
-        step = Step(list(self.window), list(self.lrs), self.low_precision, grad, self.leak, list(self.clips))
+        step = Step(list(self.window), self.window_lrs(), self.low_precision, grad, self.leak, list(self.clips))
         self.stepped.update(self.window)
         self.window, self.lrs, self.low_precision, self.leak, self.clips = [], [], False, None, []
         self.steps.append(step)
@@ -261,7 +274,7 @@ class Recorder:
             before_clip = unclipped(grad, step.clips, len(step.batches))[0]
             if step.batchnorm or _rel(before_clip, step.oracle) > self.tol(step.low_precision):
                 # only for a step that needs a diagnosis: each micro-batch's share of the true gradient
-                parts = [self._grad(self.batches[b], scale=step.items) for b in step.batches]
+                parts = [self._grad(self.on_shadow(self.batches[b]), scale=step.items) for b in step.batches]
                 step.parts = [g for g, _ in parts]
                 step.part_items = [int(losses.numel()) for _, losses in parts]
 
@@ -269,7 +282,7 @@ class Recorder:
         """Items and loss sum of a batch at the current parameters (for what never reached a step)."""
         self._sync_shadow()
         with torch.no_grad(), _exact(grad=False):
-            losses = checked_losses(self.item_losses, self.shadow, batch)
+            losses = checked_losses(self.item_losses, self.shadow, self.on_shadow(batch))
         return losses.numel(), float(losses.double().sum())
 
 
@@ -298,6 +311,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     ref = float(b.norm())
     diff = float((a - b).norm())
     return diff / ref if ref > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def first_layer(net: torch.nn.Module) -> torch.nn.Module:
+    """The first module that holds parameters itself: a forward always passes through it."""
+    return next((m for m in net.modules() if any(True for _ in m.parameters(recurse=False))), net)
 
 
 def make_shadow(net: torch.nn.Module) -> torch.nn.Module:
