@@ -322,10 +322,27 @@ def chromium_page(profile_dir: Path, timeout_ms: int = 30_000):
         )
         try:
             context.set_default_timeout(timeout_ms)
+            # Offline as on this machine, whether or not the network is reachable: every
+            # request off the loopback interface is refused and recorded (a test checks none).
+            external: list[str] = []
+
+            def route(r):
+                if _is_local(r.request.url):
+                    r.continue_()
+                else:
+                    external.append(r.request.url)
+                    r.abort()
+
+            context.route("**/*", route)
             page = context.pages[0] if context.pages else context.new_page()
+            page.external_requests = external
             yield page
         finally:
             context.close()
+
+
+def _is_local(url: str) -> bool:
+    return url.startswith(("http://127.0.0.1:", "ws://127.0.0.1:", "data:", "blob:", "about:"))
 
 
 # --- acting in JupyterLab through its UI -------------------------------------------------

@@ -87,6 +87,7 @@ def lab(tmp_path_factory):
 def page(lab, tmp_path):
     with chromium_page(tmp_path / "chromium-profile") as page:
         yield page
+        assert page.external_requests == [], "the page asked the network for something"
 
 
 def _artifact(request, label: str) -> Path:
@@ -295,6 +296,7 @@ def test_notebook_7_report_shows_a_finding(lab, page, request):
 
 # --- `make app`: the verifier notebook as a Voila page ----------------------------------------
 
+VOILA_CDN_ICONS = "https://cdn.jsdelivr.net/npm/@fortawesome/fontawesome-free@"
 APP_TIMEOUT_MS = 90_000  # Voila runs all of notebook 7 (~40 s here, gallery included) first
 
 
@@ -331,5 +333,8 @@ def test_app_verdict_for_a_pasted_loop(request, tmp_path):
         page.screenshot(path=_artifact(request, "verdict"), full_page=True)
         findings = set(panel.locator("li code").all_inner_texts())
         verdict = panel.locator("p b").first.inner_text()
+        external = list(page.external_requests)
     assert "unscaled-sum" in findings, f"the app's verdict names {findings}"
     assert "NOT OK" in verdict, verdict
+    # Voila's lab template links Font Awesome from a CDN (icons only; the page works without).
+    assert [u for u in external if not u.startswith(VOILA_CDN_ICONS)] == [], external
