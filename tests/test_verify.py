@@ -449,3 +449,17 @@ def test_oracle_runs_in_float32_even_when_the_step_happens_under_autocast():
 
     report = run(step_inside_autocast)
     assert report.ok and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
+
+
+def test_diverging_loop_gets_non_finite_finding_not_a_crash():
+    def tail_dropping_exact(model, opt, loader):
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x), y, reduction="sum") / 32).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+    report = run(tail_dropping_exact, optimizer=lambda ps: torch.optim.SGD(ps, lr=1e38))  # diverges at once
+    assert "non-finite" in report.codes and "tail-dropped" in report.codes
+    assert report.steps[0].codes == ()  # the first step, before the blow-up, was right
+    assert (report.items_stepped, report.items_total) == (96, 110)

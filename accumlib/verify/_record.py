@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,7 @@ def flat(grads: list[torch.Tensor | None], like: list[torch.Tensor]) -> torch.Te
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
-    elif isinstance(obj, dict):
+    elif isinstance(obj, Mapping):  # dict, or a UserDict such as Hugging Face's BatchEncoding
         for v in obj.values():
             yield from _tensors(v)
     elif isinstance(obj, (list, tuple)):
@@ -259,7 +259,10 @@ class Recorder:
         self.stepped.update(self.window)
         self.window, self.lrs, self.low_precision, self.leak, self.clips = [], [], False, None, []
         self.steps.append(step)
-        if not step.batches or not bool(torch.isfinite(grad).all()):
+        if not step.batches:
+            return
+        if not bool(torch.isfinite(grad).all()):
+            step.items = self.count_and_loss(self.merged(step.batches))[0]  # for the coverage count only
             return
         self._sync_shadow()
         step.batchnorm = any(isinstance(m, BN_TYPES) and m.training for m in self.net.modules())
@@ -279,10 +282,13 @@ class Recorder:
                 step.part_items = [int(losses.numel()) for _, losses in parts]
 
     def count_and_loss(self, batch: Any) -> tuple[int, float]:
-        """Items and loss sum of a batch at the current parameters (for what never reached a step)."""
+        """Items and loss sum of a batch at the current parameters (for what never reached a step).
+        The sum may be inf/nan after a diverged step: counted anyway, never a crash."""
         self._sync_shadow()
         with torch.no_grad(), _exact(grad=False):
-            losses = checked_losses(self.item_losses, self.shadow, self.on_shadow(batch))
+            losses = self.item_losses(self.shadow, self.on_shadow(batch))
+        if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
+            checked_losses(lambda m, b: losses, self.shadow, batch)  # raises the contract's own error
         return losses.numel(), float(losses.double().sum())
 
 
