@@ -83,6 +83,7 @@ def test_loop_that_raises_exits_1_with_its_traceback(loops, capsys):
         (["{f}:naive", "--task", "nope"], "task must be one of"),
         (["{f}:naive", "--batch-size", "5", "--loop", "naive"], "--loop selects reference loops"),
         (["--accum-steps", "4"], "need a target"),
+        (["{f}:naive", "--batch-size", "5", "--device", "cuda"], "--device applies to the reference table"),
     ],
 )
 def test_bad_usage_exits_2(loops, capsys, args, words):
