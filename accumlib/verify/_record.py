@@ -3,12 +3,14 @@
 What is recorded, and why it is enough to judge a step:
 - the dataset indices behind every collated micro-batch (a wrapped dataset plus a wrapped
   ``collate_fn``: both survive Accelerate's ``prepare``, which re-creates the DataLoader);
-- every forward of the model, matched to the micro-batch it consumed by tensor storage,
-  so prefetching loaders (Accelerate, nanoGPT) do not shift windows; with the optimizer's
-  learning rates and autocast state at that moment;
-- at every optimizer step, the gradient the optimizer sees: a step pre-hook, or, when the
-  step gets a closure (Lightning runs the last micro-batch inside it), right after the closure;
-- every ``clip_grad_norm_`` call: how many micro-batches the window held and the norm it saw.
+- every forward of the model, matched to the micro-batch it consumed by tensor address
+  (else by leading size), so prefetching loaders (Accelerate, nanoGPT) do not shift windows;
+  with the learning rates and autocast state at that moment;
+- at every step of any optimizer over the model's parameters (a global hook: Lightning users
+  build their own), the gradient it sees: before the step, or, when the step gets a closure
+  (Lightning runs the last micro-batch inside it), right after the closure;
+- every ``clip_grad_norm_`` call (micro-batches so far, the norm it saw), and every window
+  GradScaler skipped on inf/nan, so it is not merged into the next.
 At each step the oracle is computed on a shadow copy loaded with the live parameters, which
 are still the parameters the window started from.
 """
