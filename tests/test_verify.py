@@ -463,3 +463,17 @@ def test_diverging_loop_gets_non_finite_finding_not_a_crash():
     assert "non-finite" in report.codes and "tail-dropped" in report.codes
     assert report.steps[0].codes == ()  # the first step, before the blow-up, was right
     assert (report.items_stepped, report.items_total) == (96, 110)
+
+
+def test_json_stays_valid_when_a_step_has_no_reference():
+    import json
+
+    def nan_grads(model, opt, loader):
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x), y) * float("nan")).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+    data = json.loads(run(nan_grads, n=32).to_json())  # allow_nan=False inside: NaN would raise
+    assert data["steps"][0]["norm_ratio"] is None and data["steps"][0]["codes"] == ["non-finite"]

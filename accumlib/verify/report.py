@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,6 +34,11 @@ CODES: dict[str, str] = {
     "non-finite": "bug",
     "no-items": "bug",
 }
+
+
+def _finite(v: Any) -> Any:
+    """JSON has no NaN: a step without a reference (no items, inf/nan) reports null."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 @dataclass(frozen=True)
@@ -97,14 +103,14 @@ class Report:
             "accum_steps": self.accum_steps,
             "items_stepped": self.items_stepped,
             "items_total": self.items_total,
-            "logged_loss": self.logged_loss,
-            "true_loss": self.true_loss,
+            "logged_loss": _finite(self.logged_loss),
+            "true_loss": _finite(self.true_loss),
             "findings": [asdict(f) | {"severity": f.severity} for f in self.findings],
-            "steps": [asdict(s) for s in self.steps],
+            "steps": [{k: _finite(v) for k, v in asdict(s).items()} for s in self.steps],
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
     def _cells(self) -> list[tuple[str, ...]]:
         return [
