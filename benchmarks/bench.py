@@ -858,14 +858,16 @@ def figure(report: dict, path: Path) -> None:
     ax = axes[1][0]
     bars = []
     if "rows" in s.get("overhead", {}):
-        bars += [(f"{r['loop']} {r['task'].split('-')[0]}", r["ratio"], OVERHEAD_MAX) for r in s["overhead"]["rows"] if r["device"] == "cpu"]
+        bars += [(f"{r['loop']} {r['task'].split('-')[0]}", r["ratio"], OVERHEAD_MAX, r["ratio_quartiles"])
+                 for r in s["overhead"]["rows"] if r["device"] == "cpu"]
     if "rows" in s.get("verify", {}):
-        bars += [(f"verify {r['loop'].removeprefix('correct-')}", r["ratio"], VERIFY_MAX) for r in s["verify"]["rows"]]
+        bars += [(f"verify {r['loop'].removeprefix('correct-')}", r["ratio"], VERIFY_MAX, r["ratio_quartiles"]) for r in s["verify"]["rows"]]
     if bars:
-        ax.barh([b[0] for b in bars], [b[1] for b in bars], color=["C0" if b[1] <= b[2] else "C3" for b in bars])
+        err = [[max(0.0, b[1] - b[3][0]) for b in bars], [max(0.0, b[3][1] - b[1]) for b in bars]]  # quartiles of the pair ratios
+        ax.barh([b[0] for b in bars], [b[1] for b in bars], xerr=err, color=["C0" if b[1] <= b[2] else "C3" for b in bars])
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_xscale("log")
-    ax.set(title="2 & 4. time ratios (red: goal missed)", xlabel="ratio to the baseline")
+    ax.set(title="2 & 4. time ratios, quartiles (red: goal missed)", xlabel="ratio to the baseline")
     ax = axes[1][1]
     bars = []
     if "rows" in s.get("notebooks", {}):
@@ -875,7 +877,7 @@ def figure(report: dict, path: Path) -> None:
     if bars:
         ax.barh([b[0] for b in bars], [b[1] for b in bars], color=["C0" if b[1] <= b[2] else "C3" for b in bars])
         ax.set_xscale("log")
-    ax.set(title="5 & 6. notebook wall time, widget response (red: goal missed)", xlabel="seconds")
+    ax.set(title="5 & 6. nbval wall, widget response (red: missed)", xlabel="seconds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
