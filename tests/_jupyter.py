@@ -4,8 +4,10 @@
 (no news feed, no update check, no extension manager), with its config, data, runtime,
 settings and workspace directories in a temp dir so no user state leaks in or out, and shuts
 the server and every process it started down on exit, failure included.
+``voila_app(root, notebook)`` serves one notebook as ``make app`` does.
 ``chromium_page(...)`` is a headless Chromium (Debian's ``chromium``, driven by Playwright)
-with a fresh profile and no background networking. The ``Lab*`` helpers act through the UI
+with a fresh profile and no background networking; requests off the loopback interface are
+refused and recorded in ``page.external_requests``. The ``Lab*`` helpers act through the UI
 as a person would: menus, clicks and keys, never the kernel API.
 """
 
@@ -348,11 +350,11 @@ def _is_local(url: str) -> bool:
 # --- acting in JupyterLab through its UI -------------------------------------------------
 
 # JupyterLab renders an exception (an `error` output) with the stderr MIME type, as it does
-# stream output to stderr; ERROR_MIME is what a renderer of raw error outputs would use.
+# stream output to stderr (there is no separate error MIME type in the DOM); ERROR_TEXT tells
+# a traceback from other stderr text.
 STDERR_MIME = "application/vnd.jupyter.stderr"
 NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen, not other tabs
-ERROR_MIME = "application/vnd.jupyter.error"
-_ERROR_TEXT = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b", re.M)
+ERROR_TEXT = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b", re.M)
 
 
 def open_notebook(page, server: LabServer, path: str, timeout_ms: int = 60_000) -> None:
@@ -415,7 +417,7 @@ def run_all_cells(page, server: LabServer, path: str, timeout_ms: int) -> list[s
     while True:
         prompts = page.evaluate(_PROMPTS_JS)
         ran = sum(1 for p in prompts if p.strip("[]:").strip().isdigit())
-        failed = any(_ERROR_TEXT.search(t) for t in outputs_of(page, STDERR_MIME))
+        failed = any(ERROR_TEXT.search(t) for t in outputs_of(page, STDERR_MIME))
         if (ran == n_code or failed) and not any("*" in p for p in prompts):
             wait_kernel_idle(page, server, path, max(1000, int((deadline - time.monotonic()) * 1000)))
             return prompts
