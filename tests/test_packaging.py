@@ -301,3 +301,19 @@ def test_repo2docker_no_build_renders_our_install():
         'pip install --no-cache-dir -r "binder/requirements.txt"'
     )
     assert "binder/start" in dockerfile, "binder/start (thread count) is not the entrypoint"
+
+
+def test_binder_start_sets_one_thread_per_allowed_core():
+    """binder/start (run before Jupyter on Binder) exports OMP_NUM_THREADS unless it is set."""
+    import os
+
+    start = REPO / "binder" / "start"
+    assert os.access(start, os.X_OK), "binder/start must be executable (git mode 100755)"
+    probe = [sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    unset = subprocess.run([str(start), *probe], env=env, capture_output=True, text=True, timeout=30)
+    assert unset.returncode == 0, unset.stderr
+    assert 1 <= int(unset.stdout) <= os.cpu_count(), unset.stdout
+    kept = subprocess.run([str(start), *probe], env={**env, "OMP_NUM_THREADS": "3"},
+                          capture_output=True, text=True, timeout=30)
+    assert kept.stdout.strip() == "3", kept.stdout
