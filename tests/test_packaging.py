@@ -286,10 +286,11 @@ def test_repo2docker_picks_the_python_buildpack(monkeypatch):
 
 
 def test_repo2docker_no_build_renders_our_install():
-    """`repo2docker --no-build --no-run .`: no Docker, no network; prints the Dockerfile."""
+    """`repo2docker --no-build .`: a dry run (it implies --no-run and --no-push), so no Docker and
+    no network; it prints the Dockerfile it would build."""
     pytest.importorskip("repo2docker", reason="jupyter-repo2docker is in the test extra")
     run = subprocess.run(
-        [sys.executable, "-m", "repo2docker", "--no-build", "--no-run", str(REPO)],
+        [sys.executable, "-m", "repo2docker", "--no-build", str(REPO)],
         capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr[-2000:]
