@@ -279,6 +279,21 @@ def training_widget(device: Any = "auto") -> Explorer:
     )
 
 
+# --- the seed loops of the gallery ----------------------------------------------------------------
+
+
+def gallery_rows(names: list[str]) -> list[tuple[str, str, str, bool]]:
+    """Verify ``accumlib.GALLERY[name]`` on its own dataset: (name, what it is, codes found, codes as expected)."""
+    from .. import GALLERY
+
+    rows = []
+    for name in names:
+        entry = GALLERY[name]
+        codes = sorted(entry.run().codes)
+        rows.append((name, entry.source_note, ", ".join(codes) or "none (ok)", set(codes) == set(entry.expected_codes)))
+    return rows
+
+
 # --- the exercise --------------------------------------------------------------------------------
 
 
@@ -308,6 +323,6 @@ def exercise_dataset(seed: int = 0) -> Any:
 
 
 __all__ = [
-    "N_TRAIN", "Run", "TrainResult", "WhyResult", "compute", "exercise_dataset", "exercise_loop", "digits_subset", "fmt_error", "plot", "table",
+    "N_TRAIN", "Run", "TrainResult", "WhyResult", "compute", "exercise_dataset", "exercise_loop", "digits_subset", "fmt_error", "gallery_rows", "plot", "table",
     "plot_training", "train", "training_widget", "widget",
 ]
