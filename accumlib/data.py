@@ -6,6 +6,8 @@ scikit-learn, so the notebooks train on real data without a network.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
@@ -24,18 +26,26 @@ def synthetic_classification(n: int = 256, n_features: int = 20, n_classes: int 
     return TensorDataset(x, y)
 
 
+@functools.lru_cache(maxsize=1)
+def _digits_arrays() -> tuple:
+    """scikit-learn parses its bundled CSV on every call; parse once per process."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    bunch.data.flags.writeable = bunch.target.flags.writeable = False  # shared: nobody may edit it
+    return bunch.data, bunch.target
+
+
 def digits(n: int | None = None, *, image: bool = False, seed: int = 0) -> TensorDataset:
     """scikit-learn's bundled handwritten digits, standardized, shuffled with ``seed``.
 
     ``image=False`` gives flat 64-feature rows for the MLP; ``image=True`` gives
     ``[n, 1, 8, 8]`` images for the CNN. ``n`` takes the first n after shuffling.
     """
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
+    data, target = _digits_arrays()
+    x = torch.tensor(data, dtype=torch.float32) / 16.0
     x = (x - 0.3) / 0.4  # roughly zero-mean, unit-scale pixels; exact values do not matter
-    y = torch.tensor(bunch.target, dtype=torch.int64)
+    y = torch.tensor(target, dtype=torch.int64)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     if n is not None:
         if not 1 <= n <= len(y):
