@@ -97,15 +97,8 @@ def _artifact(request, label: str) -> Path:
     return ARTIFACTS / f"{name}-{label}.png"
 
 
-# Notebooks being written but not committed yet: skipped while missing. Any other missing
-# notebook fails its test.
-PENDING = {NB_WHY}
-
-
 def _need(name: str) -> str:
     if not (NOTEBOOKS / name).exists():
-        if name in PENDING:
-            pytest.skip(f"notebooks/{name} is not in the repository yet")
         pytest.fail(f"notebooks/{name} is missing; its browser test needs it")
     return f"notebooks/{name}"
 
