@@ -279,15 +279,16 @@ def check_accumulation(
 class GanTable:
     k: int
     micro_batch: int
+    n: int
     steps: dict[str, GanCheck]
     accumulations: dict[str, GanCheck]
 
 
-def compute(k: int = 4, micro_batch: int = 16, seed: int = 0) -> GanTable:
-    """Every single-step ordering (64 points) and every accumulation scheme (k x micro_batch), checked."""
+def compute(k: int = 4, micro_batch: int = 16, seed: int = 0, n: int = 64) -> GanTable:
+    """Every single-step ordering (n points) and every accumulation scheme (k x micro_batch), checked."""
     return GanTable(
-        k, micro_batch,
-        {name: check_step(name, seed) for name in STEPS},
+        k, micro_batch, n,
+        {name: check_step(name, seed, n) for name in STEPS},
         {name: check_accumulation(name, k, micro_batch, seed) for name in ACCUMULATIONS},
     )
 

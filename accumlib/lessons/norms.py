@@ -20,6 +20,7 @@ from .. import digits, get_task, ragged, resolve_device, trace_loop
 from .. import large_batch as large_batch_loop  # the loop; ``large_batch`` below is a batch size
 
 NORMS = ("batch", "group")
+MOMENTUM = 0.9  # SGD momentum for the training curves: a realistic optimizer, still deterministic
 
 
 def task_for(norm: str) -> Any:
@@ -132,6 +133,8 @@ class Curves:
     accuracy: dict[tuple[str, str], float]
     n_train: int
     n_test: int
+    epochs: int
+    momentum: float
 
     def max_gap(self, norm: str) -> float:
         a, b = self.losses[(norm, "accumulated")], self.losses[(norm, "large batch")]
@@ -158,7 +161,7 @@ def training_curves(
         for name, loop in (("accumulated", ragged), ("large batch", large_batch_loop)):
             torch.manual_seed(0)
             model = task.make_model(0).to(dev)
-            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
             logged: list[float] = []
             for _ in range(epochs):
                 loader = task.loader(large_batch // k, dataset=data)
@@ -167,7 +170,7 @@ def training_curves(
             with torch.no_grad():
                 accuracy[(norm, name)] = float((model(x_test).argmax(1) == y_test).float().mean())
             losses[(norm, name)] = logged
-    return Curves(k, large_batch // k, losses, accuracy, n, len(y_test))
+    return Curves(k, large_batch // k, losses, accuracy, n, len(y_test), epochs, MOMENTUM)
 
 
 def plot_curves(curves: Curves) -> plt.Figure:
