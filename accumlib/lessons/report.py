@@ -21,10 +21,11 @@ from .. import (
 from .._batch import expected_steps
 from ..check import FLOAT32_RTOL
 from ..tasks import classification_losses
-from .why import digits_subset, fmt_error
+from .why import digits_subset, fmt_error, table
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NORMS = ("batch", "group", "none")
+LR = 0.05  # plain SGD, as accumlib.trace_loop and verify use: every gradient error shows 1:1 in the update
 N_IMAGES = 128  # digit images for the norm-layer section: 128 / (16 x 8) windows, enough to see BatchNorm drift
 
 
@@ -35,10 +36,7 @@ class Table:
         self.header, self.rows = header, rows
 
     def __repr__(self) -> str:
-        cells = [tuple(map(str, self.header))] + [tuple(map(str, r)) for r in self.rows]
-        widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
-        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-        return "\n".join([line(cells[0]), line(tuple("-" * w for w in widths))] + [line(r) for r in cells[1:]])
+        return table(self.header, self.rows)
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{html.escape(str(h))}</th>" for h in self.header)
@@ -221,7 +219,7 @@ def run(
     cells = {}
     for k in ks:
         for name, (loop, kwargs) in _loops(precision).items():
-            trace = trace_loop(loop, t, accum_steps=k, batch_size=batch_size, seed=seed, device=dev, **kwargs)
+            trace = trace_loop(loop, t, accum_steps=k, batch_size=batch_size, lr=LR, seed=seed, device=dev, **kwargs)
             cells[(name, k)] = Cell(
                 name, k, max(c.rel_error for c in trace.comparisons), min(c.cosine for c in trace.comparisons),
                 max(c.norm_ratio for c in trace.comparisons), len(trace.comparisons),
@@ -276,7 +274,7 @@ def plot_curves(result: ReportResult, k: int | None = None) -> Figure:
         ax.plot(range(1, len(logged) + 1), logged, "o-", ms=3, label=name)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("logged loss of the step's window")
-    ax.set_title(f"one epoch of SGD (lr 0.05) at k = {k}")
+    ax.set_title(f"one epoch of SGD (lr {LR:g}) at k = {k}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
