@@ -203,3 +203,12 @@ def test_ragged_exercise_wrong_answers_are_named(answer, codes):
 def test_ragged_exercise_right_answer_passes():
     report = _verify(ragged_windows.exercise_loop("items"), ragged_windows.exercise_dataset(), 4, 8)
     assert report.ok, str(report)
+
+
+def test_widgets_show_the_notebooks_result_first():
+    """``initial=``: the widget starts from the result the notebook computed, then recomputes on change."""
+    r = ragged_windows.compute(device="cpu")
+    ex = ragged_windows.widget(device="cpu", initial=r)
+    assert ex.result is r
+    ex.controls["batch_size"].value = 10  # 11 micro-batches of 10: the tail window holds 3
+    assert ex.result is not r and ex.result.strategies["exact: accumlib.ragged"].window_items[-1] == 30

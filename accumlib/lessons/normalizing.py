@@ -268,13 +268,17 @@ def bert_epoch(accum_steps: int = 4, micro_batch_size: int = 8, *, seed: int = 0
     return BertRun(accum_steps, out[False], out[True], seen[1])
 
 
-def widget(device: Any = "auto") -> Explorer:
-    """A slider for k (highlighted) and the micro-batch size; re-runs ``compute`` up to max(8, k)."""
+def widget(device: Any = "auto", initial: ErrorResult | None = None) -> Explorer:
+    """A slider for k (highlighted) and the micro-batch size; re-runs ``compute`` up to max(8, k).
+
+    ``initial``: the notebook's ``compute(8, 8)`` result, shown first instead of recomputing it.
+    """
     import ipywidgets as w
 
     return Explorer(
         lambda accum_steps, micro_batch_size: (accum_steps, compute(max(8, accum_steps), micro_batch_size, device=device)),
         lambda r: plot(r[1], highlight=r[0]),
+        initial=None if initial is None else (4, initial),
         accum_steps=w.IntSlider(value=4, min=1, max=12, description="k"),
         micro_batch_size=w.IntSlider(value=8, min=1, max=32, description="micro-batch"),
     )

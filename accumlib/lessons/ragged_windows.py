@@ -180,13 +180,17 @@ def plot(result: WindowsResult) -> Figure:
     return fig
 
 
-def widget(device: Any = "auto") -> Explorer:
-    """Sliders for dataset size, micro-batch size and k; re-runs ``compute`` and ``plot``."""
+def widget(device: Any = "auto", initial: WindowsResult | None = None) -> Explorer:
+    """Sliders for dataset size, micro-batch size and k; re-runs ``compute`` and ``plot``.
+
+    ``initial``: the notebook's ``compute(110, 8, 4)`` result, shown first instead of recomputing it.
+    """
     import ipywidgets as w
 
     return Explorer(
         lambda n, batch_size, accum_steps: compute(n, batch_size, accum_steps, device=device),
         plot,
+        initial=initial,
         n=w.IntSlider(value=110, min=8, max=400, description="samples"),
         batch_size=w.IntSlider(value=8, min=1, max=32, description="micro-batch"),
         accum_steps=w.IntSlider(value=4, min=1, max=8, description="k"),

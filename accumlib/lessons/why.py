@@ -151,13 +151,17 @@ def plot(result: WhyResult) -> Figure:
     return fig
 
 
-def widget(device: Any = "auto") -> Explorer:
-    """Sliders for k and the micro-batch size; each change re-runs ``compute`` and ``plot``."""
+def widget(device: Any = "auto", initial: WhyResult | None = None) -> Explorer:
+    """Sliders for k and the micro-batch size; each change re-runs ``compute`` and ``plot``.
+
+    ``initial``: the notebook's ``compute(2, 32)`` result, shown first instead of recomputing it.
+    """
     import ipywidgets as w
 
     return Explorer(
         lambda accum_steps, micro_batch_size: compute(accum_steps, micro_batch_size, device=device),
         plot,
+        initial=initial,
         accum_steps=w.IntSlider(value=2, min=1, max=16, description="k"),
         micro_batch_size=w.IntSlider(value=32, min=1, max=64, description="micro-batch"),
     )
@@ -267,13 +271,17 @@ def plot_training(result: TrainResult) -> Figure:
     return fig
 
 
-def training_widget(device: Any = "auto") -> Explorer:
-    """k and the learning rate for the batch-64 experiment; re-runs ``train`` and ``plot_training``."""
+def training_widget(device: Any = "auto", initial: TrainResult | None = None) -> Explorer:
+    """k and the learning rate for the batch-64 experiment; re-runs ``train`` and ``plot_training``.
+
+    ``initial``: the notebook's ``train(64, 2, lr=0.1)`` result, shown first instead of recomputing it.
+    """
     import ipywidgets as w
 
     return Explorer(
         lambda accum_steps, lr: train(64, accum_steps, lr=lr, device=device),
         plot_training,
+        initial=initial,
         accum_steps=w.Dropdown(options=[1, 2, 4, 8], value=2, description="k"),
         lr=w.FloatLogSlider(value=0.1, base=10, min=-2, max=0, step=0.25, description="lr"),
     )
