@@ -39,6 +39,14 @@ class Explorer:
     def _rerun(self, change: Any = None, result: Any = None) -> None:
         from IPython.display import display
 
+        if result is None and _in_kernel():
+            try:
+                result = self.compute(**self.values())
+            except Exception as e:  # a callback's error would only reach the server log: show it here
+                with self.out:
+                    self.out.clear_output(wait=True)
+                    print(f"{type(e).__name__}: {e}")
+                return
         self.result = result if result is not None else self.compute(**self.values())
         shown = self.show(self.result)
         if not _in_kernel():

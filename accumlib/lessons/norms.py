@@ -9,6 +9,8 @@ normalizes within each sample, so splitting the batch changes nothing: ``ragged`
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +45,13 @@ class ErrorVsK:
 
 
 def error_vs_k(
-    ks: tuple[int, ...] = (1, 2, 4, 8, 16), large_batch: int = 32, device: str | torch.device = "auto"
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16), large_batch: int = 32, device: str | torch.device = "auto", n_images: int = 64
 ) -> ErrorVsK:
     """Split a large batch of ``large_batch`` images into k micro-batches; trace ``ragged`` against the oracle.
 
     The large batch stays the same, only the split changes, so k = 1 is the large batch
-    itself and every error is the price of splitting it.
+    itself and every error is the price of splitting it. One epoch over the first
+    ``n_images`` digits of the task (64: two large batches of 32, enough to see the trend).
     """
     dev = resolve_device(device)
     ks = [k for k in ks if large_batch % k == 0]
@@ -58,7 +61,8 @@ def error_vs_k(
     for norm in NORMS:
         errors[norm] = []
         for k in ks:
-            tr = trace_loop(ragged, task_for(norm), accum_steps=k, batch_size=large_batch // k, device=dev)
+            task = dataclasses.replace(task_for(norm), make_dataset=functools.partial(digits, n_images, image=True))
+            tr = trace_loop(ragged, task, accum_steps=k, batch_size=large_batch // k, device=dev)
             errors[norm].append(max(c.rel_error for c in tr.comparisons))
     return ErrorVsK(large_batch, ks, errors)
 
