@@ -49,8 +49,8 @@ def test_empty_loader_is_an_error(loop):
     [
         (lambda m, b: ce(m, b).mean(), r"must return a 1-D tensor .*got shape \(\)"),
         (lambda m, b: ce(m, b).view(2, -1), r"must return a 1-D tensor .*got shape \(2, \d+\)"),
-        (lambda m, b: ce(m, b) * float("nan"), r"must return finite values \(got \d+ non-finite, e.g. nan\)"),
-        (lambda m, b: ce(m, b) + float("inf"), r"must return finite values \(got \d+ non-finite, e.g. inf\)"),
+        (lambda m, b: ce(m, b) * float("nan"), r"must return finite values \(got .*nan\)"),
+        (lambda m, b: ce(m, b) + float("inf"), r"must return finite values \(got .*inf\)"),
         (lambda m, b: ce(m, b).tolist(), r"must return a 1-D torch.Tensor .*\(got list\)"),
     ],
 )

@@ -21,7 +21,7 @@ from torch.optim import Optimizer
 from .._batch import (
     Batch, Device, ItemLosses,
     check_accum_steps, check_count, checked_losses, count_items as _rows,
-    progress_bar, to_device, window_items, windows,
+    progress_bar, to_device, window_items, window_mean, windows,
 )
 
 
@@ -52,21 +52,22 @@ def amp(
     logged = []
     for window in windows(loader, accum_steps):
         n = window_items(window, count_items)
-        total = torch.zeros(())
+        total = 0.0
         for batch in window:
             with torch.autocast(dev.type, dtype=dtype, enabled=enabled):
-                losses = checked_losses(item_losses, model, to_device(batch, device))
+                losses = checked_losses(item_losses, model, to_device(batch, device), check_finite=False)
             check_count(count_items(batch), losses)
             scaler.scale(losses.float().sum() / n).backward()  # scaled so float16 grads do not underflow
-            total = total + losses.detach().float().sum().cpu()
+            total = total + losses.detach().float().sum()
             bar.update()
+        loss = window_mean(total, n)  # one sync per window; refuses a non-finite loss before the step
         if max_norm is not None:
             scaler.unscale_(optimizer)  # once, after the last micro-batch, so clipping sees true magnitudes
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         scaler.step(optimizer)  # unscales if not done above; skips the step on inf/nan
         scaler.update()  # once per window: a scale change mid-window would mix scales in .grad
         optimizer.zero_grad(set_to_none=True)
-        logged.append(float(total / n))
+        logged.append(loss)
         bar.set_postfix(loss=logged[-1])
     bar.close()
     return logged

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .._batch import Batch, Device, ItemLosses, checked_losses, check_accum_steps, progress_bar, to_device, windows
+from .._batch import (
+    Batch, Device, ItemLosses, checked_losses, check_accum_steps, progress_bar, to_device, window_mean, windows,
+)
 
 
 def naive(
@@ -37,15 +39,16 @@ def naive(
     bar = progress_bar(progress, loader, "naive")
     logged = []
     for window in windows(loader, accum_steps):
-        total, n = torch.zeros(()), 0
+        total, n = 0.0, 0
         for batch in window:
-            losses = checked_losses(item_losses, model, to_device(batch, device))
+            losses = checked_losses(item_losses, model, to_device(batch, device), check_finite=False)
             losses.mean().backward()  # the bug: k means are summed into .grad, not averaged
-            total, n = total + losses.detach().sum().cpu(), n + losses.numel()
+            total, n = total + losses.detach().sum(), n + losses.numel()
             bar.update()
+        loss = window_mean(total, n)  # one sync per window; refuses a non-finite loss before the step
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        logged.append(float(total / n))
+        logged.append(loss)
         bar.set_postfix(loss=logged[-1])
     bar.close()
     return logged

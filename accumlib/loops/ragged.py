@@ -21,7 +21,7 @@ from torch.optim import Optimizer
 from .._batch import (
     Batch, Device, ItemLosses,
     check_accum_steps, check_count, checked_losses, count_items as _rows,
-    progress_bar, to_device, window_items, windows,
+    progress_bar, to_device, window_items, window_mean, windows,
 )
 
 
@@ -36,16 +36,17 @@ def ragged(
     logged = []
     for window in windows(loader, accum_steps):
         n = window_items(window, count_items)  # the window's item count, known before any backward
-        total = torch.zeros(())
+        total = 0.0
         for batch in window:
-            losses = checked_losses(item_losses, model, to_device(batch, device))
+            losses = checked_losses(item_losses, model, to_device(batch, device), check_finite=False)
             check_count(count_items(batch), losses)
             (losses.sum() / n).backward()  # every item weighs 1/n, whichever micro-batch holds it
-            total = total + losses.detach().sum().cpu()
+            total = total + losses.detach().sum()
             bar.update()
+        loss = window_mean(total, n)  # one sync per window; refuses a non-finite loss before the step
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        logged.append(float(total / n))
+        logged.append(loss)
         bar.set_postfix(loss=logged[-1])
     bar.close()
     return logged
