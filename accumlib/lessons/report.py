@@ -45,7 +45,11 @@ class Table:
 
 
 def parse_accum(accum_steps: Any) -> tuple[int, ...]:
-    """``[1, 2, 4]``, ``"1 2 4"`` or ``"1,2,4"`` -> ``(1, 2, 4)``; every k an integer >= 1."""
+    """``[1, 2, 4]``, ``"1 2 4"`` or ``"1,2,4"`` -> ``(1, 2, 4)``; every k an integer >= 1.
+
+    >>> parse_accum("1 2 4 8"), parse_accum([2, 4])
+    ((1, 2, 4, 8), (2, 4))
+    """
     items = accum_steps.replace(",", " ").split() if isinstance(accum_steps, str) else list(accum_steps)
     try:
         ks = tuple(int(k) for k in items)

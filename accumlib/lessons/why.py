@@ -49,7 +49,14 @@ def digits_subset(n: int | None = None, seed: int = 0) -> Any:
 
 
 def table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
-    """A fixed-width text table: what the lessons print, so nbval compares plain text."""
+    """A fixed-width text table: what the lessons print, so nbval compares plain text.
+
+    >>> print(table(("k", "ratio"), [(1, 1.0), (16, 16.0)]))
+    k   ratio
+    --  -----
+    1   1.0
+    16  16.0
+    """
     cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
@@ -57,7 +64,11 @@ def table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
 
 
 def fmt_error(rel_error: float) -> str:
-    """A relative error as printed in the lessons: float32 rounding shows as a bound, stable across machines."""
+    """A relative error as printed in the lessons: float32 rounding shows as a bound, stable across machines.
+
+    >>> fmt_error(3e-8), fmt_error(0.51296)
+    ('<= 1e-04 (float32 rounding)', '0.513')
+    """
     if rel_error <= FLOAT32_RTOL:
         return f"<= {FLOAT32_RTOL:.0e} (float32 rounding)"
     return f"{rel_error:.3g}"
