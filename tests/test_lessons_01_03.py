@@ -108,7 +108,7 @@ def test_normalizing_three_forms_against_the_oracle():
         assert abs(r.reported_ratio[i] - 1 / k) < RATIO_TOL / k
 
 
-def test_divide_grads_after_in_float64_is_exact_to_float64():
+def test_grad_divided_in_float64_is_exact_to_float64():
     # float64: the identity holds to ~1e-15; 1e-12 leaves a 1000x margin and is far below float32's 1e-7
     task = normalizing._task(3, 5, 0)
     model = task.make_model(0).double()
@@ -116,7 +116,7 @@ def test_divide_grads_after_in_float64_is_exact_to_float64():
     seen = []
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     opt.register_step_pre_hook(lambda o, a, kw: seen.append(accumlib.grads_of(model)))
-    normalizing.divide_grads_after(model, opt, data, task.item_losses, accum_steps=3)
+    accumlib.grad_divided(model, opt, data, task.item_losses, accum_steps=3)
     oracle = accumlib.true_gradient(model, data[:3], task.item_losses)
     assert accumlib.compare(seen[0], oracle).rel_error < 1e-12
 

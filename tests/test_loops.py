@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 from accumlib import (
-    LOOPS, MLP, TinyLM, TokenSequences, amp, compare, count_tokens, get_task, grads_of, large_batch, naive,
+    LOOPS, MLP, TinyLM, TokenSequences, amp, compare, count_tokens, get_task, grad_divided, grads_of, large_batch, naive,
     normalized, pad_collate, ragged, synthetic_classification, token_losses, true_gradient, classification_losses,
 )
 from accumlib._batch import cat_batches
@@ -237,3 +237,19 @@ def test_does_not_drop_the_tail(loop):
     rec, logged = run(LOOPS[loop], model, loader, 4)
     assert [len(w) for w, _, _ in rec.steps] == [4, 4, 4, 2]
     assert len(logged) == 4
+
+
+def test_grad_divided_equals_normalized_and_shares_its_tail_bug():
+    """The seed's two forms: divide the loss, or divide .grad once after the window."""
+    grads = {}
+    for loop in (normalized, grad_divided):
+        model, loader = mlp_setup(110, 8)  # windows of 4, 4, 4 and a tail of 2 micro-batches (8 + 6 items)
+        rec, _ = run(loop, model, loader, 4)
+        grads[loop] = [(s, o) for _, s, o in rec.steps]
+    for (s_n, o), (s_g, _) in zip(grads[normalized], grads[grad_divided]):
+        # the same arithmetic in another order: equal to float32 rounding
+        assert compare(s_g, s_n).rel_error <= F32_RTOL
+    for s, o in grads[grad_divided][:3]:
+        assert compare(s, o).rel_error <= F32_RTOL  # full, equal windows: exact
+    s, o = grads[grad_divided][-1]
+    assert compare(s, o).norm_ratio == pytest.approx(0.5, abs=0.1)  # tail divided by 4, not 2

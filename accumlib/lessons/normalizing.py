@@ -4,7 +4,7 @@ For k micro-batches of equal size, two forms give the true large-batch gradient
 (the seed post "Gradient Accumulation in PyTorch, GANs and other Nightmares"):
 
     sum_j grad( mean_j / k )          divide each micro-batch loss   (accumlib.normalized)
-    (1/k) * sum_j grad( mean_j )      divide .grad once, after the window   (divide_grads_after)
+    (1/k) * sum_j grad( mean_j )      divide .grad once, after the window   (accumlib.grad_divided)
 
 and the naive loop (accumlib.naive) computes k times the true gradient. The BERT-style
 loop of another seed ("How Gradient accumulation is implemented") divides correctly but
@@ -26,8 +26,8 @@ from matplotlib.figure import Figure
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .. import get_task, naive, normalized, resolve_device, trace_loop
-from .._batch import check_accum_steps, checked_losses, progress_bar, to_device, windows
+from .. import get_task, grad_divided, naive, normalized, resolve_device, trace_loop
+
 from ._explorer import Explorer
 from .why import digits_subset
 
@@ -35,40 +35,10 @@ TASK = "mlp-digits"
 N_WINDOWS = 2  # two full windows per run: the division is the only thing that differs between the loops
 
 
-# --- the seed's second form: divide .grad after the window -------------------------------------------
-
-
-def divide_grads_after(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False) -> list[float]:
-    """The seed's alternative: backward on each micro-batch *mean*, then ``p.grad = p.grad / k`` once per window.
-
-        (1/k) * sum_j grad( mean_{i in b_j} l_i )  ==  grad (1/N) sum_i l_i    (k equal micro-batches)
-
-    Same signature and logging as the reference loops, so ``accumlib.trace_loop`` can judge it.
-    """
-    k = check_accum_steps(accum_steps)
-    bar = progress_bar(progress, loader, "divide_grads_after")
-    logged = []
-    for window in windows(loader, k):
-        total, n = torch.zeros(()), 0
-        for batch in window:
-            losses = checked_losses(item_losses, model, to_device(batch, device))
-            losses.mean().backward()  # not normalized: .grad holds the sum of k micro-batch gradients
-            total, n = total + losses.detach().sum().cpu(), n + losses.numel()
-            bar.update()
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad = p.grad / k  # once, after the last micro-batch: the average of the k gradients
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        logged.append(float(total / n))
-    bar.close()
-    return logged
-
-
 LOOPS: dict[str, Callable[..., list[float]]] = {
     "naive (accumlib.naive)": naive,
     "loss / k (accumlib.normalized)": normalized,
-    "grad / k after the window": divide_grads_after,
+    "grad / k after the window": grad_divided,  # accumlib.grad_divided
 }
 
 
@@ -323,5 +293,5 @@ def exercise_dataset(seed: int = 0) -> Any:
 
 __all__ = [
     "BertRun", "ErrorResult", "LOOPS", "bert_epoch", "bert_train_fn", "bert_train_one_epoch", "bert_train_one_epoch_fixed",
-    "compute", "divide_grads_after", "exercise_dataset", "exercise_loop", "make_optimizer", "make_scheduler", "plot", "widget",
+    "compute", "exercise_dataset", "exercise_loop", "make_optimizer", "make_scheduler", "plot", "widget",
 ]

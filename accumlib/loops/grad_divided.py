@@ -1,0 +1,50 @@
+"""The seed's second form: backward on each micro-batch *mean*, then divide ``.grad`` by k once.
+
+For k micro-batches of equal size, dividing the gradient after the window equals
+dividing each loss (``normalized``):
+
+    (1/k) * sum_j grad( mean_{i in b_j} l_i )  ==  grad (1/N) sum_i l_i
+
+It shares ``normalized``'s limits (a partial window divided by k, unequal micro-batches
+weighed per micro-batch) and adds a loop over the parameters; dividing the loss is
+the same arithmetic for free, which is why it is the usual form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from .._batch import (
+    Batch, Device, ItemLosses, checked_losses, check_accum_steps, progress_bar, to_device, window_mean, windows,
+)
+
+
+def grad_divided(
+    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
+    accum_steps: int, device: Device = None, progress: bool | Any = False,
+) -> list[float]:
+    """Run one epoch; return the true mean item loss of each optimizer step's window."""
+    accum_steps = check_accum_steps(accum_steps)
+    bar = progress_bar(progress, loader, "grad_divided")
+    logged = []
+    for window in windows(loader, accum_steps):
+        total, n = 0.0, 0
+        for batch in window:
+            losses = checked_losses(item_losses, model, to_device(batch, device), check_finite=False)
+            losses.mean().backward()  # not divided: .grad holds the sum of the micro-batch gradients
+            total, n = total + losses.detach().sum(), n + losses.numel()
+            bar.update()
+        loss = window_mean(total, n)
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad = p.grad / accum_steps  # once, after the last micro-batch: their average
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        logged.append(loss)
+        bar.set_postfix(loss=logged[-1])
+    bar.close()
+    return logged
