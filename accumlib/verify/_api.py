@@ -22,7 +22,7 @@ _MESSAGES = {
     "unscaled-sum": "the step's gradient is the sum of its m micro-batch means, about m x the true gradient: the loss was never divided",
     "mean-of-means": "micro-batches with different item counts were weighted per micro-batch, not per item",
     "tail-misscaled": "the last, partial window was divided as if it held all {k} micro-batches",
-    "zero-grad-inside-window": "gradients were zeroed inside a window, so earlier micro-batches never reached the step",
+    "zero-grad-inside-window": "earlier micro-batches of a window (almost) never reached the step: .grad was zeroed, or shrunk again (divided inside the loop), between micro-batches of one window",
     "no-zero-grad": "gradients of an earlier window leaked into this step: .grad was not zeroed after the previous step",
     "early-step": "the optimizer stepped more often than every {k} micro-batches",
     "scheduler-per-micro-batch": "the learning rate changed between micro-batches of one window (a scheduler stepped per micro-batch)",

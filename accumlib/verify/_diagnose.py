@@ -163,7 +163,7 @@ FIXES = {
     "mean-of-means": "weigh items, not micro-batches: count the window's items N first, then backward losses.sum() / N",
     "tail-dropped": "step the last, partial window too: `if (i + 1) % k == 0 or i + 1 == len(loader): step`",
     "tail-misscaled": "divide the last window by its own item count, not by k micro-batches' worth",
-    "zero-grad-inside-window": "call optimizer.zero_grad() only right after optimizer.step()",
+    "zero-grad-inside-window": "call optimizer.zero_grad() only right after optimizer.step(), and divide .grad (if at all) once, after the last micro-batch",
     "no-zero-grad": "call optimizer.zero_grad(set_to_none=True) after every optimizer.step()",
     "early-step": "step once per window: when (i + 1) % accum_steps == 0 or at the last micro-batch",
     "scheduler-per-micro-batch": "call scheduler.step() next to optimizer.step(), once per window",
