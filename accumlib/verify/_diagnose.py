@@ -161,7 +161,7 @@ def explained_by_clipping(verdicts: list[StepVerdict], steps: list[Step]) -> boo
 FIXES = {
     "unscaled-sum": "divide each micro-batch's loss so the window's items weigh 1/N each: (losses.sum() / n_items_in_window).backward()",
     "mean-of-means": "weigh items, not micro-batches: count the window's items N first, then backward losses.sum() / N",
-    "tail-dropped": "step the last, partial window too: `if (i + 1) % k == 0 or i + 1 == len(loader): step`",
+    "tail-dropped": "step the last, partial window too (`if (i + 1) % k == 0 or i + 1 == len(loader)`), dividing it by its own item count, not by k (accumlib.ragged does both)",
     "tail-misscaled": "divide the last window by its own item count, not by k micro-batches' worth",
     "zero-grad-inside-window": "call optimizer.zero_grad() only right after optimizer.step(), and divide .grad (if at all) once, after the last micro-batch",
     "no-zero-grad": "call optimizer.zero_grad(set_to_none=True) after every optimizer.step()",

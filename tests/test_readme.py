@@ -1,0 +1,53 @@
+"""The README's examples and figures come from the code as it stands.
+
+The verify example is run exactly as written and must print what the README shows; the
+reference-loop table must match a fresh run row for row. Values below 1e-4 are float32
+rounding residues whose last digits depend on the CPU's kernels, so they are compared
+as "< 1e-4", never digit by digit.
+"""
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+from accumlib import check_reference_loops
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+TINY = re.compile(r"\b\d\.\d\de-(0[5-9]|[1-9]\d)\b")  # 1e-5 and smaller: rounding, not a result
+
+
+def _mask(text: str) -> str:
+    return TINY.sub("<1e-4", text).rstrip()
+
+
+def _block_after(heading: str, lang: str, nth: int = 0) -> str:
+    section = README.split(heading, 1)[1]
+    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)[nth]
+
+
+def test_verify_example_prints_what_the_readme_shows():
+    code = _block_after("## Verify your own loop", "python")
+    shown = _block_after("## Verify your own loop", "text")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+    assert _mask(out.getvalue()) == _mask(shown)
+    assert "[tail-dropped]" in shown  # the example is there to show this finding
+
+
+def test_reference_table_matches_a_fresh_run():
+    shown = _block_after("## The idea in one table", "text")
+    rows = {}
+    for line in shown.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) >= 9 and cells[0] in {"naive", "normalized", "ragged", "amp", "large_batch"}:
+            rows[cells[0], cells[1]] = cells
+    table = check_reference_loops()
+    assert len(rows) == len(table.rows) == 20
+    for r in table.rows:
+        loop, task, k, err, cos, steps, items, verdict, expected = rows[r.loop, r.task][:9]
+        assert (int(k), steps, items) == (r.accum_steps, f"{r.steps}/{r.expected_steps}", f"{r.items_used}/{r.items_available}")
+        assert (verdict, expected) == (r.verdict, r.expected)
+        assert _mask(err) == _mask(f"{r.max_rel_error:.2e}") and cos == f"{r.min_cosine:.4f}"
+    assert f"{len(table.rows)}/{len(table.rows)} verdicts hold" in shown
