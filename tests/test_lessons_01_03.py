@@ -129,6 +129,16 @@ def test_normalizing_widget_recomputes_past_eight():
     k, result = ex.result
     assert k == 10 and result.ks[-1] == 10
     assert abs(result.norm_ratio["naive (accumlib.naive)"][-1] - 10) < RATIO_TOL * 10
+    # back within 1..8: the sweep up to 8 is reused (only the highlight moves); a new
+    # micro-batch size is a new sweep whose naive ratio is still k
+    ex.controls["accum_steps"].value = 2
+    k2, again = ex.result
+    assert k2 == 2 and again.ks == tuple(range(1, 9))
+    ex.controls["accum_steps"].value = 3
+    assert ex.result[1] is again
+    ex.controls["micro_batch_size"].value = 5
+    k5, other = ex.result
+    assert other is not again and other.micro_batch_size == 5 and abs(other.norm_ratio["naive (accumlib.naive)"][2] - 3) < RATIO_TOL * 3
 
 
 def test_bert_loop_reports_loss_off_by_k_and_the_fix_does_not():

@@ -245,8 +245,17 @@ def widget(device: Any = "auto", initial: ErrorResult | None = None) -> Explorer
     """
     import ipywidgets as w
 
+    # k up to 8 only moves the highlight over the same sweep: keep each sweep (per widget)
+    sweeps: dict[tuple[int, int], ErrorResult] = {} if initial is None else {(initial.ks[-1], initial.micro_batch_size): initial}
+
+    def run(accum_steps: int, micro_batch_size: int) -> tuple[int, ErrorResult]:
+        key = (max(8, accum_steps), micro_batch_size)
+        if key not in sweeps:
+            sweeps[key] = compute(*key, device=device)
+        return accum_steps, sweeps[key]
+
     return Explorer(
-        lambda accum_steps, micro_batch_size: (accum_steps, compute(max(8, accum_steps), micro_batch_size, device=device)),
+        run,
         lambda r: plot(r[1], highlight=r[0]),
         initial=None if initial is None else (4, initial),
         accum_steps=w.IntSlider(value=4, min=1, max=12, description="k"),
