@@ -1,6 +1,11 @@
-"""Command line: ``accumlib verify`` (also ``python -m accumlib verify``).
+"""Command line (also ``python -m accumlib``):
 
-Exit status: 0 when every verdict holds, 1 when one does not, 2 on bad usage.
+    accumlib verify                        every reference loop on every built-in task
+    accumlib verify FILE.py:FUNCTION ...   your own loop against the large batch
+    accumlib ddp --world-size 2 ...        DDP accumulation on local processes
+
+Exit status: 0 when every verdict holds (the loop is correct), 1 when one does not,
+2 on bad usage.
 """
 
 from __future__ import annotations
