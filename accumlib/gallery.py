@@ -14,6 +14,7 @@ trigger one finding code each (``bug-*``), or must pass (``correct-*``).
 
 from __future__ import annotations
 
+import gc
 import inspect
 import io
 import logging
@@ -24,10 +25,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from .data import digits
 from .models import MLP
-from .tasks import get_task
+from ._batch import checked_losses, to_device
+from .tasks import classification_losses, get_task
 from .verify import Report, verify
 
 K = 4  # the accumulation every loop below is written for
@@ -61,29 +64,45 @@ class GalleryLoop:
 
 # ---- the seed documents --------------------------------------------------------------------
 
-def seed_000_bert(model, optimizer, loader):
-    """BERT-style epoch: divided loss, step on (step + 1) % K, scheduler per step, running_loss of the divided loss."""
-    from tqdm import tqdm  # plain tqdm: the notebook flavour imports widgets
+def bert_train_one_epoch(model, optimizer, scheduler, dataloader, device, epoch, *, n_accumulate, criterion, progress=False, collect=True):
+    """The seed's ``train_one_epoch``, line for line, with (ids, mask) -> the digits' (x, y).
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s))
+    It divides the loss by ``n_accumulate`` before ``backward`` (right), steps and moves the
+    scheduler every ``n_accumulate`` micro-batches (right), but adds the *divided* loss to
+    ``running_loss``, so the epoch loss it reports is 1/k of the true one.
+    """
     model.train()
-    dataset_size, running_loss = 0, 0.0
-    bar = tqdm(enumerate(loader), total=len(loader), file=io.StringIO())
-    for step, (x, y) in bar:
-        batch_size = x.size(0)
-        loss = F.cross_entropy(model(x), y)
-        loss = loss / K
+    dataset_size = 0
+    running_loss = 0.0
+    bar = tqdm(enumerate(dataloader), total=len(dataloader), disable=not progress)
+    for step, data in bar:
+        inputs = data[0].to(device)
+        targets = data[1].to(device, dtype=torch.long)
+        batch_size = inputs.size(0)
+        outputs = model(inputs)
+        loss = criterion(outputs, targets)
+        loss = loss / n_accumulate
         loss.backward()
-        if (step + 1) % K == 0:
+        if (step + 1) % n_accumulate == 0:
             optimizer.step()
             optimizer.zero_grad()
             if scheduler is not None:
                 scheduler.step()
-        running_loss += loss.item() * batch_size
+        running_loss += loss.item() * batch_size  # the bug: loss was divided by n_accumulate above
         dataset_size += batch_size
         epoch_loss = running_loss / dataset_size
-        bar.set_postfix(Train_Loss=epoch_loss, LR=optimizer.param_groups[0]["lr"])
+        bar.set_postfix(Epoch=epoch, Train_Loss=epoch_loss, LR=optimizer.param_groups[0]["lr"])
+    if collect:  # the seed's gc.collect(); it frees nothing here and costs ~0.5 s, so compute() skips it
+        gc.collect()
     return epoch_loss
+
+
+def seed_000_bert(model, optimizer, loader):
+    """BERT-style epoch: divided loss, step on (step + 1) % K, scheduler per step, running_loss of the divided loss."""
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s))
+    device = next(model.parameters()).device
+    return bert_train_one_epoch(model, optimizer, scheduler, loader, device, 0, n_accumulate=K,
+                                criterion=torch.nn.CrossEntropyLoss(), collect=False)
 
 
 class Accumulator:
@@ -157,46 +176,74 @@ def seed_003_gan_grad_division(model, optimizer, loader):
         optimizer.zero_grad()
 
 
-def _amp_loop(model, optimizer, loader, last_batch: bool):
-    scaler = torch.amp.GradScaler("cpu")
-    for i, (x, y) in enumerate(loader):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-            loss = loss / K
+# The Stack Overflow thread's three loops, ported once for any k, item_losses and device;
+# lesson 3 sweeps them over k, the entries below run them as the thread wrote them
+# (GradScaler and autocast on, K micro-batches).
+
+
+def step_every_k(model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False) -> None:
+    """The question's first loop (the PyTorch docs' recipe): step when ``(i + 1) % k == 0``; the tail never steps."""
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    scaler = torch.amp.GradScaler(dev.type, enabled=amp)
+    for i, batch in enumerate(loader):
+        with torch.autocast(dev.type, enabled=amp):
+            loss = checked_losses(item_losses, model, to_device(batch, device)).mean()
+            loss = loss / accum_steps
         scaler.scale(loss).backward()
-        if (i + 1) % K == 0 or (last_batch and (i + 1) == len(loader)):
+        if (i + 1) % accum_steps == 0:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad()
 
 
-def seed_004_question(model, optimizer, loader):
-    """Seed 004, the PyTorch-docs loop the question quotes: GradScaler, steps only on (i + 1) % K."""
-    _amp_loop(model, optimizer, loader, last_batch=False)
+def step_at_end(model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False) -> None:
+    """The question's fix: also step when ``(i + 1) == len(data)``; the tail is still divided by k."""
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    scaler = torch.amp.GradScaler(dev.type, enabled=amp)
+    for i, batch in enumerate(loader):
+        with torch.autocast(dev.type, enabled=amp):
+            loss = checked_losses(item_losses, model, to_device(batch, device)).mean()
+            loss = loss / accum_steps
+        scaler.scale(loss).backward()
+        if (i + 1) % accum_steps == 0 or (i + 1) == len(loader):
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
 
 
-def seed_004_question_last_batch(model, optimizer, loader):
-    """Seed 004, the asker's fix: also step when (i + 1) == len(data), still dividing by K."""
-    _amp_loop(model, optimizer, loader, last_batch=True)
-
-
-def seed_004_answer(model, optimizer, loader):
-    """Seed 004, the accepted answer: inner loop over [bi, nbi), loss / (nbi - bi) micro-batches."""
-    scaler = torch.amp.GradScaler("cpu")
+def divide_by_window_batches(model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False) -> None:
+    """The accepted answer: an outer loop over windows, ``loss / (nbi - bi)``, the window's micro-batch count."""
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    scaler = torch.amp.GradScaler(dev.type, enabled=amp)
     bi = 0
     data_iter = iter(loader)
     while bi < len(loader):
-        nbi = min(len(loader), bi + K)
-        for i in range(bi, nbi):
-            x, y = next(data_iter)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x), y)
-                loss = loss / (nbi - bi)  # divides by micro-batches, not items
+        nbi = min(len(loader), bi + accum_steps)
+        for _ in range(bi, nbi):
+            batch = next(data_iter)
+            with torch.autocast(dev.type, enabled=amp):
+                loss = checked_losses(item_losses, model, to_device(batch, device)).mean()
+                loss = loss / (nbi - bi)  # "divide by the true batch size": micro-batches, not items
             scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad()
         bi = nbi
+
+
+def seed_004_question(model, optimizer, loader):
+    """Seed 004, the PyTorch-docs loop the question quotes: GradScaler, steps only on (i + 1) % K."""
+    step_every_k(model, optimizer, loader, classification_losses, accum_steps=K, amp=True)
+
+
+def seed_004_question_last_batch(model, optimizer, loader):
+    """Seed 004, the asker's fix: also step when (i + 1) == len(data), still dividing by K."""
+    step_at_end(model, optimizer, loader, classification_losses, accum_steps=K, amp=True)
+
+
+def seed_004_answer(model, optimizer, loader):
+    """Seed 004, the accepted answer: inner loop over [bi, nbi), loss / (nbi - bi) micro-batches."""
+    divide_by_window_batches(model, optimizer, loader, classification_losses, accum_steps=K, amp=True)
 
 
 # ---- one loop per bug -----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .. import get_task, grad_divided, naive, normalized, resolve_device, trace_loop
+from ..gallery import bert_train_one_epoch  # the seed's loop, ported once
 
 from ._explorer import Explorer
 from .why import digits_subset
@@ -116,40 +117,7 @@ def plot(result: ErrorResult, highlight: int | None = None) -> Figure:
     return fig
 
 
-# --- the seed's BERT-style loop (tqdm, scheduler), ported to the digits MLP ---------------------------
-
-
-def bert_train_one_epoch(model, optimizer, scheduler, dataloader, device, epoch, *, n_accumulate, criterion, progress=False, collect=True):
-    """The seed's ``train_one_epoch``, line for line, with (ids, mask) -> the digits' (x, y).
-
-    It divides the loss by ``n_accumulate`` before ``backward`` (right), steps and moves the
-    scheduler every ``n_accumulate`` micro-batches (right), but adds the *divided* loss to
-    ``running_loss``, so the epoch loss it reports is 1/k of the true one.
-    """
-    model.train()
-    dataset_size = 0
-    running_loss = 0.0
-    bar = tqdm(enumerate(dataloader), total=len(dataloader), disable=not progress)
-    for step, data in bar:
-        inputs = data[0].to(device)
-        targets = data[1].to(device, dtype=torch.long)
-        batch_size = inputs.size(0)
-        outputs = model(inputs)
-        loss = criterion(outputs, targets)
-        loss = loss / n_accumulate
-        loss.backward()
-        if (step + 1) % n_accumulate == 0:
-            optimizer.step()
-            optimizer.zero_grad()
-            if scheduler is not None:
-                scheduler.step()
-        running_loss += loss.item() * batch_size  # the bug: loss was divided by n_accumulate above
-        dataset_size += batch_size
-        epoch_loss = running_loss / dataset_size
-        bar.set_postfix(Epoch=epoch, Train_Loss=epoch_loss, LR=optimizer.param_groups[0]["lr"])
-    if collect:  # the seed's gc.collect(); it frees nothing here and costs ~0.5 s, so compute() skips it
-        gc.collect()
-    return epoch_loss
+# --- the seed's BERT-style loop (ported once, in accumlib.gallery) and its fix -------------------------
 
 
 def bert_train_one_epoch_fixed(model, optimizer, scheduler, dataloader, device, epoch, *, n_accumulate, criterion, progress=False, collect=True):

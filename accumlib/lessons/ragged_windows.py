@@ -2,7 +2,8 @@
 
 The Stack Overflow question in the seeds: 110 samples, micro-batch 8, accumulation 4.
 That is 14 micro-batches (13 of 8 and a last one of 6), so three full windows of 32
-samples and a tail window of 2 micro-batches holding 14 samples. Four ways to handle it:
+samples and a tail window of 2 micro-batches holding 14 samples. Four ways to handle it (the thread's
+three loops are ported once, in ``accumlib.gallery``, and imported here):
 
 - ``step_every_k``: the PyTorch-docs loop from the question, ``(i + 1) % k``: the tail never steps;
 - ``step_at_end``: the question's fix, ``or (i + 1) == len(data)``: the tail steps, still divided by k;
@@ -27,65 +28,13 @@ import torch
 from matplotlib.figure import Figure
 
 from .. import count_tokens, get_task, normalized, ragged, resolve_device, trace_loop
-from .._batch import checked_losses, to_device
+from .._batch import to_device
+from ..gallery import divide_by_window_batches, step_at_end, step_every_k
 from ._explorer import Explorer
 from .why import digits_subset, fmt_error
 
 TASK = "mlp-digits"
 LM_TASK = "lm-tokens"
-
-
-# --- the three loops of the Stack Overflow thread, ported (float32 by default: lesson 4 covers amp) --------
-
-
-def step_every_k(model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False) -> None:
-    """The question's first loop (the PyTorch docs' recipe): step when ``(i + 1) % k == 0``; the tail never steps."""
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
-    scaler = torch.amp.GradScaler(dev.type, enabled=amp)
-    for i, batch in enumerate(loader):
-        with torch.autocast(dev.type, enabled=amp):
-            loss = checked_losses(item_losses, model, to_device(batch, device)).mean()
-            loss = loss / accum_steps
-        scaler.scale(loss).backward()
-        if (i + 1) % accum_steps == 0:
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad()
-
-
-def step_at_end(model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False) -> None:
-    """The question's fix: also step when ``(i + 1) == len(data)``; the tail is still divided by k."""
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
-    scaler = torch.amp.GradScaler(dev.type, enabled=amp)
-    for i, batch in enumerate(loader):
-        with torch.autocast(dev.type, enabled=amp):
-            loss = checked_losses(item_losses, model, to_device(batch, device)).mean()
-            loss = loss / accum_steps
-        scaler.scale(loss).backward()
-        if (i + 1) % accum_steps == 0 or (i + 1) == len(loader):
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad()
-
-
-def divide_by_window_batches(model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False) -> None:
-    """The accepted answer: an outer loop over windows, ``loss / (nbi - bi)``, the window's micro-batch count."""
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
-    scaler = torch.amp.GradScaler(dev.type, enabled=amp)
-    bi = 0
-    data_iter = iter(loader)
-    while bi < len(loader):
-        nbi = min(len(loader), bi + accum_steps)
-        for _ in range(bi, nbi):
-            batch = next(data_iter)
-            with torch.autocast(dev.type, enabled=amp):
-                loss = checked_losses(item_losses, model, to_device(batch, device)).mean()
-                loss = loss / (nbi - bi)  # "divide by the true batch size": micro-batches, not items
-            scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad()
-        bi = nbi
 
 
 STRATEGIES: dict[str, Callable[..., Any]] = {
