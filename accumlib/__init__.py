@@ -25,8 +25,8 @@ __all__ = [
     "trace_loop", "true_gradient", "windows",
 ]
 __all__ += ["ddp_accumulate", "distributed"]
-# accumlib.verify is a function (the package of the same name stays importable as a module path)
-from .verify import Finding, Report, verify  # noqa: E402
+# accumlib.verify is the function; its implementation is the private package accumlib._verify
+from ._verify import CODES, Finding, Report, StepRow, verify  # noqa: E402
 from .gallery import GALLERY, GalleryLoop  # noqa: E402
 
-__all__ += ["Finding", "GALLERY", "GalleryLoop", "Report", "verify"]
+__all__ += ["CODES", "Finding", "GALLERY", "GalleryLoop", "Report", "StepRow", "verify"]

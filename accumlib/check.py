@@ -24,16 +24,7 @@ from .loops import LOOPS
 from .oracle import grads_of, true_gradient
 from .tasks import TASKS, Task, get_task
 
-# float32 rounding: summing a few hundred float32 terms in a different order moves the
-# result by ~1e-7 relative per term in the worst case; 1e-4 leaves a margin of ~10x over
-# what we measure (~1e-6) and stays 1000x below the smallest real bug (a 2/4 tail: 0.5).
-FLOAT32_RTOL = 1e-4
-# bfloat16 keeps 8 bits of mantissa (eps 2^-8 ~ 4e-3); activations rounded layer by
-# layer give gradients ~1e-2 off. A bug is >= 0.25 off, so 0.1 separates the two.
-BF16_RTOL = 1e-1
-# naive accumulation scales each step by about its micro-batch count m; unequal
-# micro-batches (token counts, a smaller last batch) move the ratio by < 25% here.
-OFF_BY_K_TOL = 0.25
+from .tolerances import BF16_RTOL, FLOAT32_RTOL, OFF_BY_K_TOL  # noqa: F401  (re-exported: notebooks read them here)
 
 EXACT, CLOSE, OFF_BY_K, WRONG = "exact", "close (bf16)", "off by ~k", "not exact"
 

@@ -20,7 +20,7 @@ def _verify(args: argparse.Namespace) -> int:
     from .check import check_reference_loops
 
     if args.target:  # a user's own loop: FILE.py:FUNCTION
-        from .verify._cli import run_target
+        from ._verify.cli import run_target
 
         return run_target(args)
     if args.accum_steps is not None or args.batch_size is not None:

@@ -31,7 +31,7 @@ from .data import digits
 from .models import MLP
 from ._batch import checked_losses, to_device
 from .tasks import classification_losses, get_task
-from .verify import Report, verify
+from ._verify import Report, verify
 
 K = 4  # the accumulation every loop below is written for
 CLIP = 0.1  # small enough that every window of the tiny MLP is really clipped
@@ -330,6 +330,16 @@ def bug_logged_loss_scaled(model, optimizer, loader):
     return total / n
 
 
+def bug_misscaled(model, optimizer, loader):
+    """Divides by 1.04 x the window's item count: every step 4% too small, nothing else wrong."""
+    for window in _windows(loader):
+        n = sum(len(y) for _, y in window)
+        for x, y in window:
+            (F.cross_entropy(model(x), y, reduction="sum") / (1.04 * n)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
 # ---- correct loops ---------------------------------------------------------------------------
 
 def _windows(loader):
@@ -411,6 +421,27 @@ def correct_amp_clip_scheduler(model, optimizer, loader):
     bar.close()
 
 
+def clip_by_total_norm(params, max_norm):
+    """A clip of one's own, as fairseq and DeepSpeed write them (no torch.nn.utils call to see)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    coef = min(1.0, max_norm / (float(total) + 1e-6))
+    for g in grads:
+        g.mul_(coef)
+    return total
+
+
+def correct_own_clip(model, optimizer, loader):
+    """Correct windows, clipped with the loop's own function: verify must say what it assumed."""
+    for window in _windows(loader):
+        n = sum(len(y) for _, y in window)
+        for x, y in window:
+            (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+        clip_by_total_norm(list(model.parameters()), CLIP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
 # ---- frameworks ----------------------------------------------------------------------------
 
 def accelerate_loop(model, optimizer, loader):
@@ -484,6 +515,7 @@ GALLERY: dict[str, GalleryLoop] = {
     "bug-clip-per-micro-batch": GalleryLoop(bug_clip_per_micro_batch, _E({"clip-per-micro-batch"}), "clip after every backward", n_items=128),
     "bug-clip-before-unscale": GalleryLoop(bug_clip_before_unscale, _E({"clip-before-unscale"}), "GradScaler without unscale_ before clipping", n_items=128),
     "bug-logged-loss-scaled": GalleryLoop(bug_logged_loss_scaled, _E({"logged-loss-scaled"}), "reports the divided loss", n_items=128),
+    "bug-misscaled": GalleryLoop(bug_misscaled, _E({"misscaled"}), "loss / (1.04 x the window's items)", n_items=128),
     "bug-batchnorm": GalleryLoop(correct_inner_for, _E({"batchnorm"}), "a correct loop on a BatchNorm CNN", task="cnn-batchnorm"),
     "bug-dropout-unscaled": GalleryLoop(bug_unscaled_sum, _E({"unscaled-sum", "dropout"}), "a real bug under dropout", n_items=128, dropout=0.3),
     "correct-dropout": GalleryLoop(correct_inner_for, _E({"dropout"}), "a correct loop; dropout is a note, not a bug", dropout=0.3),
@@ -491,6 +523,7 @@ GALLERY: dict[str, GalleryLoop] = {
     "correct-inner-for": GalleryLoop(correct_inner_for, _E(), "inner for over each window"),
     "correct-nanogpt": GalleryLoop(correct_nanogpt, _E(), "nanoGPT-style prefetch, unscale then clip", n_items=128),
     "correct-amp-clip-scheduler": GalleryLoop(correct_amp_clip_scheduler, _E(), "autocast, GradScaler, clip, scheduler, tqdm"),
+    "correct-own-clip": GalleryLoop(correct_own_clip, _E({"clip-assumed"}), "a clip of its own (fairseq, DeepSpeed): assumed, said so"),
     "correct-groupnorm": GalleryLoop(correct_inner_for, _E(), "the BatchNorm CNN's loop with GroupNorm", task="cnn-groupnorm"),
     "accelerate": GalleryLoop(accelerate_loop, _E(), "Accelerate accumulate(), 128 items: full windows", n_items=128),
     "accelerate-tail": GalleryLoop(accelerate_loop, _E({"tail-misscaled", "mean-of-means"}),

@@ -59,14 +59,46 @@ def true_gradient(
         batch = _cast(batch, dtype)
     named = [(k, p) for k, p in net.named_parameters() if p.requires_grad]
     try:
-        loss = checked_losses(item_losses, net, batch).mean()
-        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        grads, losses = sum_grad(net, batch, item_losses, [p for _, p in named], scale=None)
     finally:
         with torch.no_grad():
             for k, v in net.named_buffers():
                 if k in saved:
                     v.copy_(saved[k])
     return {k: (g if g is not None else torch.zeros_like(p)).detach() for (k, p), g in zip(named, grads)}
+
+
+def sum_grad(
+    model: torch.nn.Module,
+    batch: Batch,
+    item_losses: ItemLosses,
+    params: Sequence[torch.Tensor],
+    *,
+    scale: float | None = 1.0,
+    check_finite: bool = True,
+) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+    """``grad of scale * sum_i l_i`` over one batch (``scale=None``: the mean), and the item losses.
+
+    The one place a gradient of item losses is taken: ``true_gradient`` calls it on the merged
+    window, ``accumlib.verify`` once per micro-batch, summing the results (the identity
+    ``grad (1/N) sum_i l_i == sum_j grad (sum_{i in b_j} l_i) / N`` that ``accumlib.ragged``
+    implements). ``torch.autograd.grad`` leaves ``.grad`` alone; unused parameters get None.
+    ``check_finite=False`` lets inf/nan through (verify judges a diverged run, it does not refuse it).
+
+    >>> import torch, accumlib
+    >>> task = accumlib.get_task("mlp-digits"); model = task.make_model(0)
+    >>> x, y = next(iter(task.loader()))
+    >>> grads, losses = sum_grad(model, (x, y), task.item_losses, list(model.parameters()))
+    >>> losses.shape, grads[0].shape == model.net[0].weight.shape
+    (torch.Size([8]), True)
+    """
+    losses = checked_losses(item_losses, model, batch, check_finite=check_finite)
+    total = losses.mean() if scale is None else losses.sum() * scale
+    if not total.requires_grad:
+        raise ValueError("item_losses must return losses that depend on the model's parameters (got a tensor with "
+                         "requires_grad=False: was it detached, or computed under torch.no_grad()?)")
+    grads = torch.autograd.grad(total, list(params), allow_unused=True)
+    return list(grads), losses.detach()
 
 
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -256,7 +256,7 @@ def test_notebook_7_report_shows_a_finding(lab, page, request):
     """The exercise's loop (the GradScaler loop of the seed question) is buggy as given: the
     report it renders (an HTML table, one row per optimizer step, then the findings) names
     the finding codes that the cell above printed."""
-    from accumlib.verify import CODES
+    from accumlib import CODES
 
     path = _need(NB_VERIFY)
     open_notebook(page, lab, path)

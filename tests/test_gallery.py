@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from accumlib.gallery import GALLERY
-from accumlib.verify import CODES
+from accumlib import CODES
+from accumlib.tolerances import FLOAT32_RTOL
 
-ISSUE_CODES = {c for c in CODES if c not in {"unexplained", "non-finite", "no-items"}}
+# codes the gallery's loops cannot show on their own (a diverged run, an empty window, data verify did
+# not hand out, max_steps): tests/test_verify.py triggers each of them
+ISSUE_CODES = {c for c in CODES if c not in {"unexplained", "non-finite", "no-items", "untracked-data", "partial-run"}}
 
 
 @pytest.mark.parametrize("name", list(GALLERY))
@@ -16,7 +19,7 @@ def test_gallery_loop_gets_exactly_its_codes(name):
     report = loop.run()
     # exact equality: a missing code is a missed bug, an extra one a false alarm on a correct part
     assert report.codes == loop.expected_codes, str(report)
-    assert report.ok == all(CODES[c] == "note" for c in loop.expected_codes)
+    assert report.ok == all(CODES[c].kind == "note" for c in loop.expected_codes)
 
 
 def test_gallery_runs_without_warnings():
@@ -46,6 +49,7 @@ def test_frameworks_really_clip_and_cover_every_item(name):
     after Lightning's closure ran the last micro-batch, and on Accelerate's re-created DataLoader."""
     report = GALLERY[name].run()
     assert report.ok
-    assert all(row.norm_ratio < 1.0 for row in report.steps)
+    assert all(row.clip < 1.0 for row in report.steps)
+    assert max(row.rel_error for row in report.steps) <= FLOAT32_RTOL  # like with like: the oracle clipped as the loop clipped
     assert report.items_stepped == report.items_total == 128
     assert [row.micro_batches for row in report.steps] == [4] * 4

@@ -43,7 +43,7 @@ class GalleryTable:
     @property
     def codes(self) -> list[str]:
         """Every code found or expected in the table, in ``accumlib.verify``'s order."""
-        from accumlib.verify import CODES
+        from accumlib import CODES
 
         seen = set().union(*(r.found | r.expected for r in self.rows))
         return [c for c in CODES if c in seen]

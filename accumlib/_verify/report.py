@@ -1,7 +1,7 @@
-"""What ``verify`` hands back: one row per optimizer step and the named findings.
+"""The report stage: what ``verify`` hands back, one row per optimizer step and the named findings.
 
-``Report.ok`` is True only when no finding is a bug or a limit; a ``note`` (dropout
-handled by the comparison) does not make a loop wrong.
+``Report.ok`` is True only when no finding is a bug or a limit; a ``note`` (dropout handled
+by the comparison, a clip verify assumed, a run ended by ``max_steps``) does not make a loop wrong.
 """
 
 from __future__ import annotations
@@ -12,28 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# The codes of issue 3, plus three for runs that fit none of them (kept apart so a
-# reader of CODES sees which ones name an accumulation bug).
-CODES: dict[str, str] = {
-    "unscaled-sum": "bug",
-    "mean-of-means": "bug",
-    "tail-dropped": "bug",
-    "tail-misscaled": "bug",
-    "zero-grad-inside-window": "bug",
-    "no-zero-grad": "bug",
-    "early-step": "bug",
-    "scheduler-per-micro-batch": "bug",
-    "clip-per-micro-batch": "bug",
-    "clip-before-unscale": "bug",
-    "logged-loss-scaled": "bug",
-    "batchnorm": "limit",
-    "dropout": "note",
-    # outside the issue's list: a step that none of the codes above explains,
-    # a gradient with inf/nan, and a step over a window without a single item
-    "unexplained": "bug",
-    "non-finite": "bug",
-    "no-items": "bug",
-}
+from .codes import CODES
 
 
 def _finite(v: Any) -> Any:
@@ -52,7 +31,8 @@ class Finding:
 
     @property
     def severity(self) -> str:
-        return CODES[self.code]
+        """``bug``, ``limit`` or ``note`` (the code's kind in ``CODES``)."""
+        return CODES[self.code].kind
 
     def __str__(self) -> str:
         where = f" (steps {', '.join(map(str, self.steps))})" if self.steps else ""
@@ -61,7 +41,14 @@ class Finding:
 
 @dataclass(frozen=True)
 class StepRow:
-    """One optimizer step: its window, how its gradient compares with the oracle, its codes."""
+    """One optimizer step: its window, how its gradient compares with the oracle, its codes.
+
+    ``norm_ratio`` and ``rel_error`` compare like with like: the gradient the optimizer saw with
+    the float32 large-batch gradient, clipped as the loop clipped (recorded or assumed).
+    ``scale`` is the factor c of the best fit G ~= c g* (1 for a correct step; clipping undone),
+    ``reference`` names what the verdict was judged against, and ``clip`` is the factor the loop's
+    clip scaled the window's gradient by (1.0 when no clip acted).
+    """
 
     step: int
     micro_batches: int
@@ -70,6 +57,9 @@ class StepRow:
     norm_ratio: float  # ||captured|| / ||true large-batch gradient||
     rel_error: float  # ||captured - true|| / ||true||
     codes: tuple[str, ...]
+    scale: float = math.nan
+    reference: str = "float32"
+    clip: float = 1.0  # the coefficient the loop's clip applied (recorded, or assumed), 1.0 when none acted
 
 
 @dataclass
@@ -85,7 +75,7 @@ class Report:
     findings: list[Finding]
     accum_steps: int
     items_stepped: int
-    items_total: int
+    items_total: int | None
     logged_loss: float | None = None
     true_loss: float | None = None
 
@@ -112,35 +102,47 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
+    _HEAD = ("step", "micro-batches", "items", "lr", "clip", "|g|/|g*|", "rel err", "c", "judged against", "codes")
+
     def _cells(self) -> list[tuple[str, ...]]:
         return [
-            (str(s.step), str(s.micro_batches), str(s.items), f"{s.lr:.4g}", f"{s.norm_ratio:.4f}",
-             f"{s.rel_error:.2e}", ", ".join(s.codes) or "ok")
+            (str(s.step), str(s.micro_batches), str(s.items), f"{s.lr:.4g}", f"{s.clip:.3g}" if s.clip < 1 else "-",
+             f"{s.norm_ratio:.4f}",
+             f"{s.rel_error:.2e}", f"{s.scale:.4f}", s.reference, ", ".join(s.codes) or "ok")
             for s in self.steps
         ]
 
+    def _verdict(self) -> str:
+        if not self.ok:
+            return "NOT OK"
+        return "OK, every judged step saw the true large-batch gradient" + (
+            " (within the rounding of its reference)" if any(s.reference != "float32" for s in self.steps) else "")
+
     def __str__(self) -> str:
-        head = ("step", "micro-batches", "items", "lr", "|g|/|g*|", "rel err", "codes")
         body = self._cells()
-        widths = [max(len(x) for x in col) for col in zip(head, *body)]
+        widths = [max(len(x) for x in col) for col in zip(self._HEAD, *body)]
         fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-        lines = [fmt(head), fmt(tuple("-" * w for w in widths))] + [fmt(b) for b in body]
-        lines.append(f"\nitems that reached an optimizer step: {self.items_stepped}/{self.items_total}")
+        lines = [fmt(self._HEAD), fmt(tuple("-" * w for w in widths))] + [fmt(b) for b in body]
+        total = "?" if self.items_total is None else str(self.items_total)
+        lines.append(f"\nitems that reached an optimizer step: {self.items_stepped}/{total}")
         if self.logged_loss is not None and self.true_loss is not None:
             lines.append(f"loss the loop reported: {self.logged_loss:.4f}   true mean item loss: {self.true_loss:.4f}")
-        lines.append("verdict: " + ("OK, every step saw the true large-batch gradient" if self.ok else "NOT OK"))
+        lines.append("verdict: " + self._verdict())
         lines += [str(f) for f in self.findings]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        cols = ["step", "micro-batches", "items", "lr", "|g|/|g*|", "rel err", "codes"]
         rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in self._cells())
         found = "".join(
-            f"<li><code>{html.escape(f.code)}</code> {html.escape(f.message)}<br><i>fix:</i> {html.escape(f.fix)}</li>"
+            f"<li><code>{html.escape(f.code)}</code> ({f.severity}) {html.escape(f.message)}<br><i>fix:</i> {html.escape(f.fix)}</li>"
             for f in self.findings
         )
-        verdict = "✓ OK" if self.ok else "✗ NOT OK"
+        verdict = ("✓ " if self.ok else "✗ ") + self._verdict()
+        total = "?" if self.items_total is None else str(self.items_total)
         return (
-            f"<p><b>{verdict}</b>: {self.items_stepped}/{self.items_total} items reached an optimizer step</p>"
-            f"<table><tr>{''.join(f'<th>{c}</th>' for c in cols)}</tr>{rows}</table><ul>{found}</ul>"
+            f"<p><b>{html.escape(verdict)}</b>: {self.items_stepped}/{total} items reached an optimizer step</p>"
+            f"<table><tr>{''.join(f'<th>{html.escape(c)}</th>' for c in self._HEAD)}</tr>{rows}</table><ul>{found}</ul>"
         )
+
+
+__all__ = ["Finding", "Report", "StepRow"]

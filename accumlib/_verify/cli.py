@@ -71,7 +71,7 @@ def _task(args: argparse.Namespace, module: ModuleType) -> dict[str, Any]:
 
 def run_target(args: argparse.Namespace) -> int:
     from .._batch import check_accum_steps
-    from ._api import check_args, verify
+    from .api import check_args, verify
 
     try:
         if args.loop:

@@ -1,0 +1,244 @@
+"""``verify``: run the user's own loop on a copy and judge every optimizer step against the oracle.
+
+The pipeline runs forward only: ``record`` (hooks on the copy; the oracle stage fed at every
+micro-batch boundary) -> ``StepNumbers`` per step -> ``diagnose`` (a pure function) -> the report.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
+
+from .._batch import ItemLosses, check_accum_steps
+from ..tolerances import LOGGED_RTOL
+from .codes import CODES
+from .diagnose import StepVerdict, diagnose, infer_clip
+from .record import Recorder, StepNumbers, StopRun, Tracked, TrackedIterable, disable_dropout, first_layer, make_shadow
+from .report import Finding, Report, StepRow
+
+DEFAULT_LR = 0.05  # plain SGD: every gradient error shows 1:1 in the update, unlike Adam
+
+
+def check_args(train_fn: Any, model: Any, dataset: Any, item_losses: Any, batch_size: Any, optimizer: Any,
+               collate_fn: Any, max_steps: Any = None) -> None:
+    """Refuse bad arguments to ``verify`` before anything runs, naming argument, rule and value."""
+    if not callable(train_fn):
+        raise TypeError(f"train_fn must be callable as train_fn(model, optimizer, loader) (got {type(train_fn).__name__})")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"model must have at least one parameter with requires_grad=True (got {type(model).__name__} with none)")
+    if any(p.is_meta for p in model.parameters()):
+        raise ValueError(f"model must hold real parameters, not parameters on the meta device (got {type(model).__name__})")
+    if isinstance(dataset, IterableDataset):
+        pass  # no length: passes end where its iterator ends
+    elif not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(f"dataset must be a map-style dataset (__getitem__ and __len__) or a torch IterableDataset "
+                        f"(got {type(dataset).__name__})")
+    elif len(dataset) == 0:
+        raise ValueError(f"dataset must hold at least one item (got an empty {type(dataset).__name__})")
+    if not callable(item_losses):
+        raise TypeError(f"item_losses must be callable as item_losses(model, batch) (got {type(item_losses).__name__})")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1 (got {batch_size!r})")
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1):
+        raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
+    for name, fn in (("optimizer", optimizer), ("collate_fn", collate_fn)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be None or callable (got {type(fn).__name__})")
+
+
+def verify(
+    train_fn: Callable[[torch.nn.Module, torch.optim.Optimizer, DataLoader], Any],
+    *,
+    model: torch.nn.Module,
+    dataset: Dataset,
+    item_losses: ItemLosses,
+    accum_steps: int,
+    batch_size: int,
+    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
+    collate_fn: Callable[[list], Any] | None = None,
+    max_steps: int | None = None,
+) -> Report:
+    """Run ``train_fn(model, optimizer, loader)`` once on a copy and judge every optimizer step.
+
+    ``loader`` is a DataLoader over ``dataset`` (map-style or iterable) with ``batch_size`` and
+    ``collate_fn``; the loop may also build its own over ``loader.dataset`` with
+    ``loader.collate_fn`` (a framework's sampler, shuffling), in the main process.
+    ``max_steps`` judges the first N optimizer steps and then ends the loop.
+    The oracle runs wherever the model's parameters live.
+
+    >>> import torch, accumlib
+    >>> task = accumlib.get_task("mlp-digits")
+    >>> def train(model, opt, loader):
+    ...     for i, (x, y) in enumerate(loader):
+    ...         torch.nn.functional.cross_entropy(model(x), y).backward()  # never divided
+    ...         if (i + 1) % 4 == 0:
+    ...             opt.step(); opt.zero_grad()
+    >>> report = accumlib.verify(train, model=task.make_model(0), dataset=task.make_dataset(),
+    ...                          item_losses=task.item_losses, accum_steps=4, batch_size=8)
+    >>> report.ok, sorted(report.codes)
+    (False, ['tail-dropped', 'unscaled-sum'])
+    """
+    check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn, max_steps)
+    k = check_accum_steps(accum_steps)
+    net = copy.deepcopy(model)  # the caller's model is never touched
+    dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
+    opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must return a torch.optim.Optimizer when called with the parameters (got {type(opt).__name__})")
+    tracked = TrackedIterable(dataset) if isinstance(dataset, IterableDataset) else Tracked(dataset)
+    rec = Recorder(net, make_shadow(net), opt, tracked, collate_fn or default_collate, item_losses, max_steps)
+    loader = DataLoader(tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn)
+    # a global step hook: it also sees an optimizer the loop builds itself
+    hooks = [net.register_forward_pre_hook(rec.on_forward, with_kwargs=True),
+             first_layer(net).register_forward_pre_hook(rec.inside_forward),
+             register_optimizer_step_pre_hook(rec.on_step)]
+    hooks += [p.register_post_accumulate_grad_hook(rec.on_backward) for p in rec.params]
+    returned, stopped = None, False
+    try:
+        with rec.patched():
+            returned = train_fn(net, opt, loader)
+    except StopRun:
+        stopped = True
+    except Exception as err:
+        err.add_note(
+            f"accumlib.verify: train_fn raised after {rec.forwards} micro-batch forwards and "
+            f"{len(rec.steps)} optimizer steps (accum_steps={k}, batch_size={batch_size})"
+        )
+        raise
+    finally:
+        for h in hooks:
+            h.remove()
+    return _report(rec, k, batch_size, returned, dropout, stopped)
+
+
+def _rel_like(s: StepNumbers, clip_to: list[float]) -> tuple[float, float]:
+    """(|G|/|t'|, |G - t'|/|t'|) with t' the float32 truth clipped as the loop clipped."""
+    if s.tt <= 0:
+        return math.nan, math.nan
+    lam = 1.0
+    for max_norm in clip_to:
+        lam *= min(1.0, max_norm / (lam * math.sqrt(s.tt) + 1e-6))
+    ref = lam * math.sqrt(s.tt)
+    diff2 = s.gg - 2 * lam * s.gt + lam * lam * s.tt
+    return math.sqrt(s.gg) / ref, math.sqrt(max(diff2, 0.0)) / ref
+
+
+def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list[float], stopped: bool) -> Report:
+    verdicts = [diagnose(s, k=k) for s in rec.steps]
+    assumed = infer_clip(rec.steps, verdicts)
+    converted = set()
+    if assumed is not None:
+        for t, (s, v) in enumerate(zip(rec.steps, verdicts)):
+            if v.codes == ["misscaled"] and not s.clips:
+                v.codes, v.factor = [], None
+                converted.add(t)
+    rows, by_code, details = [], {}, {}  # type: ignore[var-annotated]
+    for t, (s, v) in enumerate(zip(rec.steps, verdicts)):
+        for c in v.codes:
+            by_code.setdefault(c, []).append(t)
+            details.setdefault(c, [])
+            if v.detail and v.detail not in details[c]:
+                details[c].append(v.detail)
+        clip_to = [c.max_norm for c in s.clips if c.seen >= s.micro_batches] or ([assumed] if assumed else [])
+        ratio, rel = _rel_like(s, clip_to)
+        coef = s.scale if t in converted else s.unclip
+        reference = s.precision + (" replay" if s.precision != "float32" else "") + ("; BatchNorm: accumulated" if s.batchnorm else "")
+        rows.append(StepRow(
+            step=t, micro_batches=s.micro_batches, items=s.items, lr=s.lr, norm_ratio=ratio, rel_error=rel,
+            codes=("skipped by GradScaler",) if s.skipped else tuple(v.codes), reference=reference,
+            scale=s.scale / coef if t in converted else s.scale,
+            clip=coef,
+        ))
+    findings = [_finding(code, steps, details[code], k) for code, steps in by_code.items()]
+    limited = [s.bn_gap for s, v in zip(rec.steps, verdicts) if s.bn_gap is not None and (v.batchnorm_limit or v.codes)]
+    if limited:
+        worst = max(limited)
+        findings.append(Finding("batchnorm", CODES["batchnorm"].message + f"; a correct accumulation is off by up to {worst:.2e} "
+                                "(relative) from the merged window's gradient, and the verdicts were judged against the "
+                                "micro-batch accumulation instead", CODES["batchnorm"].fix))
+    if assumed is not None:
+        findings.append(Finding("clip-assumed", CODES["clip-assumed"].message + f" (max_norm ~= {assumed:.4g})",
+                                CODES["clip-assumed"].fix))
+    if dropout:
+        findings.append(Finding("dropout", f"{len(dropout)} dropout layer(s) (p={sorted(set(dropout))}): " + CODES["dropout"].message,
+                                CODES["dropout"].fix))
+    stepped = sum(s.items for s in rec.steps)
+    if stopped:
+        findings.append(Finding("partial-run", CODES["partial-run"].message.format(n=len(rec.steps)), CODES["partial-run"].fix))
+        return Report(rows, findings, k, stepped, None)
+    missing, total, seen_items, seen_loss = _coverage(rec, batch_size, stepped)
+    if missing:
+        what = "the loop never called optimizer.step(); " if not rec.steps else ""
+        of = f" of {total}" if total is not None else ""
+        findings.append(Finding("tail-dropped", f"{what}{missing}{of} items reached no optimizer step", CODES["tail-dropped"].fix))
+    true_items = stepped + seen_items
+    true_loss = (sum(s.loss_sum for s in rec.steps) + seen_loss) / true_items if true_items else None
+    logged = _logged(returned, rec.steps, k, true_loss, findings)
+    return Report(rows, findings, k, stepped, total, logged, true_loss)
+
+
+def _finding(code: str, steps: list[int], details: list[str], k: int) -> Finding:
+    msg = CODES[code].message.format(k=k)
+    if details:
+        shown = " | ".join(details[:2]) + (f" | ... ({len(details) - 2} more)" if len(details) > 2 else "")
+        msg += f" ({shown})"
+    return Finding(code, msg, CODES[code].fix, tuple(steps))
+
+
+def _coverage(rec: Recorder, batch_size: int, stepped: int) -> tuple[int, int | None, int, float]:
+    """(items never stepped, items in all, items forwarded but never stepped, their loss sum)."""
+    seen_items, seen_loss = 0, 0.0
+    for mb in rec.leftovers():  # forwarded after the last step: the loop saw them, no step used them
+        n, loss = rec.count_and_loss(mb.batch)
+        seen_items, seen_loss = seen_items + n, seen_loss + loss
+    if not isinstance(rec.dataset, Tracked):  # no indices: what was drawn after the last micro-batch used
+        last = max(rec.consumed, default=-1)
+        missing = seen_items + sum(rec.count_and_loss(rec.mbs[b].batch)[0] for b in rec.fresh if b > last)
+        return missing, stepped + missing, seen_items, seen_loss
+    left = [i for i in range(len(rec.dataset)) if i not in rec.used_indices]  # never in a stepped window
+    missing = 0
+    for s in range(0, len(left), batch_size):
+        missing += rec.count_and_loss(rec.collate([rec.dataset.dataset[i] for i in left[s:s + batch_size]]))[0]
+    return missing, stepped + missing, seen_items, seen_loss
+
+
+def logged_loss_off(logged: float, true: float, k: int) -> bool:
+    """True when the reported loss is about k times (or 1/k times) the true mean item loss."""
+    if k < 2 or not math.isfinite(logged) or true == 0 or not math.isfinite(true):
+        return False
+    r = logged / true
+    near = lambda a, b: abs(a - b) <= LOGGED_RTOL * abs(b)  # noqa: E731
+    return not near(r, 1.0) and (near(r * k, 1.0) or near(r / k, 1.0))
+
+
+def _logged(returned: Any, steps: list[StepNumbers], k: int, true_loss: float | None, findings: list[Finding]) -> float | None:
+    """A number is the epoch loss the loop reports; a list with one number per step, per-step losses."""
+    if isinstance(returned, torch.Tensor) and returned.numel() == 1:
+        returned = float(returned)
+    if isinstance(returned, numbers.Real) and not isinstance(returned, bool) and true_loss is not None:
+        if logged_loss_off(float(returned), true_loss, k):
+            findings.append(Finding(
+                "logged-loss-scaled",
+                f"the loop reports a loss of {float(returned):.4g}, but the true mean item loss is {true_loss:.4g} "
+                f"(off by about {k} = accum_steps)",
+                CODES["logged-loss-scaled"].fix,
+            ))
+        return float(returned)
+    if isinstance(returned, (list, tuple)) and len(returned) == len(steps) and all(isinstance(x, numbers.Real) for x in returned):
+        off = [t for t, (x, s) in enumerate(zip(returned, steps)) if s.items and logged_loss_off(float(x), s.loss_sum / s.items, k)]
+        if off:
+            findings.append(Finding("logged-loss-scaled", CODES["logged-loss-scaled"].message.format(k=k),
+                                    CODES["logged-loss-scaled"].fix, tuple(off)))
+    return None
+
+
+__all__ = ["check_args", "verify"]

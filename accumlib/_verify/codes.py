@@ -1,0 +1,93 @@
+"""The one table of finding codes: name, kind, message and fix.
+
+Kinds: ``bug`` (the loop is wrong), ``limit`` (no loop can match the oracle here, or verify
+could not judge), ``note`` (said for the record; the loop may well be right). ``Report.ok``
+is False when any finding is a bug or a limit. Messages are ``str.format`` templates; the
+report fills them from the step's numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    kind: str
+    message: str
+    fix: str
+
+
+CODES: dict[str, Code] = {
+    "unscaled-sum": Code(
+        "bug", "the step's gradient is the sum of its m micro-batch means, about m x the true gradient: the loss was never divided",
+        "divide each micro-batch's loss so the window's items weigh 1/N each: (losses.sum() / n_items_in_window).backward()"),
+    "mean-of-means": Code(
+        "bug", "micro-batches with different item counts were weighted per micro-batch, not per item",
+        "weigh items, not micro-batches: count the window's items N first, then backward losses.sum() / N"),
+    "misscaled": Code(
+        "bug", "every micro-batch's share of the gradient is scaled by one factor c != 1",
+        "divide the window's summed item losses by exactly the number of items item_losses counts (N), nothing else"),
+    "tail-dropped": Code(
+        "bug", "items reached no optimizer step",
+        "step the last, partial window too (`if (i + 1) % k == 0 or i + 1 == len(loader)`), dividing it by its own item "
+        "count, not by k (accumlib.ragged does both)"),
+    "tail-misscaled": Code(
+        "bug", "the last, partial window was divided as if it held all {k} micro-batches",
+        "divide the last window by its own item count, not by k micro-batches' worth"),
+    "zero-grad-inside-window": Code(
+        "bug", "earlier micro-batches of a window (almost) never reached the step: .grad was zeroed, or shrunk again "
+        "(divided inside the loop), between micro-batches of one window",
+        "call optimizer.zero_grad() only right after optimizer.step(), and divide .grad (if at all) once, after the last micro-batch"),
+    "no-zero-grad": Code(
+        "bug", "gradients of an earlier window leaked into this step: .grad was not zeroed after the previous step",
+        "call optimizer.zero_grad(set_to_none=True) after every optimizer.step()"),
+    "early-step": Code(
+        "bug", "the optimizer stepped more often than every {k} micro-batches",
+        "step once per window: when (i + 1) % accum_steps == 0 or at the last micro-batch"),
+    "scheduler-per-micro-batch": Code(
+        "bug", "the learning rate changed between micro-batches of one window (a scheduler stepped per micro-batch)",
+        "call scheduler.step() next to optimizer.step(), once per window"),
+    "clip-per-micro-batch": Code(
+        "bug", "gradients were clipped before the window's gradient was complete",
+        "clip once, after the window's last backward and right before optimizer.step()"),
+    "clip-before-unscale": Code(
+        "bug", "clipping ran on GradScaler-scaled gradients, so it clipped (almost) everything",
+        "call scaler.unscale_(optimizer) before clip_grad_norm_"),
+    "logged-loss-scaled": Code(
+        "bug", "the loss the loop reports is off by about {k} = accum_steps",
+        "log the undivided loss (or multiply back by the divisor) when reporting"),
+    "unexplained": Code(
+        "bug", "the step's gradient differs from the true large-batch gradient in a way no known bug explains",
+        "first check that item_losses computes the loop's own loss (same reduction, masking, label shift, extra terms); "
+        "then compare the loop with accumlib.ragged line by line"),
+    "non-finite": Code(
+        "bug", "the gradient the optimizer saw holds inf or nan",
+        "lower the learning rate or check the data; with GradScaler, make sure it can skip steps"),
+    "no-items": Code(
+        "bug", "the optimizer stepped on a window with no items",
+        "make sure every window holds at least one item the loss counts"),
+    "batchnorm": Code(
+        "limit", "the model holds BatchNorm: per-micro-batch statistics differ from the large batch's, so no loop can match it",
+        "replace BatchNorm with GroupNorm or LayerNorm, or accept per-micro-batch statistics"),
+    "untracked-data": Code(
+        "limit", "the loop's forwards ran on data that did not come from the loader verify handed it, so those steps "
+        "could not be judged",
+        "iterate the `loader` argument (or a DataLoader over loader.dataset with loader.collate_fn) inside train_fn"),
+    "dropout": Code(
+        "note", "dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns "
+        "accumulation alone, not dropout noise",
+        "nothing to fix for accumulation; dropout masks are random in any loop"),
+    "clip-assumed": Code(
+        "note", "no clip_grad_norm_ call was seen, but the scaled steps all end at one norm: verify assumes the loop clips "
+        "with a function of its own and compares those steps with the oracle clipped to that norm",
+        "nothing to fix if the loop clips on purpose; clip with torch.nn.utils.clip_grad_norm_ to have it checked, not assumed"),
+    "partial-run": Code(
+        "note", "verify judged the first {n} optimizer steps and then ended the loop (max_steps); the rest of the run "
+        "(its last window, items never stepped, the epoch loss) was not judged",
+        "nothing to fix; run without max_steps to judge the whole run"),
+}
+
+KINDS = ("bug", "limit", "note")
+
+__all__ = ["CODES", "KINDS", "Code"]

@@ -1,0 +1,191 @@
+"""The diagnose stage: name what went wrong at a step, from its numbers alone (a pure function).
+
+The verdict is exact: a step is ok only when the gradient the optimizer saw, G (clipping it
+recorded undone), matches the reference within rounding: the float32 oracle, or, where the
+loop ran under autocast, a replay of the window's micro-batches in the loop's own dtype,
+weighted exactly. Nothing below turns a failed step into an ok one; it only names the failure.
+
+Names come from the per-micro-batch weights w_j the oracle stage fitted (see
+``accumlib._verify.oracle``; 1 is right), read against what each bug predicts, with
+v_j = w_j n_j / N the weight of micro-batch j's *mean*:
+  never divided v_j = 1;  divided by k on a short tail v_j = 1/k (equal: w_j = m/k);
+  per-micro-batch means with different n_j v_j = 1/m;  zeroed mid-window w_j = 0 for early j;
+  not zeroed: the leak coefficient is 1;  one factor for all: w_j = c != 1 (misscaled).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..tolerances import (
+    AUTOCAST_RTOL, CLIP_NORM_RTOL, COEF_RTOL, FIT_RTOL, FLOAT32_RTOL, SAME_FACTOR_RTOL, SCALED_CLIP_RATIO,
+)
+from .record import StepNumbers
+
+
+@dataclass
+class StepVerdict:
+    codes: list[str] = field(default_factory=list)
+    detail: str = ""
+    factor: float | None = None  # misscaled: the one factor c
+    cause: str = ""  # misscaled: the known cause c matches, if any
+    batchnorm_limit: bool = False  # right as an accumulation; BatchNorm keeps it from the large batch
+
+
+def step_tol(precision: str) -> float:
+    """float32 rounding for a float32 loop; the autocast replay's rounding otherwise."""
+    return FLOAT32_RTOL if precision == "float32" else AUTOCAST_RTOL
+
+
+def _near(a: float, b: float, rtol: float) -> bool:
+    return abs(a - b) <= rtol * max(abs(b), 1e-12)
+
+
+def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float) -> str:
+    """The known cause a factor matches, or ''. Predictions are exact, so the match is tight."""
+    known = []
+    if sequences:
+        known.append((items / (items + sequences),
+                      f"c = N/(N+S) = {items}/({items}+{sequences}): one item too many per sequence, i.e. the labels "
+                      "were counted before the causal shift"))
+    known += [
+        (1 / k, f"c = 1/k = 1/{k}: the loss was divided by k once too often"),
+        (float(k), f"c = k = {k}: the loss was multiplied by k, or a mean was taken over 1/k of the items"),
+        (m / k, f"c = m/k = {m}/{k}: a short window divided by k"),
+    ]
+    if m > 1:
+        known.append((1 / m, f"c = 1/m = 1/{m}: the window's mean was divided by its micro-batch count again"))
+    for value, text in known:
+        if _near(c, value, rtol):
+            return text
+    return ""
+
+
+def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
+    """Codes for one optimizer step (see the module docstring for the model)."""
+    out = StepVerdict()
+    m = n.micro_batches
+    if n.skipped:
+        out.detail = "GradScaler skipped this step (inf/nan in the scaled gradient), as designed"
+        return out
+    if m == 0:
+        if n.untracked:
+            out.codes.append("untracked-data")
+            out.detail = f"{n.untracked} forward(s) since the previous step ran on data verify did not hand out"
+        else:
+            out.codes.append("early-step")
+            out.detail = "stepped without a single micro-batch since the previous step"
+        return out
+    if not n.finite:
+        out.codes.append("non-finite")
+        return out
+    if n.items == 0:
+        out.codes.append("no-items")
+        return out
+    if n.lr_changed or len(set(n.lrs)) > 1:
+        out.codes.append("scheduler-per-micro-batch")
+        out.detail = f"learning rates seen by the window's micro-batches: {[round(x[0], 6) for x in n.lrs]}"
+    # a short window is legitimate only as the tail of a pass: it ends the pass and holds what is
+    # left of the pass's micro-batches once full windows are taken (by its place, not by dataset index)
+    early = m < k and not (n.epoch_end and m == n.pass_length % k)
+    if early:
+        out.codes.append("early-step")
+        out.detail = f"stepped after {m} of {k} micro-batches, not as the last window of a pass over the data"
+    if any(c.seen < m for c in n.clips):
+        out.codes.append("clip-per-micro-batch")
+        return out  # each clip rescaled a partial sum; no single coefficient undoes that
+    complete = [c for c in n.clips if c.seen >= m]
+    g_norm = math.sqrt(n.gg) / n.unclip  # the window's gradient before clipping
+    if complete and g_norm > 0:
+        seen = complete[0].total_norm / g_norm
+        if seen > SCALED_CLIP_RATIO:
+            out.codes.append("clip-before-unscale")
+            out.detail = f"clipping saw a norm {seen:.3g} times the unscaled gradient's"
+    if early:
+        return out  # the window is wrong; its scale follows from that
+    tol = step_tol(n.precision)
+    if n.batchnorm and n.rel_merged <= tol:
+        return out  # the loop ran the merged window itself (the large-batch loop): exact, BatchNorm included
+    if n.rel <= tol:
+        out.batchnorm_limit = n.batchnorm  # a correct accumulation; the gap to the large batch is BatchNorm's
+        return out
+    fit_tol = max(FIT_RTOL, tol)  # a fit is as good as the replay it is fitted to
+    if all(f.resid <= fit_tol for f in n.fits):
+        _name(n, out, m=m, k=k, tol=fit_tol)
+    elif n.scale_resid <= fit_tol:
+        _misscaled(n, out, n.scale, m=m, k=k, tol=fit_tol)
+    if not _explains(out):
+        out.codes.append("unexplained")
+        weights = f"per-micro-batch weights {[round(w, 4) for w in n.weights]} (1 is right)" if n.weights else ""
+        worst = max((f.resid for f in n.fits), default=math.nan)
+        cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
+        out.detail = (
+            f"{weights}; no weighting of the window's micro-batches reproduces the gradient (fit residual {worst:.2e}); "
+            f"|G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, cosine {cos:.6f}. "
+            "Is item_losses the loss the loop minimizes (same reduction, masking, label shift, no extra terms)?"
+        ).lstrip("; ")
+    return out
+
+
+def _explains(out: StepVerdict) -> bool:
+    """True when a code names why the gradient itself is off (not just a schedule problem)."""
+    return any(c not in ("scheduler-per-micro-batch",) for c in out.codes)
+
+
+def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> None:
+    w = n.weights
+    if n.leak and n.leak_coef > 0.5:
+        out.codes.append("no-zero-grad")
+        out.detail = f"the gradient held {n.leak_coef:.2f} x what .grad contained before the window began"
+    near0 = [abs(x) < COEF_RTOL for x in w]
+    if any(near0):
+        if not all(near0):
+            out.codes.append("zero-grad-inside-window")
+            out.detail = f"micro-batches weighted {[round(x, 3) for x in w]} (1 is right)"
+        return
+    if all(_near(x, 1.0, tol) for x in w):
+        return  # every micro-batch right: whatever is off is the leak named above
+    sizes = [f.items for f in n.fits]
+    v = [x * nj / n.items for x, nj in zip(w, sizes)]
+    unequal = len(set(sizes)) > 1
+    out.detail = f"each micro-batch mean weighted {[round(x, 4) for x in v]}, items {sizes}"
+    if all(_near(x, v[0], tol) for x in v):
+        if _near(v[0], 1.0, tol) and m > 1:
+            out.codes.append("unscaled-sum")
+            return
+        if m < k and _near(v[0] * k, 1.0, tol):
+            out.codes += ["tail-misscaled"] + (["mean-of-means"] if unequal else [])
+            return
+        if unequal and _near(v[0] * m, 1.0, tol):
+            out.codes.append("mean-of-means")
+            return
+    if m < k and all(_near(x, m / k, tol) for x in w):
+        out.codes.append("tail-misscaled")
+        return
+    if not n.leak and all(_near(x, w[0], SAME_FACTOR_RTOL) for x in w):
+        _misscaled(n, out, sum(w) / len(w), m=m, k=k, tol=tol)
+
+
+def _misscaled(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, tol: float) -> None:
+    out.codes.append("misscaled")
+    out.factor = c
+    out.cause = causes(c, m=m, k=k, items=n.items, sequences=n.sequences, rtol=tol)
+    out.detail = f"c = {c:.4f}" + (f"; {out.cause}" if out.cause else "")
+
+
+def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float | None:
+    """A clip by norm verify did not see (fairseq's, DeepSpeed's own): every step scaled by one
+    factor c < 1 ends at one norm C, and every step judged ok has a norm of at most C. Returns C."""
+    scaled = [math.sqrt(s.gg) for s, v in zip(numbers, verdicts)
+              if v.codes == ["misscaled"] and v.factor is not None and v.factor < 1 and not s.clips]
+    if not scaled:
+        return None
+    c = max(scaled)
+    fine = [math.sqrt(s.gg) for s, v in zip(numbers, verdicts) if not v.codes and s.items]
+    if all(_near(x, c, CLIP_NORM_RTOL) for x in scaled) and all(x <= c * (1 + CLIP_NORM_RTOL) for x in fine):
+        return c
+    return None
+
+
+__all__ = ["StepVerdict", "causes", "diagnose", "infer_clip", "step_tol"]

@@ -1,0 +1,532 @@
+"""The record stage: instrument one run of the user's loop on verify's copy of the model.
+
+What is recorded, and why it is enough to judge a step:
+- every micro-batch as it arrives in the main process: the collate function verify hands out
+  (it survives Accelerate's ``prepare`` and the Trainer's own DataLoader, which re-create the
+  loader) and the dataset wrapper's indices (a loop that builds its own DataLoader over
+  ``loader.dataset``). A worker process cannot report back, so one is refused loudly;
+- every forward of the model, matched to the micro-batch it consumed by tensor address, else by
+  content, else by the indices the loop just drew, so prefetching loaders (Accelerate, nanoGPT),
+  device copies and casts do not shift windows; with the autocast state and learning rates;
+- every backward (a post-accumulate-grad hook counts them): the end of a micro-batch, where the
+  oracle stage reads ``.grad``;
+- at every step of any optimizer over the model's parameters (a global hook: frameworks build
+  their own), the gradient it sees: before the step, or right after the closure when the step
+  gets one (Lightning runs the last micro-batch inside it);
+- every ``clip_grad_norm_`` call, GradScaler's scale and skipped steps, and learning-rate changes
+  a scheduler makes inside a window.
+Each step leaves a ``StepNumbers``: a few floats, nothing parameter-sized. The window's
+micro-batches are released once its step is judged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from .._batch import ItemLosses, cat_batches, checked_losses, to_device
+from .oracle import Fit, Replay, WindowOracle, clipped, diff_norm, exact, gram
+
+BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
+
+WORKERS = (
+    "accumlib.verify records each micro-batch in the main process, as it arrives; the loop iterates its data "
+    "in a DataLoader worker process (num_workers > 0), which cannot report back. Use num_workers=0 under verify: "
+    "the verdict does not depend on it"
+)
+
+
+class StopRun(BaseException):
+    """Raised from the step hook after ``max_steps`` judged steps; a BaseException, so a loop's
+    ``except Exception`` does not swallow it."""
+
+
+def tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):  # dict, or a UserDict such as Hugging Face's BatchEncoding
+        for v in obj.values():
+            yield from tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors(v)
+
+
+class Tracked(Dataset):
+    """The user's map-style dataset, read-only, noting which indices each micro-batch holds."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset, self.pending = dataset, []  # type: ignore[var-annotated]
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> Any:
+        if get_worker_info() is not None:
+            raise RuntimeError(WORKERS)
+        self.pending.append(i)
+        return self.dataset[i]
+
+
+class TrackedIterable(IterableDataset):
+    """The user's IterableDataset, noting where each pass over it ends."""
+
+    def __init__(self, dataset: IterableDataset):
+        self.dataset = dataset
+        self.pending = 0  # items drawn since the last collate
+        self.on_end: Callable[[bool], None] = lambda pending: None
+
+    def __iter__(self) -> Iterator[Any]:
+        if get_worker_info() is not None:
+            raise RuntimeError(WORKERS)
+        for item in self.dataset:
+            self.pending += 1
+            yield item
+        self.on_end(self.pending > 0)
+
+
+@dataclass
+class Clip:
+    seen: int  # micro-batches in the window when clipping ran
+    max_norm: float
+    total_norm: float
+
+
+@dataclass
+class MicroBatch:
+    batch: Any
+    indices: list[int] | None
+    rows: int
+    epoch_end: bool = False
+    position: int = 0  # 1-based place in its pass over the data
+
+
+@dataclass
+class StepNumbers:
+    """Everything the diagnosis and the report need about one optimizer step: numbers only."""
+
+    micro_batches: int
+    lr: float
+    lrs: list[tuple[float, ...]] = field(default_factory=list)  # per micro-batch, of the stepping optimizer
+    lr_changed: bool = False  # a scheduler changed the rate inside the window
+    epoch_end: bool = False  # the window's last micro-batch ended a pass over the data
+    pass_length: int = 0  # micro-batches in that pass (its legitimate tail holds pass_length % k)
+    clips: list[Clip] = field(default_factory=list)
+    untracked: int = 0  # forwards on data that came from no loader verify knows
+    skipped: bool = False
+    finite: bool = True
+    items: int = 0
+    sequences: int = 0
+    loss_sum: float = 0.0
+    fits: list[Fit] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    leak: bool = False
+    leak_coef: float = 0.0
+    precision: str = "float32"  # the replay the verdict used: float32, or the loop's autocast dtype
+    unclip: float = 1.0  # product of the recorded complete-window clip coefficients
+    rel: float = math.nan  # ||G / unclip - r|| / ||r||, r the verdict's reference
+    scale: float = math.nan  # c fitted in G / unclip ~= c r
+    scale_resid: float = math.nan
+    gg: float = 0.0  # |G|^2, G as the optimizer saw it
+    gt: float = 0.0  # G . t, t the float32 truth the user reads (merged window under BatchNorm)
+    tt: float = 0.0  # |t|^2
+    batchnorm: bool = False
+    bn_gap: float | None = None  # ||accumulated - merged|| / ||merged||: BatchNorm's own error
+    rel_merged: float = math.nan  # ||G / unclip - merged|| / ||merged||: a loop that merges its window
+
+
+@dataclass
+class Recorder:
+    net: torch.nn.Module
+    shadow: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    dataset: Tracked | TrackedIterable
+    collate: Callable[[list], Any]
+    item_losses: ItemLosses
+    max_steps: int | None = None
+    mbs: dict[int, MicroBatch] = field(default_factory=dict)
+    fresh: list[int] = field(default_factory=list)  # drawn, not yet consumed by a forward, oldest first
+    consumed: set[int] = field(default_factory=set)
+    address: dict[int, int] = field(default_factory=dict)
+    storage: dict[int, int] = field(default_factory=dict)
+    steps: list[StepNumbers] = field(default_factory=list)
+    window: list[int] = field(default_factory=list)
+    group: list[int] = field(default_factory=list)
+    how: Replay = field(default_factory=Replay)
+    lrs: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
+    lr_changed: bool = False
+    clips: list[Clip] = field(default_factory=list)
+    untracked: int = 0
+    backwards: int = 0
+    mark: int = 0
+    forwards: int = 0
+    drawn: int = 0
+    epoch_items: int = 0
+    leftover: list[MicroBatch] = field(default_factory=list)  # forwarded, never stepped (kept for the epoch loss)
+    scale: float = 1.0
+    end_next: bool = False  # an IterableDataset ran out while this batch was being drawn
+    used_indices: set[int] = field(default_factory=set)
+    position: int = 0  # dataset indices of windows that reached a step
+
+    def __post_init__(self) -> None:
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self.param_ids = {id(p) for p in self.params}
+        self.oracle = WindowOracle(self.shadow, self.params, self.item_losses)
+        if isinstance(self.dataset, TrackedIterable):
+            self.dataset.on_end = self._pass_ended
+
+    # -- data -----------------------------------------------------------------------------
+    def collate_fn(self, samples: list) -> Any:
+        if get_worker_info() is not None:
+            raise RuntimeError(WORKERS)
+        batch = self.collate(samples)
+        if isinstance(self.dataset, Tracked):
+            idx, self.dataset.pending = self.dataset.pending, []
+            self._register(batch, idx)
+        else:
+            self.dataset.pending = 0
+            self._register(batch, None)
+        return batch
+
+    def _register(self, batch: Any, idx: list[int] | None) -> int:
+        b = self.drawn
+        self.drawn += 1
+        first = next(tensors(batch), None)
+        self.position += 1
+        mb = MicroBatch(batch, idx, int(first.shape[0]) if first is not None and first.dim() else 0, self.end_next, self.position)
+        if idx is not None:  # a pass over a map-style dataset ends when it has handed out every item
+            self.epoch_items += len(idx)
+            if self.epoch_items >= len(self.dataset):  # type: ignore[arg-type]
+                mb.epoch_end, self.epoch_items = True, 0
+        if mb.epoch_end:
+            self.position = 0
+        self.end_next = False
+        self.mbs[b] = mb
+        self.fresh.append(b)
+        for t in tensors(batch):
+            self.address[t.data_ptr()] = b
+            s = t.untyped_storage().data_ptr()
+            self.storage[s] = b if self.storage.get(s, b) == b else -1  # -1: batches share one storage
+        return b
+
+    def _pass_ended(self, mid_batch: bool) -> None:
+        """An IterableDataset ran out: the batch being collated (or the one before) ends the pass."""
+        if mid_batch:
+            self.end_next = True
+        elif self.drawn - 1 in self.mbs:
+            self.mbs[self.drawn - 1].epoch_end = True
+            self.position = 0
+
+    def _release(self, ids: list[int]) -> None:
+        for b in ids:
+            mb = self.mbs.pop(b, None)
+            if mb is None:
+                continue
+            for t in tensors(mb.batch):
+                if self.address.get(t.data_ptr()) == b:
+                    del self.address[t.data_ptr()]
+                s = t.untyped_storage().data_ptr()
+                if self.storage.get(s) == b:
+                    del self.storage[s]
+
+    def identify(self, args: Any, kwargs: Any) -> list[int] | None:
+        """The micro-batches a forward consumed; None when it came from no loader verify knows."""
+        ts = list(tensors((args, kwargs)))
+        for t in ts:
+            b = self.address.get(t.data_ptr(), self.storage.get(t.untyped_storage().data_ptr(), -1))
+            if b >= 0:
+                return [b]
+        key = next((t for t in ts if t.dim()), None)
+        if key is None:
+            return None
+        for b in self.fresh:  # a device copy or a cast of a batch we handed out
+            for u in tensors(self.mbs[b].batch):
+                if u.shape == key.shape and torch.equal(u.to(key.device, key.dtype), key):
+                    return [b]
+        rows, taken, total = key.shape[0], [], 0
+        for b in self.fresh:  # several micro-batches merged into one forward (the large-batch loop)
+            taken.append(b)
+            total += self.mbs[b].rows
+            if total >= rows:
+                break
+        if len(taken) > 1 and total == rows:
+            return taken
+        if isinstance(self.dataset, Tracked) and 0 < rows <= len(self.dataset.pending):
+            # the loop's own DataLoader over loader.dataset (its own collate): the items it just drew
+            idx, self.dataset.pending = self.dataset.pending[:rows], self.dataset.pending[rows:]
+            b = self._register(self.collate([self.dataset.dataset[i] for i in idx]), idx)
+            return [b]
+        return None
+
+    # -- hooks ------------------------------------------------------------------------------
+    def on_backward(self, p: torch.Tensor) -> None:
+        self.backwards += 1
+
+    def on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        ids = self.identify(args, kwargs)
+        if ids is None:
+            self.untracked += 1
+            return
+        new = [b for b in ids if b not in self.consumed]
+        if not new:
+            return  # a forward on a micro-batch already used (evaluation, a repeat)
+        if not self.window:
+            sync_shadow(self.shadow, self.net)
+            self.oracle.open([p.grad for p in self.params])
+            self.mark = self.backwards
+        elif self.backwards != self.mark:  # the micro-batches before this one went through backward
+            self._close_group()
+        for b in new:
+            self.fresh.remove(b)
+            self.consumed.add(b)
+            self.window.append(b)
+            self.group.append(b)
+            self.lrs.append((id(self.optimizer), tuple(float(g["lr"]) for g in self.optimizer.param_groups)))
+        self.forwards += 1
+        self._autocast()
+
+    def inside_forward(self, module: torch.nn.Module, args: Any) -> None:
+        # autocast entered inside forward (Accelerate's mixed_precision wraps model.forward) shows only here
+        if self.group:
+            self._autocast()
+
+    def _autocast(self) -> None:
+        for dev in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(dev):
+                self.how = Replay((dev, torch.get_autocast_dtype(dev)), self.how.scale)
+
+    def _close_group(self, *, last: bool = False, unclip: float = 1.0) -> None:
+        batches = [self.mbs[b].batch for b in self.group]
+        self.oracle.close_group([p.grad for p in self.params], batches, Replay(self.how.autocast, self.scale),
+                                unclip=unclip, last=last)
+        self.group, self.mark = [], self.backwards
+
+    def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if not any(id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"]):
+            return None  # another model's optimizer (a GAN's other half)
+        self.optimizer = optimizer  # the loop may have built its own; read learning rates from it
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self.capture(optimizer)
+            return None
+
+        def then_capture() -> Any:  # Lightning: the last micro-batch runs inside the closure
+            out = closure()
+            self.capture(optimizer)
+            return out
+
+        rest = {k: v for k, v in kwargs.items() if k != "closure"}
+        return args[:1], rest | {"closure": then_capture}
+
+    # -- patches of torch, undone on exit --------------------------------------------------
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        with self._clipping(), self._scaler(), self._schedulers():
+            yield
+
+    @contextlib.contextmanager
+    def _clipping(self) -> Iterator[None]:
+        import torch.nn.utils as nn_utils
+        import torch.nn.utils.clip_grad as clip_mod
+
+        original = clip_mod.clip_grad_norm_
+
+        def recorded(parameters: Any, max_norm: float, *a: Any, **kw: Any) -> torch.Tensor:
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            total = original(params, max_norm, *a, **kw)
+            if any(id(p) in self.param_ids for p in params):  # not another model's clip (a GAN's other half)
+                self.clips.append(Clip(len(self.window), float(max_norm), float(total)))
+            return total
+
+        nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = recorded  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = original  # type: ignore[assignment]
+
+    @contextlib.contextmanager
+    def _scaler(self) -> Iterator[None]:
+        """GradScaler: the scale a window's losses were multiplied by (the replay uses it, so float16
+        underflows alike), and windows it skipped on inf/nan, closed so they are not merged into the next."""
+        step, scale = torch.amp.GradScaler.step, torch.amp.GradScaler.scale
+
+        def scaled(scaler: Any, outputs: Any) -> Any:
+            if scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
+                self.scale = float(scaler._scale.item()) if isinstance(scaler._scale, torch.Tensor) else float(scaler._scale)
+            return scale(scaler, outputs)
+
+        def stepped(scaler: Any, optimizer: Any, *a: Any, **kw: Any) -> Any:
+            before = len(self.steps)
+            out = step(scaler, optimizer, *a, **kw)
+            if len(self.steps) == before and self.window and any(
+                    id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"]):
+                self._finish(StepNumbers(len(self.window), _lr(optimizer), skipped=True))
+            return out
+
+        torch.amp.GradScaler.step, torch.amp.GradScaler.scale = stepped, scaled  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]
+
+    @contextlib.contextmanager
+    def _schedulers(self) -> Iterator[None]:
+        """A scheduler that changes the rate while a window is open changed it between micro-batches."""
+        original = torch.optim.lr_scheduler.LRScheduler.step
+
+        def step(sched: Any, *a: Any, **kw: Any) -> Any:
+            opt = getattr(sched, "optimizer", None)
+            before = _lrs(opt)
+            out = original(sched, *a, **kw)
+            ours = opt is not None and any(id(p) in self.param_ids for g in opt.param_groups for p in g["params"])
+            if ours and self.window and _lrs(opt) != before:
+                self.lr_changed = True
+            return out
+
+        torch.optim.lr_scheduler.LRScheduler.step = step  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            torch.optim.lr_scheduler.LRScheduler.step = original  # type: ignore[method-assign]
+
+    # -- the step ---------------------------------------------------------------------------
+    def capture(self, optimizer: torch.optim.Optimizer) -> None:
+        m = len(self.window)
+        numbers = StepNumbers(m, _lr(optimizer), untracked=self.untracked)
+        if m == 0:
+            self._finish(numbers)
+            return
+        complete = [c for c in self.clips if c.seen >= m]
+        numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
+        self._close_group(last=True, unclip=numbers.unclip)
+        o = self.oracle
+        numbers.items, numbers.sequences, numbers.loss_sum, numbers.fits = o.items, o.sequences, o.loss_sum, list(o.fits)
+        last = self.mbs[self.window[-1]]
+        numbers.epoch_end, numbers.pass_length = last.epoch_end, last.position
+        numbers.leak, numbers.finite = o.leak, o.finite
+        numbers.lrs = [lrs for opt, lrs in self.lrs if opt == id(optimizer)]
+        grads = [p.grad for p in self.params]
+        if o.finite and o.items > 0:
+            self._judge(numbers, grads)
+        self._finish(numbers)
+
+    def _judge(self, numbers: StepNumbers, grads: list[torch.Tensor | None]) -> None:
+        o, n = self.oracle, self.oracle.items
+        assert o.O is not None and o.P is not None
+        numbers.weights, numbers.leak_coef = o.weights()
+        numbers.precision = str(self.how.autocast[1]).replace("torch.", "") if self.how.autocast else "float32"
+        ref = o.O  # the verdict's reference: the replay, in the loop's own precision
+        g = gram([grads, ref], scales=[1.0 / numbers.unclip, 1.0 / n])
+        numbers.scale = float(g[0, 1] / g[1, 1]) if g[1, 1] > 0 else math.nan
+        r_norm = math.sqrt(float(g[1, 1]))
+        numbers.rel = diff_norm(grads, ref, 1.0 / numbers.unclip, 1.0 / n) / r_norm if r_norm > 0 else math.inf
+        if math.isfinite(numbers.scale):
+            resid = diff_norm(grads, ref, 1.0 / numbers.unclip, numbers.scale / n)
+            numbers.scale_resid = resid / max(math.sqrt(float(g[0, 0])), 1e-300)
+        # the truth the user reads: float32, the merged window under BatchNorm; built in the spare
+        # buffer P (the window's last .grad snapshot is no longer needed)
+        batches = [self.mbs[b].batch for b in self.window]
+        truth = ref
+        if self.how.autocast is not None:
+            o.full(batches, Replay(), o.P)
+            truth = o.P
+        numbers.batchnorm = any(isinstance(mod, BN_TYPES) and mod.training for mod in self.net.modules())
+        if numbers.batchnorm:
+            spare = o.P if truth is ref else [torch.empty_like(t) for t in o.P]  # float32 and BatchNorm: one more buffer
+            o.merged(self._merged(self.window), spare)
+            merged_norm = max(math.sqrt(float(gram([spare])[0, 0])), 1e-300)
+            numbers.bn_gap = diff_norm(truth, spare) / merged_norm
+            numbers.rel_merged = diff_norm(grads, spare, 1.0 / numbers.unclip, 1.0 / n) / (merged_norm / n)
+            truth = spare
+        t = gram([grads, truth], scales=[1.0, 1.0 / n])
+        numbers.gg, numbers.gt, numbers.tt = float(t[0, 0]), float(t[0, 1]), float(t[1, 1])
+
+    def _merged(self, ids: list[int]) -> Any:
+        """The window as one large batch: re-collated from its items when known (padding as a k*B
+        DataLoader would pad), else the micro-batches concatenated."""
+        if all(self.mbs[b].indices is not None for b in ids) and isinstance(self.dataset, Tracked):
+            return self.collate([self.dataset.dataset[i] for b in ids for i in self.mbs[b].indices])  # type: ignore[union-attr]
+        return cat_batches([self.mbs[b].batch for b in ids])
+
+    def _finish(self, numbers: StepNumbers) -> None:
+        numbers.lr_changed = numbers.lr_changed or self.lr_changed
+        numbers.clips = list(self.clips)
+        self.steps.append(numbers)
+        for b in self.window:
+            self.used_indices.update(self.mbs[b].indices or ())
+        self._release(self.window)
+        self.window, self.group, self.lrs, self.clips = [], [], [], []
+        self.how, self.lr_changed, self.untracked = Replay(), False, 0
+        if self.max_steps is not None and len(self.steps) >= self.max_steps:
+            raise StopRun
+
+    def leftovers(self) -> list[MicroBatch]:
+        """Micro-batches the loop forwarded after its last step: it saw them, no step used them."""
+        return [self.mbs[b] for b in self.window if b in self.mbs]
+
+    def count_and_loss(self, batch: Any) -> tuple[int, float]:
+        """Items and loss sum of a batch at the current parameters (for what never reached a step).
+        The sum may be inf/nan after a diverged step: counted anyway, never a crash."""
+        sync_shadow(self.shadow, self.net)
+        with exact(), torch.no_grad():
+            losses = self.item_losses(self.shadow, to_device(batch, self.params[0].device))
+        if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
+            checked_losses(lambda m, b: losses, self.shadow, batch)  # raises the contract's own error
+        return losses.numel(), float(losses.double().sum())
+
+
+def _lrs(opt: Any) -> tuple[float, ...]:
+    return tuple(float(g["lr"]) for g in opt.param_groups) if opt is not None else ()
+
+
+def _lr(opt: torch.optim.Optimizer) -> float:
+    return float(opt.param_groups[0]["lr"]) if opt.param_groups else math.nan
+
+
+def disable_dropout(net: torch.nn.Module) -> list[float]:
+    """Set every dropout probability in verify's copy to 0; return the probabilities it had."""
+    found = []
+    for m in net.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            found.append(float(m.p))
+            m.p = 0.0
+        elif isinstance(m, torch.nn.MultiheadAttention) and m.dropout > 0:
+            found.append(float(m.dropout))
+            m.dropout = 0.0
+    return found
+
+
+def first_layer(net: torch.nn.Module) -> torch.nn.Module:
+    """The first module that holds parameters itself: a forward always passes through it."""
+    return next((m for m in net.modules() if any(True for _ in m.parameters(recurse=False))), net)
+
+
+def make_shadow(net: torch.nn.Module) -> torch.nn.Module:
+    """A second module tree for the oracle that shares the parameters of ``net`` (no copy of the
+    weights), so its forwards never reach the loop's hooks or patched forwards (Accelerate wraps
+    ``forward`` in autocast) and BatchNorm's running statistics stay apart."""
+    memo = {id(p): p for p in net.parameters()}
+    return copy.deepcopy(net, memo)
+
+
+def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module) -> None:
+    """Point the shadow at the live parameters (a loop may move or replace them), copy buffers and modes."""
+    for s, m in zip(shadow.modules(), net.modules()):
+        for name, p in m._parameters.items():
+            if s._parameters.get(name) is not p:
+                s._parameters[name] = p
+        for name, b in m._buffers.items():
+            if b is not None:
+                s._buffers[name] = b.detach().clone()
+        s.training = m.training
+
+
+__all__ = ["Clip", "Recorder", "StepNumbers", "StopRun", "Tracked", "TrackedIterable", "disable_dropout", "first_layer",
+           "make_shadow", "sync_shadow", "tensors"]
