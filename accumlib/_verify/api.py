@@ -156,8 +156,13 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
             step=t, micro_batches=s.micro_batches, items=s.items, lr=s.lr, norm_ratio=ratio, rel_error=rel,
             codes=("skipped by GradScaler",) if s.skipped else tuple(v.codes), reference=reference,
             scale=s.scale / coef if t in converted else s.scale,
-            clip=coef,
+            clip=coef, ref_error=s.rel,
         ))
+    if "misscaled" in by_code:  # one line for all its steps: the range of c, and the causes it matches
+        cs = [verdicts[t].factor for t in by_code["misscaled"] if verdicts[t].factor is not None]
+        found = sorted({verdicts[t].cause for t in by_code["misscaled"] if verdicts[t].cause})
+        span = f"c = {min(cs):.4f}" + (f" to {max(cs):.4f}" if max(cs) - min(cs) >= 5e-5 else "") if cs else ""
+        details["misscaled"] = [span + "".join(f"; {c}" for c in found)]
     findings = [_finding(code, steps, details[code], k) for code, steps in by_code.items()]
     limited = [s.bn_gap for s, v in zip(rec.steps, verdicts) if s.bn_gap is not None and (v.batchnorm_limit or v.codes)]
     if limited:

@@ -48,7 +48,9 @@ def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float)
     if sequences:
         known.append((items / (items + sequences),
                       f"c = N/(N+S) = {items}/({items}+{sequences}): one item too many per sequence, i.e. the labels "
-                      "were counted before the causal shift"))
+                      "were counted before the causal shift; count labels[:, 1:] != -100 (a transformers Trainer with a "
+                      "model whose loss_type is None, such as GPT2LMHeadModel, does this: set model.loss_type = "
+                      "'ForCausalLM')"))
     known += [
         (1 / k, f"c = 1/k = 1/{k}: the loss was divided by k once too often"),
         (float(k), f"c = k = {k}: the loss was multiplied by k, or a mean was taken over 1/k of the items"),

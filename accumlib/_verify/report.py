@@ -46,7 +46,7 @@ class StepRow:
     ``norm_ratio`` and ``rel_error`` compare like with like: the gradient the optimizer saw with
     the float32 large-batch gradient, clipped as the loop clipped (recorded or assumed).
     ``scale`` is the factor c of the best fit G ~= c g* (1 for a correct step; clipping undone),
-    ``reference`` names what the verdict was judged against, and ``clip`` is the factor the loop's
+    ``reference`` names what the verdict was judged against (``ref_error``: how far off), and ``clip`` is the factor the loop's
     clip scaled the window's gradient by (1.0 when no clip acted).
     """
 
@@ -60,6 +60,7 @@ class StepRow:
     scale: float = math.nan
     reference: str = "float32"
     clip: float = 1.0  # the coefficient the loop's clip applied (recorded, or assumed), 1.0 when none acted
+    ref_error: float = math.nan  # ||G (clip undone) - reference|| / ||reference||: what the verdict read
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Report:
         return [
             (str(s.step), str(s.micro_batches), str(s.items), f"{s.lr:.4g}", f"{s.clip:.3g}" if s.clip < 1 else "-",
              f"{s.norm_ratio:.4f}",
-             f"{s.rel_error:.2e}", f"{s.scale:.4f}", s.reference, ", ".join(s.codes) or "ok")
+             f"{s.rel_error:.2e}", f"{s.scale:.4f}", f"{s.reference} ({s.ref_error:.1e})", ", ".join(s.codes) or "ok")
             for s in self.steps
         ]
 
