@@ -23,8 +23,8 @@ def _verify(args: argparse.Namespace) -> int:
         from ._verify.cli import run_target
 
         return run_target(args)
-    if args.accum_steps is not None or args.batch_size is not None:
-        print("accumlib verify: error: --accum-steps and --batch-size need a target FILE.py:FUNCTION", file=sys.stderr)
+    if args.accum_steps is not None or args.batch_size is not None or args.max_steps is not None:
+        print("accumlib verify: error: --accum-steps, --batch-size and --max-steps need a target FILE.py:FUNCTION", file=sys.stderr)
         return 2
     try:
         device = resolve_device(args.device)
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--task", action="append", metavar="NAME", help="only this built-in task (repeatable); with a target, the task to run it on")
     v.add_argument("--accum-steps", type=int, metavar="K", help="with a target: micro-batches per optimizer step")
     v.add_argument("--batch-size", type=int, metavar="B", help="with a target: micro-batch size")
+    v.add_argument("--max-steps", type=int, metavar="N", help="with a target: judge the first N optimizer steps, then end the loop")
     v.add_argument("--loop", action="append", metavar="NAME", help="only this reference loop (repeatable)")
     v.add_argument("--json", action="store_true", help="print the results as JSON")
     v.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")

@@ -86,7 +86,9 @@ def run_target(args: argparse.Namespace) -> int:
             if kw[flag] is None:
                 raise UsageError(f"--{flag.replace('_', '-')} is required when the file does not set {flag.upper()}")
         check_accum_steps(kw["accum_steps"])
-        check_args(fn, kw["model"], kw["dataset"], kw["item_losses"], kw["batch_size"], kw["optimizer"], kw["collate_fn"])
+        kw["max_steps"] = args.max_steps
+        check_args(fn, kw["model"], kw["dataset"], kw["item_losses"], kw["batch_size"], kw["optimizer"], kw["collate_fn"],
+                   kw["max_steps"])
     except (UsageError, ValueError, TypeError) as err:
         print(f"accumlib verify: error: {err}", file=sys.stderr)
         return 2

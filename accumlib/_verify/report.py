@@ -105,13 +105,17 @@ class Report:
 
     _HEAD = ("step", "micro-batches", "items", "lr", "clip", "|g|/|g*|", "rel err", "c", "judged against", "codes")
 
-    def _cells(self) -> list[tuple[str, ...]]:
-        return [
-            (str(s.step), str(s.micro_batches), str(s.items), f"{s.lr:.4g}", f"{s.clip:.3g}" if s.clip < 1 else "-",
-             f"{s.norm_ratio:.4f}",
-             f"{s.rel_error:.2e}", f"{s.scale:.4f}", f"{s.reference} ({s.ref_error:.1e})", ", ".join(s.codes) or "ok")
+    def _columns(self) -> tuple[list[str], list[tuple[str, ...]]]:
+        clipped = any(s.clip < 1 for s in self.steps)  # the clip column only when some step was clipped
+        head = [h for h in self._HEAD if clipped or h != "clip"]
+        rows = [
+            (str(s.step), str(s.micro_batches), str(s.items), f"{s.lr:.4g}")
+            + ((f"{s.clip:.3g}" if s.clip < 1 else "-",) if clipped else ())
+            + (f"{s.norm_ratio:.4f}", f"{s.rel_error:.2e}", f"{s.scale:.4f}", f"{s.reference} ({s.ref_error:.1e})",
+               ", ".join(s.codes) or "ok")
             for s in self.steps
         ]
+        return head, rows
 
     def _verdict(self) -> str:
         if not self.ok:
@@ -120,10 +124,10 @@ class Report:
             " (within the rounding of its reference)" if any(s.reference != "float32" for s in self.steps) else "")
 
     def __str__(self) -> str:
-        body = self._cells()
-        widths = [max(len(x) for x in col) for col in zip(self._HEAD, *body)]
+        head, body = self._columns()
+        widths = [max(len(x) for x in col) for col in zip(head, *body)]
         fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-        lines = [fmt(self._HEAD), fmt(tuple("-" * w for w in widths))] + [fmt(b) for b in body]
+        lines = [fmt(head), fmt(tuple("-" * w for w in widths))] + [fmt(b) for b in body]
         total = "?" if self.items_total is None else str(self.items_total)
         lines.append(f"\nitems that reached an optimizer step: {self.items_stepped}/{total}")
         if self.logged_loss is not None and self.true_loss is not None:
@@ -133,7 +137,8 @@ class Report:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in self._cells())
+        head, body = self._columns()
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
         found = "".join(
             f"<li><code>{html.escape(f.code)}</code> ({f.severity}) {html.escape(f.message)}<br><i>fix:</i> {html.escape(f.fix)}</li>"
             for f in self.findings
@@ -142,7 +147,7 @@ class Report:
         total = "?" if self.items_total is None else str(self.items_total)
         return (
             f"<p><b>{html.escape(verdict)}</b>: {self.items_stepped}/{total} items reached an optimizer step</p>"
-            f"<table><tr>{''.join(f'<th>{html.escape(c)}</th>' for c in self._HEAD)}</tr>{rows}</table><ul>{found}</ul>"
+            f"<table><tr>{''.join(f'<th>{html.escape(c)}</th>' for c in head)}</tr>{rows}</table><ul>{found}</ul>"
         )
 
 
