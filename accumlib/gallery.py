@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .data import digits
+from .data import count_tokens, digits
 from .models import MLP
 from ._batch import checked_losses, to_device
-from .tasks import classification_losses, get_task
+from .tasks import classification_losses, get_task, token_losses
 from ._verify import Report, verify
 
 K = 4  # the accumulation every loop below is written for
@@ -340,6 +340,17 @@ def bug_misscaled(model, optimizer, loader):
         optimizer.zero_grad(set_to_none=True)
 
 
+def bug_labels_before_shift(model, optimizer, loader):
+    """A causal LM's window divided by its labels counted before the shift: N + S for N predicted tokens
+    in S sequences (transformers 5.23's Trainer does this for GPT2LMHeadModel): every step x N/(N+S)."""
+    for window in _windows(loader):
+        count = sum(count_tokens(b) + b[0].shape[0] for b in window)  # one label too many per sequence
+        for batch in window:
+            (token_losses(model, batch).sum() / count).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
 # ---- correct loops ---------------------------------------------------------------------------
 
 def _windows(loader):
@@ -516,6 +527,8 @@ GALLERY: dict[str, GalleryLoop] = {
     "bug-clip-before-unscale": GalleryLoop(bug_clip_before_unscale, _E({"clip-before-unscale"}), "GradScaler without unscale_ before clipping", n_items=128),
     "bug-logged-loss-scaled": GalleryLoop(bug_logged_loss_scaled, _E({"logged-loss-scaled"}), "reports the divided loss", n_items=128),
     "bug-misscaled": GalleryLoop(bug_misscaled, _E({"misscaled"}), "loss / (1.04 x the window's items)", n_items=128),
+    "bug-labels-before-shift": GalleryLoop(bug_labels_before_shift, _E({"misscaled"}),
+                                           "a causal LM divided by its labels counted before the shift", task="lm-tokens"),
     "bug-batchnorm": GalleryLoop(correct_inner_for, _E({"batchnorm"}), "a correct loop on a BatchNorm CNN", task="cnn-batchnorm"),
     "bug-dropout-unscaled": GalleryLoop(bug_unscaled_sum, _E({"unscaled-sum", "dropout"}), "a real bug under dropout", n_items=128, dropout=0.3),
     "correct-dropout": GalleryLoop(correct_inner_for, _E({"dropout"}), "a correct loop; dropout is a note, not a bug", dropout=0.3),

@@ -33,6 +33,7 @@ FIGURES = {
     "notebooks": ("wall_s",),
     "widgets": ("median_s",),
     "distributed": ("calls_per_step", "bytes_per_step", "bytes_vs_no_sync"),
+    "verify_scale": ("alone_s", "verify_s", "time_ratio", "verify_extra_peak_bytes"),
 }
 
 
@@ -43,8 +44,8 @@ def _finite(x):
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    # One in-process run of every section at tiny sizes (~35 s on an idle 2-core machine:
-    # most of it is one nbval kernel start and one spawn of 2 DDP ranks).
+    # One in-process run of every section at tiny sizes (~50 s on an idle 2-core machine: most of
+    # it is one nbval kernel start, one spawn of 2 DDP ranks and verify_scale's one child process).
     report = bench.main(["--quick", "--out", str(out)])
     return out, report
 
@@ -76,8 +77,8 @@ def test_goals_table_has_one_entry_per_goal(quick_run):
     for g in goals.values():
         assert g["status"] in ("met", "MISSED", "not measured")
         assert g["measured"]
-    # --quick measures nothing for real for the notebook and widget goals: never a verdict
-    for key in ("notebook_each", "notebook_suite", "widget"):
+    # --quick measures nothing for real for the notebook, widget and verify-at-scale goals: never a verdict
+    for key in ("notebook_each", "notebook_suite", "widget", "verify_scale_memory", "verify_scale_time"):
         assert goals[key]["met"] is None and goals[key]["status"] == "not measured"
     # the memory goal depends on sizes, not speed: it is decided even on tiny sizes
     assert goals["memory"]["met"] in (True, False)

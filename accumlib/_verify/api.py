@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from .._batch import ItemLosses, check_accum_steps
 from ..tolerances import LOGGED_RTOL
 from .codes import CODES
-from .diagnose import StepVerdict, diagnose, infer_clip
+from .diagnose import CAUSES, diagnose, infer_clip
 from .record import Recorder, StepNumbers, StopRun, Tracked, TrackedIterable, disable_dropout, first_layer, make_shadow
 from .report import Finding, Report, StepRow
 
@@ -162,8 +162,11 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
         cs = [verdicts[t].factor for t in by_code["misscaled"] if verdicts[t].factor is not None]
         found = sorted({verdicts[t].cause for t in by_code["misscaled"] if verdicts[t].cause})
         span = f"c = {min(cs):.4f}" + (f" to {max(cs):.4f}" if max(cs) - min(cs) >= 5e-5 else "") if cs else ""
-        details["misscaled"] = [span + "".join(f"; {c}" for c in found)]
+        details["misscaled"] = [span + "".join(f"; {CAUSES[c][0]}" for c in found)]
     findings = [_finding(code, steps, details[code], k) for code, steps in by_code.items()]
+    if "misscaled" in by_code and found:  # the fix of the cause found, not the generic one
+        at = next(i for i, f in enumerate(findings) if f.code == "misscaled")
+        findings[at] = Finding("misscaled", findings[at].message, "; ".join(CAUSES[c][1] for c in found), findings[at].steps)
     limited = [s.bn_gap for s, v in zip(rec.steps, verdicts) if s.bn_gap is not None and (v.batchnorm_limit or v.codes)]
     if limited:
         worst = max(limited)

@@ -42,25 +42,26 @@ def _near(a: float, b: float, rtol: float) -> bool:
     return abs(a - b) <= rtol * max(abs(b), 1e-12)
 
 
+# Known causes of one factor c, as (prediction, what it means, how to fix it). Each prediction is
+# exact, so a match is tight; the explanation names the quantities, the table shows each step's c.
+CAUSES = {
+    "shift": ("c = N/(N+S) at every step (N items, S sequences): one item too many per sequence, i.e. a causal LM's "
+              "labels were counted before the shift",
+              "count labels[:, 1:] != -100, after the shift; with a transformers Trainer whose model has loss_type None "
+              "(GPT2LMHeadModel among others), set model.loss_type = 'ForCausalLM' (docs/transformers-label-count.md)"),
+    "1/k": ("c = 1/k: the loss was divided by k once too often", "divide by the window's item count N once, not by k as well"),
+    "k": ("c = k: the loss was multiplied by k, or a mean was taken over 1/k of the items", "divide by the window's item count N"),
+    "1/m": ("c = 1/m: the window's mean was divided by its micro-batch count again", "divide by the window's item count N once"),
+}
+
+
 def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float) -> str:
-    """The known cause a factor matches, or ''. Predictions are exact, so the match is tight."""
-    known = []
-    if sequences:
-        known.append((items / (items + sequences),
-                      f"c = N/(N+S) = {items}/({items}+{sequences}): one item too many per sequence, i.e. the labels "
-                      "were counted before the causal shift; count labels[:, 1:] != -100 (a transformers Trainer with a "
-                      "model whose loss_type is None, such as GPT2LMHeadModel, does this: set model.loss_type = "
-                      "'ForCausalLM')"))
-    known += [
-        (1 / k, f"c = 1/k = 1/{k}: the loss was divided by k once too often"),
-        (float(k), f"c = k = {k}: the loss was multiplied by k, or a mean was taken over 1/k of the items"),
-        (m / k, f"c = m/k = {m}/{k}: a short window divided by k"),
-    ]
-    if m > 1:
-        known.append((1 / m, f"c = 1/m = 1/{m}: the window's mean was divided by its micro-batch count again"))
-    for value, text in known:
+    """The key of the known cause a factor matches (see ``CAUSES``), or ''."""
+    known = [("shift", items / (items + sequences))] if sequences else []
+    known += [("1/k", 1 / k), ("k", float(k))] + ([("1/m", 1 / m)] if m > 1 else [])
+    for key, value in known:
         if _near(c, value, rtol):
-            return text
+            return key
     return ""
 
 
@@ -173,7 +174,7 @@ def _misscaled(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, to
     out.codes.append("misscaled")
     out.factor = c
     out.cause = causes(c, m=m, k=k, items=n.items, sequences=n.sequences, rtol=tol)
-    out.detail = f"c = {c:.4f}" + (f"; {out.cause}" if out.cause else "")
+    out.detail = f"c = {c:.4f}"
 
 
 def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float | None:
@@ -190,4 +191,4 @@ def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float
     return None
 
 
-__all__ = ["StepVerdict", "causes", "diagnose", "infer_clip", "step_tol"]
+__all__ = ["CAUSES", "StepVerdict", "causes", "diagnose", "infer_clip", "step_tol"]
