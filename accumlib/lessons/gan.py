@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import compare, grads_of, true_gradient
+from ..tolerances import FLOAT32_RTOL
 
 NOISE_DIM = 4
 
@@ -215,7 +216,7 @@ class GanCheck:
     rel_error: dict[str, float | None]
     error: str | None = None
 
-    def exact(self, tol: float = 1e-4) -> bool:
+    def exact(self, tol: float = FLOAT32_RTOL) -> bool:
         return self.error is None and all(e is not None and e <= tol for e in self.rel_error.values())
 
 
@@ -306,7 +307,7 @@ def plot(table: GanTable) -> plt.Figure:
     ax.set_yticks(list(y), [name for name, _ in rows], fontsize=8)
     ax.set_xscale("log")
     ax.set_xlim(1e-8, 10)
-    ax.axvline(1e-4, color="gray", ls="--", lw=1)
+    ax.axvline(FLOAT32_RTOL, color="gray", ls="--", lw=1)
     ax.invert_yaxis()
     ax.set_xlabel("relative error vs the true large-batch gradient (log)")
     ax.legend(fontsize=8, loc="lower right")

@@ -24,6 +24,7 @@ import torch
 
 from .. import amp, compare, get_task, grads_of, ragged, resolve_device, trace_loop, true_gradient
 from .._batch import checked_losses, to_device
+from ..tolerances import BF16_RTOL
 
 TASK = "mlp-digits"
 
@@ -181,7 +182,7 @@ def plot_window(result: WindowResult) -> plt.Figure:
     bars = ax.barh(names, [max(result.rel_error[n], 1e-8) for n in names], color=["tab:green", "tab:red", "tab:orange"])
     ax.set_xscale("log")
     ax.set_xlim(1e-6, 10)
-    ax.axvline(0.1, color="gray", ls="--", lw=1)  # BF16_RTOL
+    ax.axvline(BF16_RTOL, color="gray", ls="--", lw=1)
     for bar, n in zip(bars, names):
         ax.text(bar.get_width() * 1.2, bar.get_y() + bar.get_height() / 2, f"{result.rel_error[n]:.2g}", va="center", fontsize=8)
     ax.invert_yaxis()

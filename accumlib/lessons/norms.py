@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .. import digits, get_task, ragged, resolve_device, trace_loop
 from .. import large_batch as large_batch_loop  # the loop; ``large_batch`` below is a batch size
+from ..tolerances import FLOAT32_RTOL
 
 NORMS = ("batch", "group")
 MOMENTUM = 0.9  # SGD momentum for the training curves: a realistic optimizer, still deterministic
@@ -74,7 +75,7 @@ def plot_error_vs_k(result: ErrorVsK) -> plt.Figure:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(result.ks, [f"{k}\n(mb {result.micro_batch(k)})" for k in result.ks])
-    ax.axhline(1e-4, color="gray", ls="--", lw=1)
+    ax.axhline(FLOAT32_RTOL, color="gray", ls="--", lw=1)
     ax.text(result.ks[0], 1.3e-4, "float32 tolerance", color="gray", fontsize=8)
     ax.set_xlabel(f"k micro-batches per large batch of {result.large_batch}")
     ax.set_ylabel("worst relative error vs large batch")

@@ -32,6 +32,7 @@ from .._batch import to_device
 from ..gallery import divide_by_window_batches, step_at_end, step_every_k
 from ._explorer import Explorer
 from .why import digits_subset, fmt_error
+from ..tolerances import FLOAT32_RTOL
 
 TASK = "mlp-digits"
 LM_TASK = "lm-tokens"
@@ -113,7 +114,7 @@ def plot(result: WindowsResult) -> Figure:
             ax.text(n_steps - 1 + (j - 1.5) * width, floor * 3, "x", ha="center", color=color, fontsize=12, fontweight="bold")
     ax.set_yscale("log")
     ax.set_ylim(floor, 10)
-    ax.axhline(1e-4, color="black", ls=":", lw=1)
+    ax.axhline(FLOAT32_RTOL, color="black", ls=":", lw=1)
     ax.set_xticks(range(n_steps), [f"step {t + 1}" for t in range(n_steps)])
     ax.set_ylabel("relative error vs large batch (log)")
     ax.set_title(f"{result.n} samples, batch {result.batch_size}, k = {result.accum_steps} (x: no step)")
@@ -214,7 +215,7 @@ def plot_tokens(result: TokenResult) -> Figure:
         bx.plot(range(1, len(errs) + 1), [max(e, 1e-8) for e in errs], style, color=color, label=name)
     bx.set_yscale("log")
     bx.set_ylim(1e-8, 10)
-    bx.axhline(1e-4, color="black", ls=":", lw=1)
+    bx.axhline(FLOAT32_RTOL, color="black", ls=":", lw=1)
     bx.set_xlabel("optimizer step")
     bx.set_xticks(list(idx))
     bx.set_ylabel("relative error vs large batch (log)")

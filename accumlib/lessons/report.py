@@ -19,7 +19,7 @@ from .. import (
     LOOPS, SmallCNN, TASKS, Task, activation_bytes, amp, classify, get_task, ragged, resolve_device, trace_loop,
 )
 from .._batch import expected_steps
-from ..check import FLOAT32_RTOL
+from ..tolerances import FLOAT32_RTOL
 from ..tasks import classification_losses
 from .why import digits_subset, fmt_error, table
 

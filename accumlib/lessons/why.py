@@ -26,7 +26,7 @@ from .. import (
     activation_bytes, classification_losses, digits, get_task, large_batch, naive, normalized, resolve_device,
     trace_loop,
 )
-from ..check import FLOAT32_RTOL
+from ..tolerances import FLOAT32_RTOL
 from ._explorer import Explorer
 
 TASK = "mlp-digits"
