@@ -1,6 +1,6 @@
 """What accumulation saves and costs, measured side by side: ``make bench``.
 
-Seven sections, one function each, each returning plain dicts:
+Eight sections, one function each, each returning plain dicts:
 
     memory       activation bytes per micro-batch for k = 1..16, as a ratio to the full batch
     overhead     every accumlib loop against a hand-written twin, interleaved, median time ratio
@@ -9,6 +9,7 @@ Seven sections, one function each, each returning plain dicts:
     notebooks    wall time of every notebook under nbval, and of the suite
     widgets      control -> recomputed figure, for every notebook's widgets, without a browser
     distributed  all-reduce calls and bytes per optimizer step, with and without no_sync
+    verify_scale verify's extra peak memory and time on a 39.4M-parameter MLP (its own module, verify_scale.py)
 
 Figures, not tests: every goal is stated as met or MISSED, never hidden, and a section
 whose pieces are missing says "not available: <reason>" instead of printing a number.
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import copy
 import datetime
+import importlib.util
 import io
 import json
 import math
@@ -51,7 +53,19 @@ import accumlib  # noqa: E402
 from accumlib import data as _data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("memory", "overhead", "price", "verify", "notebooks", "widgets", "distributed")
+SECTIONS = ("memory", "overhead", "price", "verify", "notebooks", "widgets", "distributed", "verify_scale")
+
+
+def _section_module(name: str) -> Any:
+    """A section kept in its own module, benchmarks/<name>.py, where every section is heading."""
+    spec = importlib.util.spec_from_file_location(f"accumlib_bench_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+verify_scale = _section_module("verify_scale")
 
 # The goals of issue 7, one entry each; the goals table states every one as met, MISSED or not measured.
 GOALS = {
@@ -61,6 +75,7 @@ GOALS = {
     "notebook_each": "every notebook under nbval <= 30 s (2-core CPU)",
     "notebook_suite": "the whole notebook suite <= 180 s (2-core CPU)",
     "widget": "every notebook's main widget: control -> recomputed figure <= 0.5 s on CPU (median)",
+    **verify_scale.GOALS,  # the issue's memory and time goals for verify at 39.4M parameters
 }
 MEMORY_SLACK = 0.05  # the issue's "+ 5% of the full batch"
 OVERHEAD_MAX = 1.03
@@ -381,7 +396,7 @@ def bench_verify(quick: bool = False, repeats: int | None = None) -> dict:
     """accumlib.verify on correct gallery loops against the same loop on the same data, alone."""
     try:
         from accumlib.gallery import GALLERY, K
-        from accumlib.verify import verify
+        from accumlib import verify
     except ImportError as err:
         return {"not_available": f"accumlib.verify / accumlib.gallery cannot be imported ({err})"}
     names = ["correct-inner-for"] if quick else [n for n in GALLERY if n.startswith("correct-") and not GALLERY[n].dropout]
@@ -699,7 +714,7 @@ def machine(threads: int) -> dict:
 def goals_table(results: dict) -> list[dict]:
     """One entry per goal of the issue: met, MISSED, or not measured (with the reason)."""
     section_of = {"memory": "memory", "overhead": "overhead", "verify": "verify", "notebook_each": "notebooks",
-                  "notebook_suite": "notebooks", "widget": "widgets"}
+                  "notebook_suite": "notebooks", "widget": "widgets", **dict.fromkeys(verify_scale.GOALS, "verify_scale")}
     table = []
     for key, text in GOALS.items():
         res = results.get(section_of[key])
@@ -790,6 +805,8 @@ def section_lines(name: str, res: dict, short: bool = False) -> list[str]:
                            [[t, k] + [f"{get[(t, k, v)]['calls_per_step']}, {get[(t, k, v)]['bytes_per_step']:,}"
                                       + ("" if v == "no_sync" else f" ({get[(t, k, v)]['bytes_vs_no_sync']:.0f}x)") for v in variants]
                             for t, k in keys])
+    elif name == "verify_scale":
+        lines += verify_scale.section_lines(res)
     if res.get("note"):
         lines += ["", f"_{res['note']}_"]
     return lines
@@ -827,7 +844,8 @@ def markdown(report: dict) -> str:
     titles = {"memory": "1. Memory: activations per micro-batch / full batch", "overhead": "2. Overhead of the reference loops",
               "price": "3. The price of accumulation: step time for k micro-batches / one large batch",
               "verify": "4. Verify's cost", "notebooks": "5. Notebook suite under nbval", "widgets": "6. Widget response",
-              "distributed": "7. Distributed: all-reduce per optimizer step, world size 2"}
+              "distributed": "7. Distributed: all-reduce per optimizer step, world size 2",
+              "verify_scale": "8. Verify at scale: 39.4M-parameter MLP, k = 8"}
     for name, res in report["sections"].items():
         lines += ["", f"### {titles[name]}", ""] + section_lines(name, res, short=True)
     return "\n".join(lines) + "\n"
@@ -885,7 +903,7 @@ def figure(report: dict, path: Path) -> None:
 
 RUNNERS: dict[str, Callable[..., dict]] = {
     "memory": bench_memory, "overhead": bench_overhead, "price": bench_price, "verify": bench_verify,
-    "notebooks": bench_notebooks, "widgets": bench_widgets, "distributed": bench_distributed,
+    "notebooks": bench_notebooks, "widgets": bench_widgets, "distributed": bench_distributed, "verify_scale": verify_scale.run,
 }
 
 

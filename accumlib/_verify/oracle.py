@@ -25,65 +25,35 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .._batch import ItemLosses, to_device
-from ..oracle import sum_grad
+from .._batch import ItemLosses, checked_losses, to_device
 
 Vec = list  # one tensor (or None: zero) per trainable parameter
 CHUNK = 1 << 20  # float64 dot products are taken 1M elements at a time: 8 MB of scratch per operand
 
 
-def gram(vectors: Sequence[Vec], scales: Sequence[float] | None = None) -> torch.Tensor:
+def gram(vectors: Sequence[Vec], scales: Sequence[float] | None = None, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """All pairwise dot products of a few parameter-shaped vectors, in float64 (float32 products
-    are exact in float64, so the residual of a fit keeps ~1e-8 relative precision)."""
+    are exact in float64, so a fit's residual keeps ~1e-8 relative precision). One pass over
+    memory, a chunk at a time through a reused (n, CHUNK) float64 scratch: M @ M.T per chunk."""
     n = len(vectors)
-    out = None
+    like = next((t for v in vectors for t in v if t is not None), None)
+    if like is None:
+        return torch.zeros(n, n, dtype=torch.float64)
+    out = torch.zeros(n, n, dtype=torch.float64, device=like.device)
     for i in range(len(vectors[0])):
-        parts = [v[i] for v in vectors]
-        like = next((t for t in parts if t is not None), None)
-        if like is None:
-            continue
-        if out is None:
-            out = torch.zeros(n, n, dtype=torch.float64, device=like.device)
-        flat = [t.detach().reshape(-1) if t is not None else None for t in parts]
-        for start in range(0, like.numel(), CHUNK):
-            cols = [f[start:start + CHUNK].double() if f is not None else None for f in flat]
-            for a in range(n):
-                for b in range(a, n):
-                    if cols[a] is not None and cols[b] is not None:
-                        out[a, b] += torch.dot(cols[a], cols[b])
-    g = torch.zeros(n, n, dtype=torch.float64) if out is None else out.cpu()
+        _gram_into(out, [v[i] for v in vectors], [1.0] * n, scratch)
+    g = out.cpu()
     g = torch.triu(g) + torch.triu(g, 1).T
     if scales is not None:
         sc = torch.tensor(list(scales), dtype=torch.float64)
         g = g * sc[:, None] * sc[None, :]
     return g
-
-
-def diff_norm(a: Vec, b: Vec, ca: float = 1.0, cb: float = 1.0) -> float:
-    """||ca * a - cb * b||, computed directly (a difference of squared norms would cancel)."""
-    total = 0.0
-    for x, y in zip(a, b):
-        if x is None and y is None:
-            continue
-        ref = x if x is not None else y
-        fx = x.detach().reshape(-1) if x is not None else None
-        fy = y.detach().reshape(-1) if y is not None else None
-        for start in range(0, ref.numel(), CHUNK):
-            d = (fx[start:start + CHUNK].double() * ca) if fx is not None else 0.0
-            if fy is not None:
-                d = d - fy[start:start + CHUNK].double() * cb
-            total += float(torch.as_tensor(d).pow(2).sum())
-    return math.sqrt(total)
-
-
-def norm(a: Vec, c: float = 1.0) -> float:
-    return abs(c) * math.sqrt(float(gram([a])[0, 0]))
 
 
 @dataclass
@@ -142,12 +112,19 @@ def exact(replay: Replay | None = None) -> Iterator[None]:
 
 @dataclass
 class WindowOracle:
-    """Buffers and per-group numbers for the window being recorded; reused window after window."""
+    """The oracle for the window being recorded, reused window after window.
+
+    ``leaves`` are the shadow model's parameters: tensors that share storage with the live
+    parameters (no copy of the weights) but are leaves of their own, so a replay's backward
+    accumulates into *their* ``.grad``, which is O, the oracle's sum, in place. A hook on each
+    leaf sees micro-batch j's gradient s_j one parameter at a time, as it arrives, and takes its
+    dot products with the loop's ``.grad`` and with P (``.grad`` at the previous boundary) there:
+    s_j is never held whole. Buffers: O and P, parameter-sized; the rest is per parameter.
+    """
 
     shadow: torch.nn.Module
-    params: list[torch.nn.Parameter]
+    leaves: list[torch.Tensor]
     item_losses: ItemLosses
-    O: Vec | None = None
     P: Vec | None = None
     fits: list[Fit] = field(default_factory=list)
     items: int = 0
@@ -155,58 +132,89 @@ class WindowOracle:
     sequences: int = 0
     leak: bool = False
     finite: bool = True
-
-    def _zeros(self) -> Vec:
-        return [torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32)) for p in self.params]
+    scratch: torch.Tensor | None = None  # (3, CHUNK) float64, for the dot products
+    pp: float = 0.0  # <P, P>
 
     def open(self, grads: Vec) -> None:
-        """A window begins: remember what .grad holds (it should be nothing)."""
-        if self.O is None or self.O[0].device != self.params[0].device:
-            self.O, self.P = self._zeros(), self._zeros()
-        for o, p, g in zip(self.O, self.P, grads):
-            o.zero_()
+        """A window begins: O = 0, and P remembers what .grad holds (it should be nothing)."""
+        for leaf in self.leaves:
+            if leaf.grad is None or leaf.grad.shape != leaf.shape or leaf.grad.device != leaf.device:
+                leaf.grad = torch.zeros_like(leaf)
+            else:
+                leaf.grad.zero_()
+        if self.P is None or any(p.shape != l.shape or p.device != l.device for p, l in zip(self.P, self.leaves)):
+            self.P = [torch.empty_like(l) for l in self.leaves]
+        for p, g in zip(self.P, grads):
             p.copy_(g) if g is not None else p.zero_()
         self.fits, self.items, self.loss_sum, self.sequences = [], 0, 0.0, 0
         self.leak = any(g is not None and bool(g.any()) for g in grads)
         self.finite = True
+        if self.scratch is None or self.scratch.device != self.leaves[0].device:
+            self.scratch = torch.empty(3, CHUNK, dtype=torch.float64, device=self.leaves[0].device)
+        self.pp = float(gram([self.P], scratch=self.scratch)[0, 0]) if self.leak else 0.0
 
-    def replay(self, batches: Sequence[Any], how: Replay) -> tuple[Vec, int, float, int]:
-        """s = sum of the batches' item-loss gradients, as the loop computed them; items, loss sum, sequences."""
-        device = self.params[0].device
-        s: Vec = [None] * len(self.params)
-        items, loss_sum, rows = 0, 0.0, 0
+    def backward(self, batches: Sequence[Any], how: Replay, watch: tuple[Vec, Vec, float] | None = None
+                 ) -> tuple[int, float, int, torch.Tensor | None]:
+        """Add grad sum_i l_i over ``batches`` (computed as ``how`` says) into the leaves' .grad.
+        ``watch=(grads, P, unclip)``: also return the Gram matrix of (grads / unclip, P, s).
+        Returns items, loss sum, sequences (rows), and the Gram matrix."""
+        device = self.leaves[0].device
+        dots = torch.zeros(3, 3, dtype=torch.float64, device=device) if watch is not None else None
+        # <P, P> is the previous boundary's <C, C> (P is a copy of it), and with P = 0 only C and s meet
+        pairs = [(0, 0), (0, 1), (0, 2), (1, 2), (2, 2)] if self.pp > 0 else [(0, 0), (0, 2), (2, 2)]
+        items, loss_sum, rows, total = 0, 0.0, 0, None
         with exact(how):
-            for batch in batches:
-                grads, losses = sum_grad(self.shadow, to_device(batch, device), self.item_losses, self.params, scale=how.scale,
-                                        check_finite=False)
-                for i, g in enumerate(grads):
-                    if g is not None:
-                        g = g if g.dtype in (torch.float32, torch.float64) else g.float()
-                        g = g.div_(how.scale) if how.scale != 1.0 else g  # autograd's own output: ours to change
-                        s[i] = g if s[i] is None else s[i].add_(g)
-                items += losses.numel()
-                loss_sum += float(losses.double().sum())
-                rows += leading_rows(batch)
-        return s, items, loss_sum, rows
+            for batch in batches:  # one backward for the group: s is the group's, as the loop's .grad saw it
+                losses = checked_losses(self.item_losses, self.shadow, to_device(batch, device), check_finite=False)
+                items, rows = items + losses.numel(), rows + leading_rows(batch)
+                loss_sum += float(losses.detach().double().sum())
+                total = losses.sum() if total is None else total + losses.sum()
+            if total is None or not total.requires_grad:
+                if total is not None and items:
+                    raise ValueError("item_losses must return losses that depend on the model's parameters (got a tensor "
+                                     "with requires_grad=False: was it detached?)")
+                return items, loss_sum, rows, dots
+
+            def hook(i: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
+                def seen(g: torch.Tensor) -> torch.Tensor | None:
+                    if how.scale != 1.0:
+                        g = g / how.scale
+                    if dots is not None:
+                        grads, prev, unclip = watch  # type: ignore[misc]
+                        _gram_into(dots, [grads[i], prev[i], g], [1.0 / unclip, 1.0, 1.0], self.scratch, pairs)
+                    return g if how.scale != 1.0 else None
+                return seen
+
+            handles = [leaf.register_hook(hook(i)) for i, leaf in enumerate(self.leaves)] if (watch or how.scale != 1.0) else []
+            try:
+                torch.autograd.backward(total * how.scale if how.scale != 1.0 else total, inputs=self.leaves)
+            finally:
+                for h in handles:
+                    h.remove()
+        return items, loss_sum, rows, dots
 
     def close_group(self, grads: Vec, batches: Sequence[Any], how: Replay, *, unclip: float = 1.0, last: bool = False) -> None:
-        """Micro-batches ``batches`` have gone through backward: fit .grad against their replay."""
-        s, n, loss, rows = self.replay(batches, how)
+        """Micro-batches ``batches`` have gone through the loop's backward: fit .grad against their replay."""
+        assert self.P is not None
+        n, loss, rows, dots = self.backward(batches, how, watch=(grads, self.P, unclip) if self.finite else None)
         self.items, self.loss_sum, self.sequences = self.items + n, self.loss_sum + loss, self.sequences + rows
-        assert self.O is not None and self.P is not None
-        if self.finite and not all(g is None or bool(torch.isfinite(g).all()) for g in grads):
+        if dots is not None and not math.isfinite(float(dots[0, 0])):  # |G|^2 is finite only if every entry is
             self.finite = False
-        if self.finite:
-            a, beta, resid = fit_group(gram([grads, self.P, s], scales=[1.0 / unclip, 1.0, 1.0]))
+        if self.finite and dots is not None:
+            g = dots.cpu()
+            g[1, 1] = self.pp
+            a, beta, resid = fit_group(torch.triu(g) + torch.triu(g, 1).T)
+            self.pp = float(g[0, 0]) * unclip * unclip
         else:
             a, beta, resid = math.nan, math.nan, math.nan
         self.fits.append(Fit(len(batches), n, rows, a, beta, resid))
-        for o, x in zip(self.O, s):
-            if x is not None:
-                o.add_(x)
         if not last:
             for p, g in zip(self.P, grads):
                 p.copy_(g) if g is not None else p.zero_()
+
+    def O(self) -> Vec:
+        """The oracle's sum, sum_j s_j (read fresh: holding it would make autograd stop accumulating in place)."""
+        return [leaf.grad for leaf in self.leaves]
 
     def weights(self) -> tuple[list[float], float]:
         """Per-group weights w_j = N a_j prod_{l>j} beta_l, and the leak coefficient prod beta."""
@@ -216,24 +224,39 @@ class WindowOracle:
             tail *= self.fits[j].beta
         return w, tail
 
-    def full(self, batches: Sequence[Any], how: Replay, into: Vec) -> tuple[int, float]:
-        """sum_j s_j again, under ``how`` (float32 for the figure the user reads), into a spare buffer."""
-        for t in into:
-            t.zero_()
-        s, n, loss, _ = self.replay(batches, how)
-        for t, x in zip(into, s):
-            if x is not None:
-                t.add_(x)
+    def redo(self, batches: Sequence[Any], how: Replay) -> tuple[int, float]:
+        """O := sum of the gradients over ``batches`` again, computed as ``how`` says (float32 for the
+        figure the user reads; the merged window under BatchNorm): the verdict has read O already."""
+        for leaf in self.leaves:
+            leaf.grad.zero_()  # type: ignore[union-attr]
+        n, loss, _, _ = self.backward(batches, how)
         return n, loss
 
-    def merged(self, batch: Any, into: Vec) -> tuple[int, float]:
-        """grad of sum_i l_i over the merged window in one forward (BatchNorm sees the large batch)."""
-        device = self.params[0].device
-        with exact():
-            grads, losses = sum_grad(self.shadow, to_device(batch, device), self.item_losses, self.params, scale=1.0, check_finite=False)
-        for t, g in zip(into, grads):
-            t.copy_(g) if g is not None else t.zero_()
-        return losses.numel(), float(losses.double().sum())
+
+def _gram_into(out: torch.Tensor, parts: list[torch.Tensor | None], scales: list[float],
+               scratch: torch.Tensor | None = None, pairs: Sequence[tuple[int, int]] | None = None) -> None:
+    """out[a, b] += scales[a] * scales[b] * <parts[a], parts[b]> for a <= b (or only ``pairs``),
+    in float64 chunks through ``scratch``, a reused (>= len(parts), CHUNK) float64 buffer (a fresh
+    one per call costs page faults)."""
+    like = next((t for t in parts if t is not None), None)
+    if like is None:
+        return
+    n = len(parts)
+    if scratch is None or scratch.shape[0] < n or scratch.device != like.device:
+        scratch = torch.empty(n, min(CHUNK, like.numel()), dtype=torch.float64, device=like.device)
+    pairs = [(a, b) for a in range(n) for b in range(a, n)] if pairs is None else pairs
+    pairs = [(a, b) for a, b in pairs if parts[a] is not None and parts[b] is not None]
+    used = sorted({a for pair in pairs for a in pair})
+    flat = [t.detach().reshape(-1) if t is not None else None for t in parts]
+    acc = torch.zeros(len(pairs), dtype=torch.float64, device=out.device)
+    for start in range(0, like.numel(), scratch.shape[1]):
+        width = min(scratch.shape[1], like.numel() - start)
+        for a in used:
+            scratch[a, :width].copy_(flat[a][start:start + width])  # type: ignore[index]
+        for q, (a, b) in enumerate(pairs):
+            acc[q] += torch.dot(scratch[a, :width], scratch[b, :width])
+    for q, (a, b) in enumerate(pairs):
+        out[a, b] += acc[q] * (scales[a] * scales[b])
 
 
 def leading_rows(batch: Any) -> int:
@@ -249,4 +272,4 @@ def clipped(norm_value: float, max_norm: float) -> float:
     return min(1.0, max_norm / (norm_value + 1e-6))
 
 
-__all__ = ["Fit", "Replay", "WindowOracle", "clipped", "diff_norm", "exact", "fit_group", "gram", "norm"]
+__all__ = ["Fit", "Replay", "WindowOracle", "clipped", "exact", "fit_group", "gram"]

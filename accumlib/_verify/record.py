@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from .._batch import ItemLosses, cat_batches, checked_losses, to_device
-from .oracle import Fit, Replay, WindowOracle, clipped, diff_norm, exact, gram
+from .oracle import Fit, Replay, WindowOracle, clipped, exact, gram
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
 
@@ -178,7 +178,7 @@ class Recorder:
     def __post_init__(self) -> None:
         self.params = [p for p in self.net.parameters() if p.requires_grad]
         self.param_ids = {id(p) for p in self.params}
-        self.oracle = WindowOracle(self.shadow, self.params, self.item_losses)
+        self.oracle = WindowOracle(self.shadow, sync_shadow(self.shadow, self.net, self.params), self.item_losses)
         if isinstance(self.dataset, TrackedIterable):
             self.dataset.on_end = self._pass_ended
 
@@ -278,7 +278,7 @@ class Recorder:
         if not new:
             return  # a forward on a micro-batch already used (evaluation, a repeat)
         if not self.window:
-            sync_shadow(self.shadow, self.net)
+            self.oracle.leaves = sync_shadow(self.shadow, self.net, self.params)
             self.oracle.open([p.grad for p in self.params])
             self.mark = self.backwards
         elif self.backwards != self.mark:  # the micro-batches before this one went through backward
@@ -418,35 +418,35 @@ class Recorder:
         self._finish(numbers)
 
     def _judge(self, numbers: StepNumbers, grads: list[torch.Tensor | None]) -> None:
-        o, n = self.oracle, self.oracle.items
-        assert o.O is not None and o.P is not None
+        """The step's numbers from one Gram matrix of (G, O) and, where the truth the user reads differs
+        from the verdict's reference, of (G, truth): float64 dot products, precise to ~1e-8 relative."""
+        o, n, u = self.oracle, self.oracle.items, numbers.unclip
+        assert o.P is not None
         numbers.weights, numbers.leak_coef = o.weights()
         numbers.precision = str(self.how.autocast[1]).replace("torch.", "") if self.how.autocast else "float32"
-        ref = o.O  # the verdict's reference: the replay, in the loop's own precision
-        g = gram([grads, ref], scales=[1.0 / numbers.unclip, 1.0 / n])
-        numbers.scale = float(g[0, 1] / g[1, 1]) if g[1, 1] > 0 else math.nan
-        r_norm = math.sqrt(float(g[1, 1]))
-        numbers.rel = diff_norm(grads, ref, 1.0 / numbers.unclip, 1.0 / n) / r_norm if r_norm > 0 else math.inf
-        if math.isfinite(numbers.scale):
-            resid = diff_norm(grads, ref, 1.0 / numbers.unclip, numbers.scale / n)
-            numbers.scale_resid = resid / max(math.sqrt(float(g[0, 0])), 1e-300)
-        # the truth the user reads: float32, the merged window under BatchNorm; built in the spare
-        # buffer P (the window's last .grad snapshot is no longer needed)
+        g = gram([grads, o.O()], scales=[1.0 / u, 1.0 / n], scratch=o.scratch)  # G unclipped, r = O / N: the verdict's reference
+        gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
+        numbers.rel = _dist(gg, gr, rr, 1.0) / math.sqrt(rr) if rr > 0 else math.inf
+        if rr > 0:
+            numbers.scale = gr / rr
+            numbers.scale_resid = _dist(gg, gr, rr, numbers.scale) / max(math.sqrt(gg), 1e-300)
         batches = [self.mbs[b].batch for b in self.window]
-        truth = ref
-        if self.how.autocast is not None:
-            o.full(batches, Replay(), o.P)
-            truth = o.P
         numbers.batchnorm = any(isinstance(mod, BN_TYPES) and mod.training for mod in self.net.modules())
-        if numbers.batchnorm:
-            spare = o.P if truth is ref else [torch.empty_like(t) for t in o.P]  # float32 and BatchNorm: one more buffer
-            o.merged(self._merged(self.window), spare)
-            merged_norm = max(math.sqrt(float(gram([spare])[0, 0])), 1e-300)
-            numbers.bn_gap = diff_norm(truth, spare) / merged_norm
-            numbers.rel_merged = diff_norm(grads, spare, 1.0 / numbers.unclip, 1.0 / n) / (merged_norm / n)
-            truth = spare
-        t = gram([grads, truth], scales=[1.0, 1.0 / n])
-        numbers.gg, numbers.gt, numbers.tt = float(t[0, 0]), float(t[0, 1]), float(t[1, 1])
+        if numbers.batchnorm:  # the large batch differs: the merged window, in float32, into O; the accumulation kept in P
+            for p, x in zip(o.P, o.O()):
+                p.copy_(x)
+            o.redo([self._merged(self.window)], Replay())
+            t = gram([grads, o.O(), o.P], scales=[1.0 / u, 1.0 / n, 1.0 / n], scratch=o.scratch)
+            mm, pp, pm = float(t[1, 1]), float(t[2, 2]), float(t[1, 2])
+            numbers.bn_gap = _dist(pp, pm, mm, 1.0) / math.sqrt(mm) if mm > 0 else math.nan
+            numbers.rel_merged = _dist(float(t[0, 0]), float(t[0, 1]), mm, 1.0) / math.sqrt(mm) if mm > 0 else math.inf
+        elif self.how.autocast is not None:  # the float32 figure the user reads
+            o.redo(batches, Replay())
+        if numbers.batchnorm or self.how.autocast is not None:
+            g = gram([grads, o.O()], scales=[1.0, 1.0 / n], scratch=o.scratch)
+        else:
+            g = g * torch.tensor([u, 1.0], dtype=torch.float64)[:, None] * torch.tensor([u, 1.0], dtype=torch.float64)[None, :]
+        numbers.gg, numbers.gt, numbers.tt = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
 
     def _merged(self, ids: list[int]) -> Any:
         """The window as one large batch: re-collated from its items when known (padding as a k*B
@@ -474,12 +474,17 @@ class Recorder:
     def count_and_loss(self, batch: Any) -> tuple[int, float]:
         """Items and loss sum of a batch at the current parameters (for what never reached a step).
         The sum may be inf/nan after a diverged step: counted anyway, never a crash."""
-        sync_shadow(self.shadow, self.net)
+        self.oracle.leaves = sync_shadow(self.shadow, self.net, self.params)
         with exact(), torch.no_grad():
             losses = self.item_losses(self.shadow, to_device(batch, self.params[0].device))
         if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
             checked_losses(lambda m, b: losses, self.shadow, batch)  # raises the contract's own error
         return losses.numel(), float(losses.double().sum())
+
+
+def _dist(aa: float, ab: float, bb: float, c: float) -> float:
+    """||a - c b|| from <a,a>, <a,b>, <b,b> (float64: ~1e-8 of ||a|| is the floor)."""
+    return math.sqrt(max(aa - 2 * c * ab + c * c * bb, 0.0))
 
 
 def _lrs(opt: Any) -> tuple[float, ...]:
@@ -508,24 +513,38 @@ def first_layer(net: torch.nn.Module) -> torch.nn.Module:
     return next((m for m in net.modules() if any(True for _ in m.parameters(recurse=False))), net)
 
 
+def _leaf(p: torch.Tensor) -> torch.nn.Parameter:
+    """A leaf of its own over the storage of ``p``: no copy of the weights, a .grad apart."""
+    return torch.nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+
+
 def make_shadow(net: torch.nn.Module) -> torch.nn.Module:
-    """A second module tree for the oracle that shares the parameters of ``net`` (no copy of the
-    weights), so its forwards never reach the loop's hooks or patched forwards (Accelerate wraps
-    ``forward`` in autocast) and BatchNorm's running statistics stay apart."""
-    memo = {id(p): p for p in net.parameters()}
-    return copy.deepcopy(net, memo)
+    """A second module tree for the oracle whose parameters share the storage of ``net``'s (no copy
+    of the weights) as leaves of their own: its forwards never reach the loop's hooks or patched
+    forwards (Accelerate wraps ``forward`` in autocast), its backward never touches the loop's
+    ``.grad``, and BatchNorm's running statistics stay apart."""
+    return copy.deepcopy(net, {id(p): _leaf(p) for p in net.parameters()})
 
 
-def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module) -> None:
-    """Point the shadow at the live parameters (a loop may move or replace them), copy buffers and modes."""
+def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Point the shadow at the live parameters (a loop may move, cast or replace them), copy buffers
+    and modes; return the shadow's leaf for each of ``params`` (tied parameters stay tied)."""
+    leaves: dict[int, torch.Tensor] = {}
     for s, m in zip(shadow.modules(), net.modules()):
         for name, p in m._parameters.items():
-            if s._parameters.get(name) is not p:
-                s._parameters[name] = p
+            if p is None:
+                continue
+            if id(p) not in leaves:
+                mine = s._parameters.get(name)
+                same = (mine is not None and mine.data_ptr() == p.data_ptr() and mine.shape == p.shape
+                        and mine.dtype == p.dtype and mine.device == p.device and mine.requires_grad == p.requires_grad)
+                leaves[id(p)] = mine if same else _leaf(p)  # type: ignore[assignment]
+            s._parameters[name] = leaves[id(p)]  # type: ignore[assignment]
         for name, b in m._buffers.items():
             if b is not None:
                 s._buffers[name] = b.detach().clone()
         s.training = m.training
+    return [leaves[id(p)] for p in params]
 
 
 __all__ = ["Clip", "Recorder", "StepNumbers", "StopRun", "Tracked", "TrackedIterable", "disable_dropout", "first_layer",
