@@ -59,7 +59,7 @@ def true_gradient(
         batch = _cast(batch, dtype)
     named = [(k, p) for k, p in net.named_parameters() if p.requires_grad]
     try:
-        grads, losses = sum_grad(net, batch, item_losses, [p for _, p in named], scale=None)
+        grads, _ = sum_grad(net, [batch], item_losses, [p for _, p in named], scale=None)
     finally:
         with torch.no_grad():
             for k, v in net.named_buffers():
@@ -70,35 +70,42 @@ def true_gradient(
 
 def sum_grad(
     model: torch.nn.Module,
-    batch: Batch,
+    batches: Sequence[Batch],
     item_losses: ItemLosses,
     params: Sequence[torch.Tensor],
     *,
     scale: float | None = 1.0,
     check_finite: bool = True,
-) -> tuple[list[torch.Tensor | None], torch.Tensor]:
-    """``grad of scale * sum_i l_i`` over one batch (``scale=None``: the mean), and the item losses.
+    accumulate: bool = False,
+) -> tuple[list[torch.Tensor | None] | None, list[torch.Tensor]]:
+    """``grad of scale * sum_i l_i`` over the items of ``batches`` (``scale=None``: their mean),
+    with one forward per batch and one backward; returns the gradients and each batch's item losses.
 
     The one place a gradient of item losses is taken: ``true_gradient`` calls it on the merged
-    window, ``accumlib.verify`` once per micro-batch, summing the results (the identity
+    window, ``accumlib.verify`` once per micro-batch (the identity
     ``grad (1/N) sum_i l_i == sum_j grad (sum_{i in b_j} l_i) / N`` that ``accumlib.ragged``
-    implements). ``torch.autograd.grad`` leaves ``.grad`` alone; unused parameters get None.
+    implements). By default ``torch.autograd.grad`` returns the gradients and leaves ``.grad``
+    alone (unused parameters get None); ``accumulate=True`` adds them into ``params``' own
+    ``.grad`` instead, in place, and returns None for them (verify's streaming oracle).
     ``check_finite=False`` lets inf/nan through (verify judges a diverged run, it does not refuse it).
 
     >>> import torch, accumlib
     >>> task = accumlib.get_task("mlp-digits"); model = task.make_model(0)
     >>> x, y = next(iter(task.loader()))
-    >>> grads, losses = sum_grad(model, (x, y), task.item_losses, list(model.parameters()))
-    >>> losses.shape, grads[0].shape == model.net[0].weight.shape
+    >>> grads, losses = sum_grad(model, [(x, y)], task.item_losses, list(model.parameters()))
+    >>> losses[0].shape, grads[0].shape == model.net[0].weight.shape
     (torch.Size([8]), True)
     """
-    losses = checked_losses(item_losses, model, batch, check_finite=check_finite)
-    total = losses.mean() if scale is None else losses.sum() * scale
-    if not total.requires_grad:
+    losses = [checked_losses(item_losses, model, b, check_finite=check_finite) for b in batches]
+    total = torch.cat(losses).mean() if scale is None else sum(x.sum() for x in losses) * scale
+    if not isinstance(total, torch.Tensor) or not total.requires_grad:
         raise ValueError("item_losses must return losses that depend on the model's parameters (got a tensor with "
                          "requires_grad=False: was it detached, or computed under torch.no_grad()?)")
+    if accumulate:
+        torch.autograd.backward(total, inputs=list(params))
+        return None, [x.detach() for x in losses]
     grads = torch.autograd.grad(total, list(params), allow_unused=True)
-    return list(grads), losses.detach()
+    return list(grads), [x.detach() for x in losses]
 
 
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .._batch import ItemLosses, checked_losses, to_device
+from ..oracle import sum_grad
 
 Vec = list  # one tensor (or None: zero) per trainable parameter
 CHUNK = 1 << 20  # float64 dot products are taken 1M elements at a time: 8 MB of scratch per operand
@@ -162,35 +163,33 @@ class WindowOracle:
         dots = torch.zeros(3, 3, dtype=torch.float64, device=device) if watch is not None else None
         # <P, P> is the previous boundary's <C, C> (P is a copy of it), and with P = 0 only C and s meet
         pairs = [(0, 0), (0, 1), (0, 2), (1, 2), (2, 2)] if self.pp > 0 else [(0, 0), (0, 2), (2, 2)]
-        items, loss_sum, rows, total = 0, 0.0, 0, None
+        batches = [to_device(b, device) for b in batches]
+        rows = sum(leading_rows(b) for b in batches)
+
+        def hook(i: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
+            def seen(g: torch.Tensor) -> torch.Tensor | None:
+                if how.scale != 1.0:
+                    g = g / how.scale
+                if dots is not None:
+                    grads, prev, unclip = watch  # type: ignore[misc]
+                    _gram_into(dots, [grads[i], prev[i], g], [1.0 / unclip, 1.0, 1.0], self.scratch, pairs)
+                return g if how.scale != 1.0 else None
+            return seen
+
         with exact(how):
-            for batch in batches:  # one backward for the group: s is the group's, as the loop's .grad saw it
-                losses = checked_losses(self.item_losses, self.shadow, to_device(batch, device), check_finite=False)
-                items, rows = items + losses.numel(), rows + leading_rows(batch)
-                loss_sum += float(losses.detach().double().sum())
-                total = losses.sum() if total is None else total + losses.sum()
-            if total is None or not total.requires_grad:
-                if total is not None and items:
-                    raise ValueError("item_losses must return losses that depend on the model's parameters (got a tensor "
-                                     "with requires_grad=False: was it detached?)")
-                return items, loss_sum, rows, dots
-
-            def hook(i: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
-                def seen(g: torch.Tensor) -> torch.Tensor | None:
-                    if how.scale != 1.0:
-                        g = g / how.scale
-                    if dots is not None:
-                        grads, prev, unclip = watch  # type: ignore[misc]
-                        _gram_into(dots, [grads[i], prev[i], g], [1.0 / unclip, 1.0, 1.0], self.scratch, pairs)
-                    return g if how.scale != 1.0 else None
-                return seen
-
             handles = [leaf.register_hook(hook(i)) for i, leaf in enumerate(self.leaves)] if (watch or how.scale != 1.0) else []
-            try:
-                torch.autograd.backward(total * how.scale if how.scale != 1.0 else total, inputs=self.leaves)
+            try:  # one backward for the group: s is the group's, as the loop's .grad saw it
+                _, losses = sum_grad(self.shadow, batches, self.item_losses, self.leaves, scale=how.scale,
+                                     check_finite=False, accumulate=True)
+            except ValueError:
+                if any(x.numel() for x in _losses(self, batches)):
+                    raise
+                losses = []  # a group without a single item: nothing to add
             finally:
                 for h in handles:
                     h.remove()
+        items = sum(x.numel() for x in losses)
+        loss_sum = sum(float(x.double().sum()) for x in losses)
         return items, loss_sum, rows, dots
 
     def close_group(self, grads: Vec, batches: Sequence[Any], how: Replay, *, unclip: float = 1.0, last: bool = False) -> None:
@@ -231,6 +230,11 @@ class WindowOracle:
             leaf.grad.zero_()  # type: ignore[union-attr]
         n, loss, _, _ = self.backward(batches, how)
         return n, loss
+
+
+def _losses(oracle: "WindowOracle", batches: Sequence[Any]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [checked_losses(oracle.item_losses, oracle.shadow, b, check_finite=False) for b in batches]
 
 
 def _gram_into(out: torch.Tensor, parts: list[torch.Tensor | None], scales: list[float],

@@ -1,0 +1,153 @@
+"""``verify_fit``: ``accumlib.verify`` on a PyTorch Lightning ``Trainer.fit``, in one line.
+
+``verify_fit(module, loader, item_losses=..., accumulate_grad_batches=4)`` runs
+``lightning.Trainer(**trainer_kwargs).fit`` on a copy of ``module``: its ``training_step``, its
+``configure_optimizers``, and the Trainer's ``accumulate_grad_batches``, ``gradient_clip_val`` and
+``precision``. Every optimizer step is judged against the true gradient of the mean item loss
+over the step's micro-batches.
+
+What runs differs from ``Trainer(**trainer_kwargs).fit(module, loader)`` only where a comparison
+needs it: one epoch unless ``max_steps`` is given, no logger, no checkpoints, no validation, no
+progress bar, files only in a temporary folder, the loader's batches drawn in the main process
+(verify records each as it arrives), and dropout off in the copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import numbers
+import random
+import tempfile
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from ._batch import ItemLosses
+from ._verify import Report, verify
+
+# Trainer arguments verify sets itself: what they would change is not accumulation
+OWN = ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "default_root_dir",
+       "limit_val_batches", "num_sanity_val_steps")
+
+
+def _lightning_for(module: Any) -> Any:
+    """The package whose LightningModule ``module`` is: ``lightning.pytorch`` or ``pytorch_lightning``."""
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            pl = __import__(name, fromlist=["LightningModule"])
+        except ImportError:
+            continue
+        if isinstance(module, pl.LightningModule):
+            return pl
+    raise TypeError(f"module must be a LightningModule (lightning.pytorch or pytorch_lightning) (got {type(module).__name__})")
+
+
+class _Steps(torch.nn.Module):
+    """verify's model: the LightningModule copy, with each ``training_step`` passed through this
+    module's ``__call__``, where verify's forward hook sees the micro-batch (a ``training_step``
+    that calls ``self.model(x)``, not ``self(x)``, would otherwise never reach it)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return type(self.module).training_step(self.module, *args, **kwargs)
+
+
+def _check(module: Any, train_dataloaders: Any, item_losses: Any, max_steps: Any, trainer_kwargs: dict[str, Any]) -> None:
+    if not isinstance(train_dataloaders, DataLoader):
+        hint = " (pass datamodule.train_dataloader())" if hasattr(train_dataloaders, "train_dataloader") else ""
+        raise TypeError("train_dataloaders must be one torch.utils.data.DataLoader, whose dataset, batch_size and "
+                        f"collate_fn verify takes over{hint} (got {type(train_dataloaders).__name__})")
+    if train_dataloaders.batch_size is None:
+        raise ValueError("train_dataloaders must batch with batch_size, not a batch_sampler of its own "
+                         f"(got batch_size=None, batch_sampler={type(train_dataloaders.batch_sampler).__name__})")
+    if not callable(item_losses):
+        raise TypeError(f"item_losses must be callable as item_losses(module, batch) (got {type(item_losses).__name__})")
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1):
+        raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
+    if trainer_kwargs.get("devices", 1) not in (1, "1", [0], "auto") or trainer_kwargs.get("num_nodes", 1) != 1:
+        raise ValueError("trainer_kwargs must run one process on one device: verify_fit judges a single-process run "
+                         f"(got devices={trainer_kwargs.get('devices')!r}, num_nodes={trainer_kwargs.get('num_nodes', 1)!r})")
+    own = sorted(set(trainer_kwargs) & set(OWN) | set(trainer_kwargs) & {"max_steps", "max_epochs"})
+    if own:
+        raise ValueError(f"trainer_kwargs must leave {', '.join(own)} to verify_fit (max_steps is its own argument; one "
+                         "epoch is run unless it is given) (got them set)")
+
+
+def _sampler_copy(loader: DataLoader) -> Any:
+    """The user's sampler, deep-copied without its dataset (it only draws indices): drawing from the
+    copy leaves the user's generator where it was."""
+    if isinstance(loader.dataset, IterableDataset):
+        return None
+    return copy.deepcopy(loader.sampler, memo={id(loader.dataset): loader.dataset})
+
+
+@contextlib.contextmanager
+def _rng_kept() -> Iterator[None]:
+    """Lightning's samplers and seeding draw from the global generators: put them back."""
+    import numpy as np
+
+    state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state[0])
+        random.setstate(state[1])
+        np.random.set_state(state[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def verify_fit(module: Any, train_dataloaders: DataLoader, *, item_losses: ItemLosses, max_steps: int | None = None,
+               **trainer_kwargs: Any) -> Report:
+    """Run ``Trainer(**trainer_kwargs).fit(copy of module, train_dataloaders)`` and judge every step.
+
+    ``item_losses(module, batch)`` returns one loss per item (``reduction="none"``) of the loss
+    ``training_step`` averages. ``trainer_kwargs`` are the user's ``lightning.Trainer`` arguments
+    (``accumulate_grad_batches``, ``gradient_clip_val``, ``precision``, ``accelerator``, ...).
+    ``max_steps`` judges the first N optimizer steps. ``module`` and ``train_dataloaders`` (its
+    sampler's generator included) are left as they were.
+
+    >>> report = verify_fit(module, loader, item_losses=losses, accumulate_grad_batches=4)  # doctest: +SKIP
+    >>> sorted(report.codes)  # 110 items, batches of 8: the last window of 2 is divided by 4  # doctest: +SKIP
+    ['mean-of-means', 'tail-misscaled']
+    """
+    _check(module, train_dataloaders, item_losses, max_steps, trainer_kwargs)
+    pl = _lightning_for(module)
+    user = train_dataloaders
+    k = int(trainer_kwargs.get("accumulate_grad_batches", 1))
+    sampler = _sampler_copy(user)
+
+    def train_fn(steps: _Steps, optimizer: torch.optim.Optimizer, loader: DataLoader) -> None:
+        lm = steps.module
+        lm.training_step = lambda *a, **kw: steps(*a, **kw)  # through __call__: verify's hook sees each micro-batch
+        # the user's batching, sampler and drop_last over verify's recording dataset and collate_fn
+        data = DataLoader(loader.dataset, batch_size=user.batch_size, sampler=sampler, drop_last=user.drop_last,
+                          collate_fn=loader.collate_fn, num_workers=0, pin_memory=user.pin_memory)
+        log = logging.getLogger(pl.__name__)
+        level = log.level
+        log.setLevel(logging.WARNING)  # its banner (GPU available: ...), not about accumulation
+        try:
+            with tempfile.TemporaryDirectory(prefix="accumlib-lightning-") as root, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Lightning's advice on workers and loggers
+                trainer = pl.Trainer(**trainer_kwargs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                     enable_model_summary=False, default_root_dir=root, limit_val_batches=0,
+                                     num_sanity_val_steps=0, **({"max_steps": max_steps} if max_steps else {"max_epochs": 1}))
+                trainer.fit(lm, data)
+        finally:
+            log.setLevel(level)
+
+    with _rng_kept():
+        return verify(train_fn, model=_Steps(module), dataset=user.dataset, item_losses=lambda m, b: item_losses(m.module, b),
+                      accum_steps=k, batch_size=user.batch_size, collate_fn=user.collate_fn, max_steps=max_steps)
+
+
+__all__ = ["verify_fit"]
