@@ -17,7 +17,7 @@ PRECISION ?= float32
 DEVICE    ?= auto
 SEED      ?= 0
 
-.PHONY: install lab test verify report bench clean
+.PHONY: install lab test verify report bench survey clean
 
 install: $(STAMP)
 
@@ -48,6 +48,13 @@ verify: $(STAMP)
 # MISSED; writes benchmarks/results/latest.{json,md,png} (under 10 minutes on 2 cores).
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py
+
+# Every causal-LM class and every sequence classifier of the pinned transformers, one Trainer
+# epoch each under verify_trainer: writes surveys/transformers-<version>[-sequence-classification].{md,json}
+# (about 3 minutes on 2 cores).
+survey: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/accumlib survey transformers --out surveys > /dev/null
+	OMP_NUM_THREADS=1 $(VENV)/bin/accumlib survey transformers --task sequence-classification --out surveys > /dev/null
 
 # The papermill report for the parameters above, as reports/report.ipynb and as
 # reports/report.html with the figures embedded. MPLBACKEND=Agg: no display needed.

@@ -7,9 +7,9 @@ judged against the true gradient of the mean item loss over the step's micro-bat
 item is what ``item_losses`` returns one loss for: a predicted token for a causal LM
 (``causal_lm_losses``), a sample for sequence classification (``sequence_classification_losses``).
 
-    >>> from accumlib.hf import verify_trainer          # doctest: +SKIP
-    >>> report = verify_trainer(trainer)                # your configured Trainer, untouched
-    >>> print(report)                                   # one row per optimizer step, then the findings
+    >>> from accumlib.hf import verify_trainer
+    >>> report = verify_trainer(trainer)  # your configured Trainer, untouched  # doctest: +SKIP
+    >>> print(report)  # one row per optimizer step, then the findings  # doctest: +SKIP
 
 What runs differs from ``trainer.train()`` only where a comparison needs it: one epoch (unless
 ``args.max_steps`` is set), output in a temporary folder, no checkpoints, no evaluation, no
@@ -24,6 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import inspect
 import numbers
 import random
 import tempfile
@@ -155,7 +156,13 @@ def _copied_optimizer(user_opt: torch.optim.Optimizer, user_model: torch.nn.Modu
         params = list(params)
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [params[index[id(p)]] for p in g["params"]]}
                   for g in user_opt.param_groups]
-        opt = type(user_opt)(groups, **user_opt.defaults)
+        takes = inspect.signature(type(user_opt).__init__).parameters
+        if not any(p.kind == p.VAR_KEYWORD for p in takes.values()):  # defaults may hold more than __init__ takes
+            kwargs = {k: v for k, v in user_opt.defaults.items() if k in takes}
+        else:
+            kwargs = dict(user_opt.defaults)
+        opt = type(user_opt)(groups, **kwargs)
+        opt.defaults = copy.deepcopy(user_opt.defaults)
         opt.load_state_dict(copy.deepcopy(user_opt.state_dict()))  # deep: the state tensors must not be shared
         return opt
 
@@ -168,7 +175,18 @@ def _copied_scheduler(user_sched: Any, user_opt: torch.optim.Optimizer, opt: tor
         return None
     user_sched = getattr(user_sched, "scheduler", user_sched)  # Accelerate's AcceleratedScheduler
     user_opt = getattr(user_opt, "optimizer", user_opt)
-    return copy.deepcopy(user_sched, memo={id(user_opt): opt})
+    sched = copy.deepcopy(user_sched, memo={id(user_opt): opt})
+    if not hasattr(opt.step, "_wrapped_by_lr_sched"):  # what torch's LRScheduler.__init__ does to its optimizer,
+        step = opt.step                                # so its check of the step order holds for the copy
+
+        @functools.wraps(step)
+        def tracked(*args: Any, **kwargs: Any) -> Any:
+            opt._opt_called = True  # type: ignore[attr-defined]
+            return step(*args, **kwargs)
+
+        tracked._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        opt.step = tracked  # type: ignore[method-assign]
+    return sched
 
 
 def _training_args(args: Any, output_dir: str, max_steps: int | None) -> Any:

@@ -30,9 +30,10 @@ from torch.utils.data import DataLoader, IterableDataset
 from ._batch import ItemLosses
 from ._verify import Report, verify
 
-# Trainer arguments verify sets itself: what they would change is not accumulation
+# Trainer arguments verify_fit sets itself (a user's values are replaced): none changes how
+# gradients accumulate, and each would write files, print, or run forwards on other data
 OWN = ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "default_root_dir",
-       "limit_val_batches", "num_sanity_val_steps")
+       "limit_val_batches", "num_sanity_val_steps", "max_epochs", "devices")
 
 
 def _lightning_for(module: Any) -> Any:
@@ -60,7 +61,9 @@ class _Steps(torch.nn.Module):
         return type(self.module).training_step(self.module, *args, **kwargs)
 
 
-def _check(module: Any, train_dataloaders: Any, item_losses: Any, max_steps: Any, trainer_kwargs: dict[str, Any]) -> None:
+def _check(module: Any, train_dataloaders: Any, item_losses: Any, max_steps: Any, trainer_kwargs: dict[str, Any]) -> Any:
+    """Refuse bad input before anything runs; return the Lightning package of ``module``."""
+    pl = _lightning_for(module)
     if not isinstance(train_dataloaders, DataLoader):
         hint = " (pass datamodule.train_dataloader())" if hasattr(train_dataloaders, "train_dataloader") else ""
         raise TypeError("train_dataloaders must be one torch.utils.data.DataLoader, whose dataset, batch_size and "
@@ -72,13 +75,11 @@ def _check(module: Any, train_dataloaders: Any, item_losses: Any, max_steps: Any
         raise TypeError(f"item_losses must be callable as item_losses(module, batch) (got {type(item_losses).__name__})")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1):
         raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
-    if trainer_kwargs.get("devices", 1) not in (1, "1", [0], "auto") or trainer_kwargs.get("num_nodes", 1) != 1:
-        raise ValueError("trainer_kwargs must run one process on one device: verify_fit judges a single-process run "
-                         f"(got devices={trainer_kwargs.get('devices')!r}, num_nodes={trainer_kwargs.get('num_nodes', 1)!r})")
-    own = sorted(set(trainer_kwargs) & set(OWN) | set(trainer_kwargs) & {"max_steps", "max_epochs"})
-    if own:
-        raise ValueError(f"trainer_kwargs must leave {', '.join(own)} to verify_fit (max_steps is its own argument; one "
-                         "epoch is run unless it is given) (got them set)")
+    devices = trainer_kwargs.get("devices", 1)
+    if not (devices in (1, "1") or (isinstance(devices, (list, tuple)) and len(devices) == 1)) or trainer_kwargs.get("num_nodes", 1) != 1:
+        raise ValueError("trainer_kwargs must run one process on one device (devices=1, num_nodes=1): verify_fit judges a "
+                         f"single-process run (got devices={devices!r}, num_nodes={trainer_kwargs.get('num_nodes', 1)!r})")
+    return pl
 
 
 def _sampler_copy(loader: DataLoader) -> Any:
@@ -120,11 +121,17 @@ def verify_fit(module: Any, train_dataloaders: DataLoader, *, item_losses: ItemL
     >>> sorted(report.codes)  # 110 items, batches of 8: the last window of 2 is divided by 4  # doctest: +SKIP
     ['mean-of-means', 'tail-misscaled']
     """
-    _check(module, train_dataloaders, item_losses, max_steps, trainer_kwargs)
-    pl = _lightning_for(module)
+    pl = _check(module, train_dataloaders, item_losses, max_steps, trainer_kwargs)
     user = train_dataloaders
     k = int(trainer_kwargs.get("accumulate_grad_batches", 1))
     sampler = _sampler_copy(user)
+
+    kwargs = {k: v for k, v in trainer_kwargs.items() if k not in OWN + ("callbacks",)}
+    kwargs |= dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                   limit_val_batches=0, num_sanity_val_steps=0, devices=trainer_kwargs.get("devices", 1))
+    kwargs |= {"max_steps": max_steps} if max_steps else {"max_epochs": 1}
+    callbacks = trainer_kwargs.get("callbacks") or []
+    callbacks = [callbacks] if not isinstance(callbacks, (list, tuple)) else callbacks
 
     def train_fn(steps: _Steps, optimizer: torch.optim.Optimizer, loader: DataLoader) -> None:
         lm = steps.module
@@ -138,10 +145,9 @@ def verify_fit(module: Any, train_dataloaders: DataLoader, *, item_losses: ItemL
         try:
             with tempfile.TemporaryDirectory(prefix="accumlib-lightning-") as root, warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Lightning's advice on workers and loggers
-                trainer = pl.Trainer(**trainer_kwargs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                                     enable_model_summary=False, default_root_dir=root, limit_val_batches=0,
-                                     num_sanity_val_steps=0, **({"max_steps": max_steps} if max_steps else {"max_epochs": 1}))
-                trainer.fit(lm, data)
+                # the user's callbacks, copied; checkpointing ones would write files
+                own = [copy.deepcopy(cb) for cb in callbacks if not isinstance(cb, pl.callbacks.Checkpoint)]
+                pl.Trainer(**kwargs, callbacks=own, default_root_dir=root).fit(lm, data)
         finally:
             log.setLevel(level)
 

@@ -86,6 +86,22 @@ def test_a_short_window_inside_a_pass_is_still_early():
     assert "early-step" in run(loop).codes
 
 
+def test_reading_the_dataset_outside_a_micro_batch_is_not_a_micro_batch():
+    """A loop (or the Trainer's length-grouped sampler) that reads every item for its length first: those
+    reads are not a micro-batch, and the first real one does not end the pass (v2 first said early-step)."""
+    def loop(model, opt, loader):
+        sizes = [len(x) for x, _ in loader.dataset]  # every item read once, no forward
+        assert len(sizes) == 110
+        train_windows(model, opt, loader)
+
+    def own(model, opt, loader):
+        _ = [y for _, y in loader.dataset]
+        train_windows(model, opt, DataLoader(loader.dataset, batch_size=8))  # its own collate: followed by reads
+
+    assert exact(run(loop))
+    assert exact(run(own))
+
+
 # ---- worker processes and iterable datasets --------------------------------------------------------
 
 def test_loader_workers_are_refused_with_the_cause():

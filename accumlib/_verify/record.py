@@ -71,8 +71,16 @@ class Tracked(Dataset):
     def __getitem__(self, i: int) -> Any:
         if get_worker_info() is not None:
             raise RuntimeError(WORKERS)
+        try:
+            item = self.dataset[i]
+        except IndexError:
+            # `for x in dataset` (Python's sequence protocol) read 0..i-1 and ends here: a sweep over
+            # the data for the loop's own purposes (item lengths), not a micro-batch
+            if i > 0 and self.pending[-i:] == list(range(i)):
+                del self.pending[-i:]
+            raise
         self.pending.append(i)
-        return self.dataset[i]
+        return item
 
 
 class TrackedIterable(IterableDataset):
@@ -188,7 +196,9 @@ class Recorder:
             raise RuntimeError(WORKERS)
         batch = self.collate(samples)
         if isinstance(self.dataset, Tracked):
-            idx, self.dataset.pending = self.dataset.pending, []
+            # the last len(samples) reads are this batch's; earlier ones were the loop reading the dataset
+            # for its own purposes (item lengths for a length-grouped sampler), not a micro-batch
+            idx, self.dataset.pending = self.dataset.pending[len(self.dataset.pending) - len(samples):], []
             self._register(batch, idx)
         else:
             self.dataset.pending = 0
@@ -259,11 +269,22 @@ class Recorder:
         if len(taken) > 1 and total == rows:
             return taken
         if isinstance(self.dataset, Tracked) and 0 < rows <= len(self.dataset.pending):
-            # the loop's own DataLoader over loader.dataset (its own collate): the items it just drew
-            idx, self.dataset.pending = self.dataset.pending[:rows], self.dataset.pending[rows:]
-            b = self._register(self.collate([self.dataset.dataset[i] for i in idx]), idx)
-            return [b]
+            return [self._from_pending(key, rows)]
         return None
+
+    def _from_pending(self, key: torch.Tensor, rows: int) -> int:
+        """The loop's own DataLoader over loader.dataset (its own collate): the items it just drew.
+        The oldest reads when the loop drew its batches ahead, the latest when it read the dataset
+        for other purposes first; checked by content where the collates agree, else the oldest."""
+        pending = self.dataset.pending  # type: ignore[union-attr]
+        first, last = pending[:rows], pending[len(pending) - rows:]
+        for idx, rest in ((first, pending[rows:]), (last, pending[:len(pending) - rows])):
+            batch = self.collate([self.dataset.dataset[i] for i in idx])  # type: ignore[union-attr]
+            if any(u.shape == key.shape and torch.equal(u.to(key.device, key.dtype), key) for u in tensors(batch)):
+                self.dataset.pending = rest  # type: ignore[union-attr]
+                return self._register(batch, idx)
+        self.dataset.pending = pending[rows:]  # type: ignore[union-attr]
+        return self._register(self.collate([self.dataset.dataset[i] for i in first]), first)  # type: ignore[union-attr]
 
     # -- hooks ------------------------------------------------------------------------------
     def on_backward(self, p: torch.Tensor) -> None:
