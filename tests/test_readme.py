@@ -74,3 +74,39 @@ def test_gallery_size_in_the_readme_is_the_gallerys():
     from accumlib import GALLERY
 
     assert f"`accumlib.GALLERY` holds {len(GALLERY)} example loops" in " ".join(README.split())
+
+
+def _section(heading: str) -> str:
+    return README.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def _run_block(code: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+    return out.getvalue()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])  # verify_trainer on GPT-2, verify_fit on Lightning, Accelerate's CLM loop
+def test_framework_examples_print_what_the_readme_shows(nth, monkeypatch):
+    """Each self-contained example of "Verify a framework's own loop" prints the block after it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    section = _section("## Verify a framework's own loop")
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[nth]
+    shown = re.findall(r"```text\n(.*?)```", section, re.S)[nth - 1]
+    assert _mask(_run_block(code)) == _mask(shown)
+
+
+def test_survey_summaries_in_the_readme_are_the_committed_surveys():
+    from accumlib import survey
+
+    section = _section("## Verify a framework's own loop")
+    surveys = Path(__file__).resolve().parents[1] / "surveys"
+    files = sorted(surveys.glob("transformers-*.json"))
+    assert len(files) == 2
+    for f in files:
+        assert survey.summary(survey.Survey.from_json(f.read_text())).strip() in section
