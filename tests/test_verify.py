@@ -396,7 +396,7 @@ def _textbook(k):
 DIGITS_50 = accumlib.digits(50)  # loaded once: sklearn parses its CSV on every call
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, derandomize=True)  # the same examples every run: no flaky kills
 @given(n=st.integers(1, 50), b=st.integers(1, 9), k=st.integers(1, 5))
 def test_awkward_sizes_on_purpose(n, b, k):
     """Sizes k and b need not divide: the exact loop always passes, the textbook loop fails only where it must."""

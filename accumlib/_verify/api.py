@@ -210,9 +210,9 @@ def _coverage(rec: Recorder, batch_size: int, stepped: int) -> tuple[int, int | 
     for mb in rec.leftovers():  # forwarded after the last step: the loop saw them, no step used them
         n, loss = rec.count_and_loss(mb.batch)
         seen_items, seen_loss = seen_items + n, seen_loss + loss
-    if not isinstance(rec.dataset, Tracked):  # no indices: what was drawn after the last micro-batch used
-        last = max(rec.consumed, default=-1)
-        missing = seen_items + sum(rec.count_and_loss(rec.mbs[b].batch)[0] for b in rec.fresh if b > last)
+    if not isinstance(rec.dataset, Tracked):  # no indices: what was drawn in a pass the loop trained on, never used
+        missing = seen_items + sum(rec.count_and_loss(rec.mbs[b].batch)[0] for b in rec.fresh
+                                   if rec.mbs[b].pass_id in rec.passes_used)
         return missing, stepped + missing, seen_items, seen_loss
     left = [i for i in range(len(rec.dataset)) if i not in rec.used_indices]  # never in a stepped window
     missing = 0

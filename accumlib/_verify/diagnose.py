@@ -57,7 +57,8 @@ CAUSES = {
 
 def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float) -> str:
     """The key of the known cause a factor matches (see ``CAUSES``), or ''."""
-    known = [("shift", items / (items + sequences))] if sequences else []
+    # a sequence adds one unpredicted label only where items are tokens: more items than sequences
+    known = [("shift", items / (items + sequences))] if 0 < sequences < items else []
     known += [("1/k", 1 / k), ("k", float(k))] + ([("1/m", 1 / m)] if m > 1 else [])
     for key, value in known:
         if _near(c, value, rtol):
@@ -138,7 +139,7 @@ def _explains(out: StepVerdict) -> bool:
 
 def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> None:
     w = n.weights
-    if n.leak and n.leak_coef > 0.5:
+    if n.leak and n.leak_coef > COEF_RTOL:  # any share of it: GradScaler's unscale_ or a /k shrinks it too
         out.codes.append("no-zero-grad")
         out.detail = f"the gradient held {n.leak_coef:.2f} x what .grad contained before the window began"
     near0 = [abs(x) < COEF_RTOL for x in w]
@@ -147,8 +148,8 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
             out.codes.append("zero-grad-inside-window")
             out.detail = f"micro-batches weighted {[round(x, 3) for x in w]} (1 is right)"
         return
-    if all(_near(x, 1.0, tol) for x in w):
-        return  # every micro-batch right: whatever is off is the leak named above
+    if all(_near(x, 1.0, tol) for x in w) and "no-zero-grad" in out.codes:
+        return  # every micro-batch right: what is off is the leak named above
     sizes = [f.items for f in n.fits]
     v = [x * nj / n.items for x, nj in zip(w, sizes)]
     unequal = len(set(sizes)) > 1

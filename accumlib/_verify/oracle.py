@@ -165,21 +165,24 @@ class WindowOracle:
         pairs = [(0, 0), (0, 1), (0, 2), (1, 2), (2, 2)] if self.pp > 0 else [(0, 0), (0, 2), (2, 2)]
         batches = [to_device(b, device) for b in batches]
         rows = sum(leading_rows(b) for b in batches)
+        # float16 has 5 exponent bits: the gradient of the loss *sum* times GradScaler's 2**16 overflows where
+        # the loop's (a mean, or a sum / N) does not; per row, the replay's magnitudes are the loop's
+        scale = how.scale / max(rows, 1) if how.autocast is not None and how.autocast[1] == torch.float16 else how.scale
 
         def hook(i: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
             def seen(g: torch.Tensor) -> torch.Tensor | None:
-                if how.scale != 1.0:
-                    g = g / how.scale
+                if scale != 1.0:
+                    g = g / scale
                 if dots is not None:
                     grads, prev, unclip = watch  # type: ignore[misc]
                     _gram_into(dots, [grads[i], prev[i], g], [1.0 / unclip, 1.0, 1.0], self.scratch, pairs)
-                return g if how.scale != 1.0 else None
+                return g if scale != 1.0 else None
             return seen
 
         with exact(how):
-            handles = [leaf.register_hook(hook(i)) for i, leaf in enumerate(self.leaves)] if (watch or how.scale != 1.0) else []
+            handles = [leaf.register_hook(hook(i)) for i, leaf in enumerate(self.leaves)] if (watch or scale != 1.0) else []
             try:  # one backward for the group: s is the group's, as the loop's .grad saw it
-                _, losses = sum_grad(self.shadow, batches, self.item_losses, self.leaves, scale=how.scale,
+                _, losses = sum_grad(self.shadow, batches, self.item_losses, self.leaves, scale=scale,
                                      check_finite=False, accumulate=True)
             except ValueError:
                 if any(x.numel() for x in _losses(self, batches)):

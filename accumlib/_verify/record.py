@@ -114,6 +114,7 @@ class MicroBatch:
     rows: int
     epoch_end: bool = False
     position: int = 0  # 1-based place in its pass over the data
+    pass_id: int = 0
 
 
 @dataclass
@@ -177,11 +178,12 @@ class Recorder:
     forwards: int = 0
     drawn: int = 0
     epoch_items: int = 0
-    leftover: list[MicroBatch] = field(default_factory=list)  # forwarded, never stepped (kept for the epoch loss)
-    scale: float = 1.0
+    scale: float = 1.0  # GradScaler's, at the loop's last scale() call
     end_next: bool = False  # an IterableDataset ran out while this batch was being drawn
-    used_indices: set[int] = field(default_factory=set)
-    position: int = 0  # dataset indices of windows that reached a step
+    used_indices: set[int] = field(default_factory=set)  # dataset indices of windows that reached a step
+    position: int = 0  # place of the last micro-batch drawn in its pass over the data
+    passes: int = 0  # passes over the data that ended so far
+    passes_used: set[int] = field(default_factory=set)  # passes the loop trained on (not a sweep for sizes)
 
     def __post_init__(self) -> None:
         self.params = [p for p in self.net.parameters() if p.requires_grad]
@@ -210,13 +212,14 @@ class Recorder:
         self.drawn += 1
         first = next(tensors(batch), None)
         self.position += 1
-        mb = MicroBatch(batch, idx, int(first.shape[0]) if first is not None and first.dim() else 0, self.end_next, self.position)
+        mb = MicroBatch(batch, idx, int(first.shape[0]) if first is not None and first.dim() else 0, self.end_next,
+                        self.position, self.passes)
         if idx is not None:  # a pass over a map-style dataset ends when it has handed out every item
             self.epoch_items += len(idx)
             if self.epoch_items >= len(self.dataset):  # type: ignore[arg-type]
                 mb.epoch_end, self.epoch_items = True, 0
         if mb.epoch_end:
-            self.position = 0
+            self.position, self.passes = 0, self.passes + 1
         self.end_next = False
         self.mbs[b] = mb
         self.fresh.append(b)
@@ -232,7 +235,7 @@ class Recorder:
             self.end_next = True
         elif self.drawn - 1 in self.mbs:
             self.mbs[self.drawn - 1].epoch_end = True
-            self.position = 0
+            self.position, self.passes = 0, self.passes + 1
 
     def _release(self, ids: list[int]) -> None:
         for b in ids:
@@ -307,6 +310,7 @@ class Recorder:
         for b in new:
             self.fresh.remove(b)
             self.consumed.add(b)
+            self.passes_used.add(self.mbs[b].pass_id)
             self.window.append(b)
             self.group.append(b)
             self.lrs.append((id(self.optimizer), tuple(float(g["lr"]) for g in self.optimizer.param_groups)))
@@ -379,9 +383,10 @@ class Recorder:
         step, scale = torch.amp.GradScaler.step, torch.amp.GradScaler.scale
 
         def scaled(scaler: Any, outputs: Any) -> Any:
+            out = scale(scaler, outputs)  # first, so the scale exists (GradScaler makes it lazily, on its first call)
             if scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
                 self.scale = float(scaler._scale.item()) if isinstance(scaler._scale, torch.Tensor) else float(scaler._scale)
-            return scale(scaler, outputs)
+            return out
 
         def stepped(scaler: Any, optimizer: Any, *a: Any, **kw: Any) -> Any:
             before = len(self.steps)
