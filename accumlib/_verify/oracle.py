@@ -36,25 +36,30 @@ from ..oracle import sum_grad
 
 Vec = list  # one tensor (or None: zero) per trainable parameter
 CHUNK = 1 << 20  # float64 dot products are taken 1M elements at a time: 8 MB of scratch per operand
+# Up to this many parameters a micro-batch's gradient is taken whole (torch.autograd.grad) and its dot
+# products in one matrix product: a few MB, where a hook per tensor would cost more than the arithmetic.
+SMALL = 1 << 20
 
 
 def gram(vectors: Sequence[Vec], scales: Sequence[float] | None = None, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """All pairwise dot products of a few parameter-shaped vectors, in float64 (float32 products
-    are exact in float64, so a fit's residual keeps ~1e-8 relative precision). One pass over
-    memory, a chunk at a time through a reused (n, CHUNK) float64 scratch: M @ M.T per chunk."""
+    are exact in float64, so a fit's residual keeps ~1e-8 relative precision); ``scales`` multiply
+    the vectors first."""
     n = len(vectors)
     like = next((t for v in vectors for t in v if t is not None), None)
     if like is None:
         return torch.zeros(n, n, dtype=torch.float64)
     out = torch.zeros(n, n, dtype=torch.float64, device=like.device)
     for i in range(len(vectors[0])):
-        _gram_into(out, [v[i] for v in vectors], [1.0] * n, scratch)
-    g = out.cpu()
-    g = torch.triu(g) + torch.triu(g, 1).T
-    if scales is not None:
-        sc = torch.tensor(list(scales), dtype=torch.float64)
-        g = g * sc[:, None] * sc[None, :]
-    return g
+        _gram_into(out, [v[i] for v in vectors], scratch)
+    return _scaled(out.cpu(), scales)
+
+
+def _scaled(g: torch.Tensor, scales: Sequence[float] | None) -> torch.Tensor:
+    if scales is None:
+        return g
+    sc = torch.tensor(list(scales), dtype=torch.float64)
+    return g * sc[:, None] * sc[None, :]
 
 
 @dataclass
@@ -134,7 +139,6 @@ class WindowOracle:
     leak: bool = False
     finite: bool = True
     scratch: torch.Tensor | None = None  # (3, CHUNK) float64, for the dot products
-    pp: float = 0.0  # <P, P>
 
     def open(self, grads: Vec) -> None:
         """A window begins: O = 0, and P remembers what .grad holds (it should be nothing)."""
@@ -152,7 +156,6 @@ class WindowOracle:
         self.finite = True
         if self.scratch is None or self.scratch.device != self.leaves[0].device:
             self.scratch = torch.empty(3, CHUNK, dtype=torch.float64, device=self.leaves[0].device)
-        self.pp = float(gram([self.P], scratch=self.scratch)[0, 0]) if self.leak else 0.0
 
     def backward(self, batches: Sequence[Any], how: Replay, watch: tuple[Vec, Vec, float] | None = None
                  ) -> tuple[int, float, int, torch.Tensor | None]:
@@ -161,8 +164,6 @@ class WindowOracle:
         Returns items, loss sum, sequences (rows), and the Gram matrix."""
         device = self.leaves[0].device
         dots = torch.zeros(3, 3, dtype=torch.float64, device=device) if watch is not None else None
-        # <P, P> is the previous boundary's <C, C> (P is a copy of it), and with P = 0 only C and s meet
-        pairs = [(0, 0), (0, 1), (0, 2), (1, 2), (2, 2)] if self.pp > 0 else [(0, 0), (0, 2), (2, 2)]
         batches = [to_device(b, device) for b in batches]
         rows = sum(leading_rows(b) for b in batches)
         # float16 has 5 exponent bits: the gradient of the loss *sum* times GradScaler's 2**16 overflows where
@@ -174,12 +175,28 @@ class WindowOracle:
                 if scale != 1.0:
                     g = g / scale
                 if dots is not None:
-                    grads, prev, unclip = watch  # type: ignore[misc]
-                    _gram_into(dots, [grads[i], prev[i], g], [1.0 / unclip, 1.0, 1.0], self.scratch, pairs)
+                    grads, prev, _ = watch  # type: ignore[misc]
+                    _gram_into(dots, [grads[i], prev[i], g], self.scratch)
                 return g if scale != 1.0 else None
             return seen
 
+        small = sum(leaf.numel() for leaf in self.leaves) <= SMALL
         with exact(how):
+            if small:  # a small model: one gradient vector and one product cost less than a hook per tensor
+                try:
+                    s, losses = sum_grad(self.shadow, batches, self.item_losses, self.leaves, scale=scale, check_finite=False)
+                except ValueError:
+                    if any(x.numel() for x in _losses(self, batches)):
+                        raise
+                    s, losses = [None] * len(self.leaves), []
+                s = [g / scale if g is not None and scale != 1.0 else g for g in s]  # type: ignore[union-attr]
+                if dots is not None:
+                    grads, prev, _ = watch  # type: ignore[misc]
+                    _gram_into(dots, [_cat(grads, self.leaves), _cat(prev, self.leaves), _cat(s, self.leaves)])
+                for leaf, g in zip(self.leaves, s):
+                    if g is not None:
+                        leaf.grad.add_(g)  # type: ignore[union-attr]
+                return sum(x.numel() for x in losses), sum(float(x.double().sum()) for x in losses), rows, dots
             handles = [leaf.register_hook(hook(i)) for i, leaf in enumerate(self.leaves)] if (watch or scale != 1.0) else []
             try:  # one backward for the group: s is the group's, as the loop's .grad saw it
                 _, losses = sum_grad(self.shadow, batches, self.item_losses, self.leaves, scale=scale,
@@ -203,10 +220,7 @@ class WindowOracle:
         if dots is not None and not math.isfinite(float(dots[0, 0])):  # |G|^2 is finite only if every entry is
             self.finite = False
         if self.finite and dots is not None:
-            g = dots.cpu()
-            g[1, 1] = self.pp
-            a, beta, resid = fit_group(torch.triu(g) + torch.triu(g, 1).T)
-            self.pp = float(g[0, 0]) * unclip * unclip
+            a, beta, resid = fit_group(_scaled(dots.cpu(), [1.0 / unclip, 1.0, 1.0]))
         else:
             a, beta, resid = math.nan, math.nan, math.nan
         self.fits.append(Fit(len(batches), n, rows, a, beta, resid))
@@ -235,35 +249,41 @@ class WindowOracle:
         return n, loss
 
 
+def _cat(vec: Vec, like: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(t if t is not None else torch.zeros_like(p)).detach().reshape(-1) for t, p in zip(vec, like)])
+
+
 def _losses(oracle: "WindowOracle", batches: Sequence[Any]) -> list[torch.Tensor]:
     with torch.no_grad():
         return [checked_losses(oracle.item_losses, oracle.shadow, b, check_finite=False) for b in batches]
 
 
-def _gram_into(out: torch.Tensor, parts: list[torch.Tensor | None], scales: list[float],
-               scratch: torch.Tensor | None = None, pairs: Sequence[tuple[int, int]] | None = None) -> None:
-    """out[a, b] += scales[a] * scales[b] * <parts[a], parts[b]> for a <= b (or only ``pairs``),
-    in float64 chunks through ``scratch``, a reused (>= len(parts), CHUNK) float64 buffer (a fresh
-    one per call costs page faults)."""
+def _gram_into(out: torch.Tensor, parts: list[torch.Tensor | None], scratch: torch.Tensor | None = None) -> None:
+    """out += M @ M.T for the rows M = parts (None: zeros), in float64. A tensor of up to CHUNK
+    elements goes in one stack; a larger one a chunk at a time through ``scratch``, a reused
+    (>= len(parts), CHUNK) float64 buffer (a fresh one per call costs page faults)."""
     like = next((t for t in parts if t is not None), None)
     if like is None:
         return
-    n = len(parts)
-    if scratch is None or scratch.shape[0] < n or scratch.device != like.device:
-        scratch = torch.empty(n, min(CHUNK, like.numel()), dtype=torch.float64, device=like.device)
-    pairs = [(a, b) for a in range(n) for b in range(a, n)] if pairs is None else pairs
-    pairs = [(a, b) for a, b in pairs if parts[a] is not None and parts[b] is not None]
-    used = sorted({a for pair in pairs for a in pair})
+    n, numel = len(parts), like.numel()
     flat = [t.detach().reshape(-1) if t is not None else None for t in parts]
-    acc = torch.zeros(len(pairs), dtype=torch.float64, device=out.device)
-    for start in range(0, like.numel(), scratch.shape[1]):
-        width = min(scratch.shape[1], like.numel() - start)
-        for a in used:
+    if numel <= CHUNK:  # the common case for all but the largest tensors: three ops, no Python loop
+        m = torch.stack([f if f is not None else torch.zeros_like(like).reshape(-1) for f in flat]).double()
+        out += m @ m.T
+        return
+    if scratch is None or scratch.shape[0] < n or scratch.device != like.device:
+        scratch = torch.empty(n, CHUNK, dtype=torch.float64, device=like.device)
+    rows = [a for a, f in enumerate(flat) if f is not None]
+    for start in range(0, numel, CHUNK):
+        width = min(CHUNK, numel - start)
+        for a in rows:
             scratch[a, :width].copy_(flat[a][start:start + width])  # type: ignore[index]
-        for q, (a, b) in enumerate(pairs):
-            acc[q] += torch.dot(scratch[a, :width], scratch[b, :width])
-    for q, (a, b) in enumerate(pairs):
-        out[a, b] += acc[q] * (scales[a] * scales[b])
+        for i, a in enumerate(rows):  # the unique dot products only: 6, not the 9 of M @ M.T
+            for b in rows[i:]:
+                d = torch.dot(scratch[a, :width], scratch[b, :width])
+                out[a, b] += d
+                if a != b:
+                    out[b, a] += d
 
 
 def leading_rows(batch: Any) -> int:
