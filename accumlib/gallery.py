@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from .data import count_tokens, digits
 from .models import MLP
-from ._batch import checked_losses, to_device
+from ._batch import checked_losses, to_device, windows
 from .tasks import classification_losses, get_task, token_losses
 from ._verify import Report, verify
 
@@ -332,7 +332,7 @@ def bug_logged_loss_scaled(model, optimizer, loader):
 
 def bug_misscaled(model, optimizer, loader):
     """Divides by 1.04 x the window's item count: every step 4% too small, nothing else wrong."""
-    for window in _windows(loader):
+    for window in windows(loader, K):
         n = sum(len(y) for _, y in window)
         for x, y in window:
             (F.cross_entropy(model(x), y, reduction="sum") / (1.04 * n)).backward()
@@ -343,7 +343,7 @@ def bug_misscaled(model, optimizer, loader):
 def bug_labels_before_shift(model, optimizer, loader):
     """A causal LM's window divided by its labels counted before the shift: N + S for N predicted tokens
     in S sequences (transformers 5.23's Trainer does this for GPT2LMHeadModel): every step x N/(N+S)."""
-    for window in _windows(loader):
+    for window in windows(loader, K):
         count = sum(count_tokens(b) + b[0].shape[0] for b in window)  # one label too many per sequence
         for batch in window:
             (token_losses(model, batch).sum() / count).backward()
@@ -352,18 +352,6 @@ def bug_labels_before_shift(model, optimizer, loader):
 
 
 # ---- correct loops ---------------------------------------------------------------------------
-
-def _windows(loader):
-    """Draw K micro-batches at a time (fewer at the end), so a window's items are known before backward."""
-    data, window = iter(loader), []
-    for batch in data:
-        window.append(batch)
-        if len(window) == K:
-            yield window
-            window = []
-    if window:
-        yield window
-
 
 def correct_enumerate(model, optimizer, loader):
     """enumerate + (i + 1) % K, every item weighted 1/N of its window, the tail stepped."""
@@ -381,7 +369,7 @@ def correct_enumerate(model, optimizer, loader):
 def correct_inner_for(model, optimizer, loader):
     """An inner for over each window's micro-batches; logs the true mean item loss."""
     total, items = 0.0, 0
-    for window in _windows(loader):
+    for window in windows(loader, K):
         n = sum(len(y) for _, y in window)
         for x, y in window:
             losses = F.cross_entropy(model(x), y, reduction="none")
@@ -416,7 +404,7 @@ def correct_amp_clip_scheduler(model, optimizer, loader):
     scaler = torch.amp.GradScaler("cpu")
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     bar = tqdm(total=len(loader), file=io.StringIO())
-    for window in _windows(loader):
+    for window in windows(loader, K):
         n = sum(len(y) for _, y in window)
         for x, y in window:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -444,7 +432,7 @@ def clip_by_total_norm(params, max_norm):
 
 def correct_own_clip(model, optimizer, loader):
     """Correct windows, clipped with the loop's own function: verify must say what it assumed."""
-    for window in _windows(loader):
+    for window in windows(loader, K):
         n = sum(len(y) for _, y in window)
         for x, y in window:
             (F.cross_entropy(model(x), y, reduction="sum") / n).backward()

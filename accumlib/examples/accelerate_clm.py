@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from .._batch import windows
 from .data import IGNORE_INDEX, collate, token_sequences
 
 K = 4  # gradient_accumulation_steps
@@ -83,18 +83,6 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any)
             optimizer.zero_grad()
 
 
-def _windows(loader: Any, k: int) -> Iterator[list[Any]]:
-    """Draw k micro-batches at a time (fewer at the end), so a window's tokens are counted before any backward."""
-    window: list[Any] = []
-    for batch in loader:
-        window.append(batch)
-        if len(window) == k:
-            yield window
-            window = []
-    if window:
-        yield window
-
-
 def train_counted(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> None:
     """The same epoch, each window divided by its own predicted-token count N."""
     from transformers import get_scheduler
@@ -103,7 +91,7 @@ def train_counted(model: torch.nn.Module, optimizer: torch.optim.Optimizer, load
     lr_scheduler = get_scheduler("linear", optimizer=optimizer, num_warmup_steps=0, num_training_steps=math.ceil(len(loader) / K))
     model, optimizer, loader, lr_scheduler = accelerator.prepare(model, optimizer, loader, lr_scheduler)
     model.train()
-    for window in _windows(loader, K):
+    for window in windows(loader, K):  # k micro-batches at a time, the tail too: tokens counted before backward
         n = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in window)  # after the shift
         n = int(accelerator.gather(torch.tensor(n, device=accelerator.device)).sum())  # all processes' tokens
         for i, batch in enumerate(window):
