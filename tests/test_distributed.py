@@ -183,3 +183,61 @@ def test_the_loop_refuses_a_model_without_ddp():
     model = torch.nn.Linear(2, 1)
     with pytest.raises(TypeError, match="model must be wrapped in DistributedDataParallel"):
         ddp_accumulate(model, torch.optim.SGD(model.parameters(), lr=0.1), [], None, accum_steps=2)
+
+
+def _abort_on_rank_0(rank, world_size):
+    import os
+    import sys
+
+    if rank == 0:
+        print("rank 0 about to abort", file=sys.stderr, flush=True)
+        os.abort()  # like a C++ std::terminate inside gloo: no Python traceback is written
+    time.sleep(600)
+
+
+def test_a_rank_killed_by_a_signal_fails_the_launch_with_what_it_printed():
+    from torch.multiprocessing import ProcessExitedException
+
+    with pytest.raises(ProcessExitedException, match="SIGABRT") as info:
+        launch(_abort_on_rank_0, world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
+    assert "rank 0's last stderr lines:\nrank 0 about to abort" in str(info.value)
+    assert info.value.error_index == 0
+    assert not multiprocessing.active_children()
+
+
+def _warn_and_succeed(rank, world_size):
+    import sys
+
+    print(f"a warning from rank {rank}", file=sys.stderr, flush=True)
+    dist.barrier()
+
+
+def test_what_ranks_print_to_stderr_is_copied_to_the_callers_stderr(capsys):
+    launch(_warn_and_succeed, world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
+    err = capsys.readouterr().err
+    assert "[rank 0] a warning from rank 0" in err and "[rank 1] a warning from rank 1" in err
+
+
+def _write_gloo_interface(rank, world_size, out):
+    import os
+
+    with open(f"{out}.{rank}", "w") as fh:
+        fh.write(os.environ.get("GLOO_SOCKET_IFNAME", "<unset>"))
+
+
+def test_gloo_is_pinned_to_loopback_in_the_ranks(tmp_path, monkeypatch):
+    # gloo otherwise binds to the address the hostname resolves to, which need not be
+    # the loopback the rendezvous uses
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    launch(_write_gloo_interface, (str(tmp_path / "ifname"),), world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
+    assert [(tmp_path / f"ifname.{r}").read_text() for r in range(WORLD)] == ["lo"] * WORLD
+
+
+def test_gloo_interface_rule():
+    from accumlib.distributed.launch import gloo_interface
+
+    assert gloo_interface("gloo", "127.0.0.1", {}) == "lo"
+    assert gloo_interface("gloo", "localhost", {}) == "lo"
+    assert gloo_interface("gloo", "127.0.0.1", {"GLOO_SOCKET_IFNAME": "eth1"}) is None  # the user's choice stays
+    assert gloo_interface("gloo", "192.0.2.1", {}) is None  # not loopback: peers may be elsewhere
+    assert gloo_interface("nccl", "127.0.0.1", {}) is None

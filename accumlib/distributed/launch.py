@@ -6,6 +6,14 @@ NCCL when every rank has a GPU). A rank that raises fails the launch with its
 traceback; a launch that runs past ``timeout`` is stopped. Either way every child is
 terminated (then killed) before ``launch`` returns or raises.
 
+Each rank's standard error goes to a file that ``launch`` copies to its own
+``sys.stderr`` afterwards, prefixed ``[rank r]``, and whose last lines it puts into the
+error when a rank fails. A rank killed by a signal (a C++ abort inside gloo or the
+rendezvous store) writes no Python traceback; what it printed is the only clue, and in a
+notebook or under pytest a child's raw stderr is otherwise lost. (CI once saw rank 0
+die by SIGABRT during a launch with nothing kept; it did not happen again here in 25
+launches on loaded cores, so its cause is still unknown.)
+
 ``fn`` must be importable (a module-level function in an installed module): spawned
 children import it by name, so a function defined in a notebook cannot be sent.
 """
@@ -13,11 +21,14 @@ children import it by name, so a function defined in a notebook cannot be sent.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import numbers
 import os
 import socket
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +40,8 @@ HOST = "127.0.0.1"
 COLLECTIVE_TIMEOUT_S = 60.0
 # After SIGTERM, how long a child gets to exit before SIGKILL.
 KILL_GRACE_S = 5.0
+# How many of a failed rank's last stderr lines go into the launch's error.
+STDERR_TAIL_LINES = 30
 
 
 def check_world_size(world_size: object) -> int:
@@ -87,13 +100,41 @@ def init_from_env(backend: str | None = None, timeout: float = COLLECTIVE_TIMEOU
     return dist.get_rank(), dist.get_world_size()
 
 
+def gloo_interface(backend: str, host: str, environ: Mapping[str, str]) -> str | None:
+    """The network interface gloo should bind to for a launch on ``host``, or None to leave gloo's choice.
+
+    Left alone, gloo binds to whatever address the machine's *hostname* resolves to, which
+    in containers and sandboxes can be an interface other than the loopback the rendezvous
+    uses (torch then warns, or cannot connect). When every peer is on this machine,
+    loopback is the one right interface. A user's own ``GLOO_SOCKET_IFNAME`` is kept.
+    """
+    if backend != "gloo" or "GLOO_SOCKET_IFNAME" in environ or not _loopback(host) or "lo" not in _interfaces():
+        return None
+    return "lo"
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, host: str, port: int, backend: str,
-           timeout: float, args: Sequence[Any]) -> None:
+           timeout: float, args: Sequence[Any], log_dir: str) -> None:
     import torch.distributed as dist
 
+    # Everything this rank writes to fd 2 (Python tracebacks and warnings, and C++ aborts,
+    # which never reach Python) lands in its own file; launch() copies it back.
+    log = os.open(os.path.join(log_dir, f"rank{rank}.stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
     torch.set_num_threads(1)  # ranks share the machine's cores; one thread each avoids oversubscription
     os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    interface = gloo_interface(backend, host, os.environ)
+    if interface:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
@@ -101,6 +142,13 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, host: str, port: 
     # Only on success: tearing the group down on failure would break the peers' connections
     # before this rank's traceback is written, and the peers' errors would look like the cause.
     dist.destroy_process_group()
+
+
+def _interfaces() -> set[str]:
+    try:
+        return {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return set()
 
 
 def launch(
@@ -131,24 +179,52 @@ def launch(
         raise ValueError(f"world_size must be <= the number of GPUs for nccl (got {world_size}, {torch.cuda.device_count()} GPUs)")
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(
-        _entry, args=(fn, world_size, host, port, backend, min(COLLECTIVE_TIMEOUT_S, timeout), tuple(args)),
-        nprocs=world_size, join=False, start_method="spawn",
-    )
-    deadline = time.monotonic() + timeout
+    with tempfile.TemporaryDirectory(prefix="accumlib-launch-") as log_dir:
+        ctx = mp.start_processes(
+            _entry, args=(fn, world_size, host, port, backend, min(COLLECTIVE_TIMEOUT_S, timeout), tuple(args), log_dir),
+            nprocs=world_size, join=False, start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            # join() raises ProcessRaisedException/ProcessExitedException as soon as one rank fails
+            while not ctx.join(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"distributed run did not finish within timeout={timeout} s (world_size={world_size}); "
+                                       f"ranks stopped{_stderr_tails(log_dir, world_size)}")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
+            _stop(ctx.processes)
+            raise _every_failure(ctx, err, _stderr_tails(log_dir, world_size)) from None
+        finally:
+            _stop(ctx.processes)
+            _replay_stderr(log_dir, world_size)
+
+
+def _read_log(log_dir: str, rank: int) -> str:
     try:
-        # join() raises ProcessRaisedException/ProcessExitedException as soon as one rank fails
-        while not ctx.join(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"distributed run did not finish within timeout={timeout} s (world_size={world_size}); ranks stopped")
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
-        _stop(ctx.processes)
-        raise _every_failure(ctx, err) from None
-    finally:
-        _stop(ctx.processes)
+        with open(os.path.join(log_dir, f"rank{rank}.stderr"), errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
 
 
-def _every_failure(ctx: Any, err: Exception) -> Exception:
+def _replay_stderr(log_dir: str, world_size: int) -> None:
+    for rank in range(world_size):
+        text = _read_log(log_dir, rank)
+        if text.strip():
+            sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").split("\n")))
+
+
+def _stderr_tails(log_dir: str, world_size: int) -> str:
+    parts = []
+    for rank in range(world_size):
+        lines = _read_log(log_dir, rank).rstrip("\n").split("\n")
+        if any(line.strip() for line in lines):
+            tail = "\n".join(lines[-STDERR_TAIL_LINES:])
+            parts.append(f"\n\n-- rank {rank}'s last stderr lines:\n{tail}")
+    return "".join(parts)
+
+
+def _every_failure(ctx: Any, err: Exception, tails: str = "") -> Exception:
     """One rank's failure makes its peers fail too (a reset connection); report every rank, first failure first.
 
     torch's join() reports whichever failed rank it notices first, which may be a peer
@@ -164,14 +240,17 @@ def _every_failure(ctx: Any, err: Exception) -> Exception:
             with open(path, "rb") as fh:
                 found.append((os.path.getmtime(path), rank, pickle.load(fh)))
     if not found:
-        return err
+        # Killed by a signal or exited without a Python traceback: what it printed is all there is.
+        if isinstance(err, mp.ProcessExitedException):
+            return mp.ProcessExitedException(f"{err.msg}{tails}", err.error_index, err.error_pid, err.exit_code, err.signal_name)
+        return mp.ProcessRaisedException(f"{err.msg}{tails}", err.error_index, err.error_pid)
     found.sort()
     msg = "".join(
         f"\n\n-- rank {rank} {'failed first' if n == 0 else 'failed next'} with the following error:\n{trace}"
         for n, (_, rank, trace) in enumerate(found)
     )
     first = found[0][1]
-    return mp.ProcessRaisedException(msg, first, ctx.processes[first].pid)
+    return mp.ProcessRaisedException(msg + tails, first, ctx.processes[first].pid)
 
 
 def _stop(processes: Sequence[Any]) -> None:
