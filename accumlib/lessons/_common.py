@@ -1,0 +1,94 @@
+"""What every lesson shares: argument checks, tables that render as HTML, the digits cache.
+
+Checks name the argument, the rule and the value, like the loops' own checks, and run
+before any work starts.
+
+>>> check_int("accum_steps", 0, low=1)
+Traceback (most recent call last):
+...
+ValueError: accum_steps must be an integer >= 1 (got 0)
+>>> check_choice("norm", "layer", ("batch", "group"))
+Traceback (most recent call last):
+...
+ValueError: norm must be one of 'batch', 'group' (got 'layer')
+>>> print(Table(("k", "ratio"), [(1, 1.0), (16, 16.0)]))
+k   ratio
+--  -----
+1   1.0
+16  16.0
+"""
+
+from __future__ import annotations
+
+import html
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+
+def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> int:
+    """``value`` must be an integer (not a bool) within ``low..high``; ``why`` says where a bound comes from."""
+    rule = "an integer" + (f" >= {low}" if low is not None and high is None else "") + (
+        f" between {low} and {high}" if low is not None and high is not None else "") + (
+        f" <= {high}" if high is not None and low is None else "")
+    suffix = f"; {why}" if why else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be {rule}{suffix} (got {value!r} of type {type(value).__name__})")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be {rule}{suffix} (got {value!r})")
+    return int(value)
+
+
+def check_float(name: str, value: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False) -> float:
+    """``value`` must be a real number within the bounds (``low_open``: strictly above ``low``)."""
+    op = ">" if low_open else ">="
+    rule = "a number" + (f" {op} {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
+        raise ValueError(f"{name} must be {rule} (got {value!r})")
+    if low is not None and (value <= low if low_open else value < low) or high is not None and value > high:
+        raise ValueError(f"{name} must be {rule} (got {value!r})")
+    return float(value)
+
+
+def check_ints(name: str, values: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> tuple[int, ...]:
+    """A non-empty sequence of integers, each checked like ``check_int``; sorted, duplicates dropped."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
+        raise ValueError(f"{name} must be a non-empty sequence of integers (got {values!r})")
+    return tuple(sorted({check_int(f"{name}[{i}]", v, low=low, high=high, why=why) for i, v in enumerate(values)}))
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)} (got {value!r})")
+    return value
+
+
+class Table:
+    """Rows shown as an HTML table in JupyterLab and as fixed-width text everywhere else.
+
+    ``str(table)`` is the text form (papermill logs, the terminal, tests); notebooks display
+    the object, and JupyterLab picks ``_repr_html_``, which never wraps like long text does.
+    """
+
+    def __init__(self, header: Sequence[Any], rows: Sequence[Sequence[Any]], caption: str = ""):
+        self.header = tuple(str(h) for h in header)
+        self.rows = [tuple(str(c) for c in r) for r in rows]
+        self.caption = caption
+        bad = [r for r in self.rows if len(r) != len(self.header)]
+        if bad:
+            raise ValueError(f"rows must have {len(self.header)} cells like the header (got {len(bad[0])}: {bad[0]!r})")
+
+    def __str__(self) -> str:
+        cells = [self.header, *self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
+        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+        body = [line(self.header), line(tuple("-" * w for w in widths))] + [line(r) for r in self.rows]
+        return "\n".join(([self.caption] if self.caption else []) + body)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        cap = f"<caption style='text-align:left'>{html.escape(self.caption)}</caption>" if self.caption else ""
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in self.rows)
+        return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

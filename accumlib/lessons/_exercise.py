@@ -1,0 +1,112 @@
+"""Exercises graded by ``accumlib.verify``: feedback that leads to the answer without giving it.
+
+A lesson declares its exercises as ``Exercise`` objects; the notebook's exercise cell holds
+the *starting* loop (which fails) and ends with ``EXERCISE.check(train_fn)``. The grade
+shows verify's verdict and, for a failing loop, the finding's *message* (what went wrong)
+without verify's *fix* (which would be the answer), plus the hint written for the
+learner's likely mistake, folded until clicked. Solutions live in ``notebooks/solutions/``;
+tests check that every starting cell fails with a hint and every solution passes.
+
+>>> ex = Exercise("demo", "a demo", hints={"unscaled-sum": "divide by something"})
+>>> ex.hint_for(["unscaled-sum"]), ex.hint_for(["early-step"])[:24]
+('divide by something', 'Compare your loop with t')
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._common import check_int
+
+GENERIC_HINT = (
+    "Compare your loop with the identity at the top of the lesson: which items does each "
+    "micro-batch's loss average over, and what should every item weigh in the large batch?"
+)
+
+
+@dataclass(frozen=True)
+class Grade:
+    """What ``Exercise.check`` hands back: the verdict, the codes verify found, and the hint."""
+
+    exercise: str
+    ok: bool
+    codes: tuple[str, ...]
+    messages: tuple[str, ...]
+    hint: str
+    report: Any = field(repr=False, default=None)
+    error: str = ""
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"{self.exercise}: your code raised {self.error}\n(hint: {self.hint})"
+        if self.ok:
+            return f"{self.exercise}: passes. Every optimizer step matched the true large-batch gradient."
+        found = "\n".join(f"  - [{c}] {m}" for c, m in zip(self.codes, self.messages))
+        return f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nA hint is folded below the verdict in JupyterLab; print(grade.hint) shows it here."
+
+    def _repr_html_(self) -> str:
+        if self.ok:
+            return (f"<p style='color:#0072B2'><b>&#10004; {html.escape(self.exercise)}: passes.</b> "
+                    "Every optimizer step matched the true large-batch gradient.</p>")
+        if self.error:
+            head = f"<p><b>&#10008; {html.escape(self.exercise)}: your code raised</b> <code>{html.escape(self.error)}</code></p>"
+        else:
+            items = "".join(f"<li><code>{html.escape(c)}</code>: {html.escape(m)}</li>" for c, m in zip(self.codes, self.messages))
+            head = f"<p><b>&#10008; {html.escape(self.exercise)}: not yet.</b> accumlib.verify found:</p><ul>{items}</ul>"
+        return head + f"<details><summary>Hint</summary><p>{html.escape(self.hint)}</p></details>"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: which task its loop runs on, and a hint per finding code.
+
+    ``run(train_fn)`` must return ``accumlib.verify``'s report for the learner's loop; the
+    default runs it on ``task`` with ``accum_steps`` and ``batch_size``.
+    """
+
+    name: str
+    title: str
+    task: str = "mlp-digits"
+    accum_steps: int = 4
+    batch_size: int | None = None
+    hints: Mapping[str, str] = field(default_factory=dict)
+    default_hint: str = GENERIC_HINT
+    run: Callable[[Callable[..., Any]], Any] | None = None
+
+    def __post_init__(self) -> None:
+        check_int("accum_steps", self.accum_steps, low=1)
+        if self.batch_size is not None:
+            check_int("batch_size", self.batch_size, low=1)
+
+    def hint_for(self, codes: Any) -> str:
+        for code in codes:
+            if code in self.hints:
+                return self.hints[code]
+        return self.default_hint
+
+    def verify(self, train_fn: Callable[..., Any]) -> Any:
+        if self.run is not None:
+            return self.run(train_fn)
+        import accumlib
+
+        t = accumlib.get_task(self.task)
+        return accumlib.verify(
+            train_fn, model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
+            accum_steps=self.accum_steps, batch_size=self.batch_size or t.batch_size, collate_fn=t.collate_fn,
+        )
+
+    def check(self, train_fn: Any) -> Grade:
+        """Grade the learner's ``train_fn(model, optimizer, loader)``: verify's verdict plus a matched hint."""
+        if not callable(train_fn):
+            raise TypeError(f"train_fn must be a function train_fn(model, optimizer, loader) (got {type(train_fn).__name__})")
+        try:
+            report = self.verify(train_fn)
+        except Exception as e:  # the learner's code: show the error as feedback, not a traceback wall
+            return Grade(self.name, False, (), (), self.hints.get("error", self.default_hint), None, f"{type(e).__name__}: {e}")
+        bad = [f for f in report.findings if f.severity != "note"]
+        codes = tuple(f.code for f in bad)
+        return Grade(self.name, bool(report.ok), codes, tuple(f.message for f in bad),
+                     "" if report.ok else self.hint_for(codes), report)
