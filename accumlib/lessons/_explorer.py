@@ -10,6 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from . import _style
 
 
 class Explorer:
@@ -50,14 +53,18 @@ class Explorer:
         self.result = result if result is not None else self.compute(**self.values())
         shown = self.show(self.result)
         if not _in_kernel():
-            if isinstance(shown, plt.Figure):
-                plt.close(shown)
+            if isinstance(shown, Figure):
+                plt.close(shown)  # a pyplot figure (pyplot-free ones are simply dropped)
             return  # no frontend (pytest): the result is what a test checks
         with self.out:
             self.out.clear_output(wait=True)
-            display(shown)
-            if isinstance(shown, plt.Figure):
-                plt.close(shown)  # shown once in the output area, not again by the inline backend
+            if isinstance(shown, Figure):
+                # drawn to PNG under the style's one render lock; a pyplot figure is closed so
+                # the inline backend does not show it a second time at the end of the cell
+                _style.show(shown)
+                plt.close(shown)
+            else:
+                display(shown)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
