@@ -8,6 +8,7 @@ then assert on what it recorded at every optimizer step on every rank:
 """
 
 import multiprocessing
+from pathlib import Path
 import socket
 import time
 
@@ -241,3 +242,64 @@ def test_gloo_interface_rule():
     assert gloo_interface("gloo", "127.0.0.1", {"GLOO_SOCKET_IFNAME": "eth1"}) is None  # the user's choice stays
     assert gloo_interface("gloo", "192.0.2.1", {}) is None  # not loopback: peers may be elsewhere
     assert gloo_interface("nccl", "127.0.0.1", {}) is None
+
+
+def test_a_world_size_the_machine_cannot_hold_is_refused_before_spawning():
+    from accumlib.distributed.launch import max_world_size
+
+    most = max_world_size()
+    assert 1 <= most
+    with pytest.raises(ValueError, match=rf"world_size must be <= {most} on this machine .* \(got {most + 1}\)"):
+        launch(_sleep, world_size=most + 1)
+    assert not multiprocessing.active_children()
+
+
+def _write_pid_and_sleep(rank, world_size, out):
+    import os
+    import signal
+
+    # torch's spawn asks for SIGINT when the parent dies, which a rank inside C++ (an import,
+    # a gloo collective) does not act on; ignoring it here stands in for that rank
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with open(f"{out}.{rank}", "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "pid"
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              "from accumlib.distributed import launch\nimport test_distributed as t\n"
+              f"launch(t._write_pid_and_sleep, ({str(out)!r},), world_size=2, timeout=600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        while not all((tmp_path / f"pid.{r}").exists() for r in range(WORLD)):
+            assert time.monotonic() < deadline and parent.poll() is None, "the ranks never started"
+            time.sleep(0.2)
+        time.sleep(0.5)  # the files are written; let the pids be read whole
+        pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(WORLD)]
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"  # a zombie has died; only its reaping waits for init
+
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [p for p in pids if alive(p)]
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)
+    assert not survivors, f"ranks {survivors} outlived their launcher"
