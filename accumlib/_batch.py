@@ -36,7 +36,10 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     """``"auto"``/``None`` -> CUDA when present, else CPU; anything else is checked."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):  # torch's own message lists twenty device types and names no argument
+        raise ValueError(f"device must be 'cpu', 'cuda', 'auto' or a torch.device (got {device!r})") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device must be 'cpu', 'cuda' or 'auto'; 'cuda' needs a GPU and none is present (got {device!r})")
     return dev

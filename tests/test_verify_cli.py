@@ -101,3 +101,33 @@ def test_file_without_a_task_needs_task(tmp_path, capsys):
 def test_table_mode_still_works(capsys):
     assert main(["verify", "--task", "mlp-digits", "--loop", "ragged"]) == 0
     assert "1/1 verdicts hold" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "source, words",
+    [
+        ("def train(:\n", "target file must import cleanly (importing {f} raised SyntaxError"),
+        ("import accumlib_no_such_module\n", "target file must import cleanly (importing {f} raised ModuleNotFoundError"),
+        (LOOPS.replace("torch.manual_seed(0)\n", "raise RuntimeError('no weights')\n"),
+         "make_model() in the target file must build its object (it raised RuntimeError: no weights)"),
+    ],
+    ids=["syntax-error", "import-error", "make_model-raises"],
+)
+def test_a_target_file_that_cannot_be_used_is_a_usage_error(tmp_path, capsys, source, words):
+    # exit 1 means "your loop is wrong"; these loops never ran
+    path = tmp_path / "target.py"
+    path.write_text(source)
+    assert main(["verify", f"{path}:divided", "--batch-size", "5"]) == 2
+    assert words.format(f=path) in capsys.readouterr().err
+
+
+def test_an_unknown_device_is_a_usage_error(capsys):
+    assert main(["verify", "--device", "gpu"]) == 2
+    assert "device must be 'cpu', 'cuda', 'auto' or a torch.device (got 'gpu')" in capsys.readouterr().err
+
+
+def test_ddp_world_size_beyond_the_machine_is_a_usage_error(capsys):
+    from accumlib.distributed.launch import max_world_size
+
+    assert main(["ddp", "--world-size", str(max_world_size() + 1)]) == 2
+    assert "world_size must be <=" in capsys.readouterr().err

@@ -40,6 +40,9 @@ def _load(target: str) -> tuple[ModuleType, Any]:
     sys.path.insert(0, str(file.resolve().parent))  # so the file can import its neighbours
     try:
         spec.loader.exec_module(module)
+    except Exception as err:  # SyntaxError, ImportError, ...: the file cannot be used, the loop was never run
+        traceback.print_exc()
+        raise UsageError(f"target file must import cleanly (importing {path} raised {type(err).__name__}: {err})") from None
     finally:
         sys.path.pop(0)
     fn = getattr(module, name, None)
@@ -63,10 +66,19 @@ def _task(args: argparse.Namespace, module: ModuleType) -> dict[str, Any]:
     if missing:
         raise UsageError(f"without --task the file must define {', '.join(missing)} (see `accumlib verify --help`)")
     make = getattr(module, "make_dataset", None)
-    return dict(model=module.make_model(), dataset=make() if callable(make) else module.dataset,
+    return dict(model=_call(module.make_model, "make_model"), dataset=_call(make, "make_dataset") if callable(make) else module.dataset,
                 item_losses=module.item_losses, collate_fn=getattr(module, "collate_fn", None),
                 accum_steps=getattr(module, "ACCUM_STEPS", None), batch_size=getattr(module, "BATCH_SIZE", None),
                 optimizer=getattr(module, "make_optimizer", None))
+
+
+def _call(fn: Any, name: str) -> Any:
+    """The file's own factory; its failure is a usage error (the loop under test never ran)."""
+    try:
+        return fn()
+    except Exception as err:
+        traceback.print_exc()
+        raise UsageError(f"{name}() in the target file must build its object (it raised {type(err).__name__}: {err})") from None
 
 
 def run_target(args: argparse.Namespace) -> int:
