@@ -86,6 +86,8 @@ def compare(a: Grads, b: Grads) -> Comparison:
     (1.0, 2.0, 1.0)
     """
     da, db = _as_dict(a, "a"), _as_dict(b, "b")
+    if not db:
+        raise ValueError("a and b must hold at least one gradient tensor (got none: nothing to compare is not a match)")
     if set(da) != set(db):
         raise ValueError(f"a and b must name the same parameters (only in a: {sorted(set(da) - set(db))}, only in b: {sorted(set(db) - set(da))})")
     per_param: dict[str, float] = {}
@@ -101,9 +103,14 @@ def compare(a: Grads, b: Grads) -> Comparison:
         diff2, ref2, a2 = diff2 + dn**2, ref2 + yn**2, a2 + float(x.norm()) ** 2
         dot += float((x * y).sum())
         if d.numel():
-            max_abs = max(max_abs, float(d.abs().max()))
+            m = float(d.abs().max())
+            # a NaN must survive: Python's max() would silently keep the earlier value
+            max_abs = math.nan if math.isnan(m) or math.isnan(max_abs) else max(max_abs, m)
     denom = math.sqrt(a2) * math.sqrt(ref2)
-    cosine = dot / denom if denom > 0 else (1.0 if a2 == ref2 == 0 else 0.0)
+    if math.isnan(denom) or math.isnan(dot):
+        cosine = math.nan  # a NaN gradient has no direction; 0.0 would read as "orthogonal"
+    else:
+        cosine = dot / denom if denom > 0 else (1.0 if a2 == ref2 == 0 else 0.0)
     return Comparison(
         rel_error=_rel(math.sqrt(diff2), math.sqrt(ref2)),
         cosine=cosine,

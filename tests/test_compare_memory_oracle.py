@@ -119,3 +119,52 @@ def test_cli_bad_usage_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
         main(["frobnicate"])
     assert e.value.code == 2
+
+
+# --- compare and the oracle at their edges -------------------------------------------------------
+
+def test_compare_refuses_empty_gradients():
+    from accumlib import compare
+
+    with pytest.raises(ValueError, match="a and b must hold at least one gradient tensor"):
+        compare({}, {})
+
+
+def test_compare_lets_nan_through_every_figure():
+    import math
+
+    from accumlib import compare
+
+    c = compare({"w": torch.tensor([float("nan"), 1.0]), "v": torch.tensor([5.0])},
+                {"w": torch.tensor([1.0, 1.0]), "v": torch.tensor([1.0])})
+    assert math.isnan(c.max_abs_diff) and math.isnan(c.rel_error) and math.isnan(c.cosine)
+    assert math.isnan(c.per_param["w"]) and c.per_param["v"] == 4.0
+
+
+def test_compare_zero_against_nonzero_is_not_aligned():
+    from accumlib import compare
+
+    c = compare({"w": torch.zeros(3)}, {"w": torch.tensor([1.0, 2.0, 2.0])})
+    assert c.cosine == 0.0 and c.rel_error == 1.0 and c.norm_ratio == 0.0
+    both_zero = compare({"w": torch.zeros(3)}, {"w": torch.zeros(3)})
+    assert both_zero.rel_error == 0.0 and both_zero.cosine == 1.0
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_max_abs_diff_is_the_largest_difference_of_either_sign(sign):
+    from accumlib import compare
+
+    c = compare({"w": torch.tensor([1.0, sign * -3.0, 0.5])}, {"w": torch.zeros(3)})
+    assert c.max_abs_diff == 3.0
+
+
+def test_true_gradient_of_an_unused_parameter_is_zero():
+    # the large-batch loss does not depend on it, so its gradient is exactly 0 (not None, not skipped)
+    from accumlib import get_task, true_gradient
+
+    task = get_task("mlp-digits")
+    model = task.make_model(0)
+    model.unused = torch.nn.Parameter(torch.ones(4))
+    g = true_gradient(model, list(task.loader())[:2], task.item_losses)
+    assert torch.equal(g["unused"], torch.zeros(4))
+    assert any(float(v.abs().sum()) > 0 for k, v in g.items() if k != "unused")
