@@ -45,6 +45,24 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     return dev
 
 
+def check_model(model: object) -> torch.nn.Module:
+    """A loop's model: an ``nn.Module`` with at least one trainable parameter, none on the meta device."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"model must have at least one parameter with requires_grad=True (got {type(model).__name__} with none)")
+    if any(p.is_meta for p in params):
+        raise ValueError(f"model must hold real parameters, not parameters on the meta device (got {type(model).__name__}; "
+                         "materialize it with .to_empty(device=...) and load its weights first)")
+    return model
+
+
+def check_device(device: object) -> torch.device | None:
+    """A loop's ``device``: None (batches stay where the loader puts them), "auto", or a valid torch device."""
+    return None if device is None else resolve_device(device)  # type: ignore[arg-type]
+
+
 def check_accum_steps(accum_steps: object) -> int:
     """``accum_steps`` must be an integer >= 1; bools and floats are refused loudly."""
     if isinstance(accum_steps, bool) or not isinstance(accum_steps, numbers.Integral):
@@ -88,6 +106,9 @@ def checked_losses(item_losses: ItemLosses, model: torch.nn.Module, batch: Batch
             "item_losses must return a 1-D tensor with one unreduced loss per item "
             f"(got shape {tuple(losses.shape)}; did it reduce with a mean, or forget to flatten?)"
         )
+    if torch.is_grad_enabled() and not losses.requires_grad:
+        raise ValueError("item_losses must return losses attached to the autograd graph (got a tensor with "
+                         "requires_grad=False: computed under torch.no_grad(), or .detach()ed?)")
     if check_finite and not torch.isfinite(losses.detach()).all():
         bad = losses.detach()[~torch.isfinite(losses.detach())]
         raise ValueError(f"item_losses must return finite values (got {bad.numel()} non-finite, e.g. {bad[0].item()})")

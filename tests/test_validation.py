@@ -137,3 +137,37 @@ def test_oracle_refuses_a_ddp_wrapper():
     wrapper = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
     with pytest.raises(TypeError, match="not DistributedDataParallel .*pass model.module"):
         true_gradient(wrapper, [(torch.zeros(1, 6), torch.zeros(1, dtype=torch.long))], ce)
+
+
+# --- the loops refuse what torch would only answer with its own error ----------------------------
+
+@pytest.mark.parametrize("loop", ["naive", "normalized", "ragged", "amp", "large_batch", "grad_divided"])
+def test_loops_name_the_argument_for_models_devices_and_detached_losses(loop):
+    import accumlib
+    from accumlib import get_task
+
+    fn = getattr(accumlib, loop) if hasattr(accumlib, loop) else getattr(accumlib.loops, loop)
+    task = get_task("mlp-digits")
+    model = task.make_model(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="model must hold real parameters, not parameters on the meta device"):
+        fn(task.make_model(0).to("meta"), opt, task.loader(), task.item_losses, accum_steps=2)
+    with pytest.raises(ValueError, match=r"model must have at least one parameter with requires_grad=True \(got Identity"):
+        fn(torch.nn.Identity(), opt, task.loader(), task.item_losses, accum_steps=2)
+    with pytest.raises(ValueError, match=r"device must be 'cpu', 'cuda', 'auto' or a torch.device \(got 'tpu'\)"):
+        fn(model, opt, task.loader(), task.item_losses, accum_steps=2, device="tpu")
+    with pytest.raises(ValueError, match="item_losses must return losses attached to the autograd graph"):
+        fn(model, opt, task.loader(), lambda m, b: task.item_losses(m, b).detach(), accum_steps=2)
+
+
+def test_loops_accept_device_auto():
+    import accumlib
+    from accumlib import get_task
+
+    task = get_task("mlp-digits")
+    runs = []
+    for device in (None, "auto"):  # "auto" is the CPU here (CUDA when present)
+        model = task.make_model(0)
+        runs.append(accumlib.normalized(model, torch.optim.SGD(model.parameters(), lr=0.1), task.loader(),
+                                        task.item_losses, accum_steps=2, device=device))
+    assert runs[0] == runs[1] and len(runs[0]) == 7  # 14 micro-batches of 8 (the last 6), windows of 2

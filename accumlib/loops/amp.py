@@ -20,7 +20,7 @@ from torch.optim import Optimizer
 
 from .._batch import (
     Batch, Device, ItemLosses,
-    check_accum_steps, check_count, checked_losses, count_items as _rows,
+    check_accum_steps, check_device, check_model, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, window_mean, windows,
 )
 
@@ -43,6 +43,7 @@ def amp(
     one code path for both, as autocast and GradScaler themselves do.
     """
     accum_steps = check_accum_steps(accum_steps)
+    model, device = check_model(model), check_device(device)
     if max_norm is not None and not max_norm > 0:
         raise ValueError(f"max_norm must be > 0 or None (got {max_norm!r})")
     dev = torch.device(device) if device is not None else next(model.parameters()).device

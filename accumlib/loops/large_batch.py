@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .._batch import Batch, Device, ItemLosses, cat_batches, check_accum_steps, checked_losses, progress_bar, to_device, windows
+from .._batch import Batch, Device, ItemLosses, cat_batches, check_accum_steps, check_device, check_model, checked_losses, progress_bar, to_device, windows
 
 
 def large_batch(
@@ -25,6 +25,7 @@ def large_batch(
 ) -> list[float]:
     """Run one epoch; each window of ``accum_steps`` micro-batches is merged and stepped once."""
     accum_steps = check_accum_steps(accum_steps)
+    model, device = check_model(model), check_device(device)
     bar = progress_bar(progress, loader, "large_batch")
     logged = []
     for window in windows(loader, accum_steps):

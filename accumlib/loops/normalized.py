@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses, checked_losses, check_accum_steps, progress_bar, to_device, window_mean, windows,
+    Batch, Device, ItemLosses, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
 )
 
 
@@ -28,6 +28,7 @@ def normalized(
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window."""
     accum_steps = check_accum_steps(accum_steps)
+    model, device = check_model(model), check_device(device)
     bar = progress_bar(progress, loader, "normalized")
     logged = []
     for window in windows(loader, accum_steps):

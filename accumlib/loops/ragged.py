@@ -20,7 +20,7 @@ from torch.optim import Optimizer
 
 from .._batch import (
     Batch, Device, ItemLosses,
-    check_accum_steps, check_count, checked_losses, count_items as _rows,
+    check_accum_steps, check_device, check_model, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, window_mean, windows,
 )
 
@@ -32,6 +32,7 @@ def ragged(
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window."""
     accum_steps = check_accum_steps(accum_steps)
+    model, device = check_model(model), check_device(device)
     bar = progress_bar(progress, loader, "ragged")
     logged = []
     for window in windows(loader, accum_steps):
