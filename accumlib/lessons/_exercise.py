@@ -27,7 +27,7 @@ GENERIC_HINT = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Grade:
     """What ``Exercise.check`` hands back: the verdict, the codes verify found, and the hint."""
 
@@ -46,6 +46,8 @@ class Grade:
             return f"{self.exercise}: passes. Every optimizer step matched the true large-batch gradient."
         found = "\n".join(f"  - [{c}] {m}" for c, m in zip(self.codes, self.messages))
         return f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nA hint is folded below the verdict in JupyterLab; print(grade.hint) shows it here."
+
+    __repr__ = __str__  # the plain-text form keeps the hint folded too
 
     def _repr_html_(self) -> str:
         if self.ok:

@@ -31,6 +31,7 @@ class Explorer:
         self.out = widgets.Output()
         self.widget = widgets.VBox([*controls.values(), self.out])
         self.result: Any = None
+        self.error: Exception | None = None
         for control in controls.values():
             control.observe(self._rerun, names="value")
         # ``initial``: the result the notebook already computed for the controls' start values
@@ -40,31 +41,26 @@ class Explorer:
         return {name: control.value for name, control in self.controls.items()}
 
     def _rerun(self, change: Any = None, result: Any = None) -> None:
-        from IPython.display import display
-
+        # Runs in a widget callback, which JupyterLab 4.6 delivers on a kernel subshell thread:
+        # the output area is filled by setting its outputs (see _style.show_in), never with
+        # ``with self.out:`` or pyplot.
         if result is None and _in_kernel():
             try:
                 result = self.compute(**self.values())
             except Exception as e:  # a callback's error would only reach the server log: show it here
-                with self.out:
-                    self.out.clear_output(wait=True)
-                    print(f"{type(e).__name__}: {e}")
+                _style.show_in(self.out, f"{type(e).__name__}: {e}")
+                self.error = e
                 return
+        self.error = None
         self.result = result if result is not None else self.compute(**self.values())
         shown = self.show(self.result)
         if not _in_kernel():
             if isinstance(shown, Figure):
                 plt.close(shown)  # a pyplot figure (pyplot-free ones are simply dropped)
             return  # no frontend (pytest): the result is what a test checks
-        with self.out:
-            self.out.clear_output(wait=True)
-            if isinstance(shown, Figure):
-                # drawn to PNG under the style's one render lock; a pyplot figure is closed so
-                # the inline backend does not show it a second time at the end of the cell
-                _style.show(shown)
-                plt.close(shown)
-            else:
-                display(shown)
+        _style.show_in(self.out, shown)
+        if isinstance(shown, Figure):
+            plt.close(shown)  # a pyplot figure must not be shown again by the inline backend
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

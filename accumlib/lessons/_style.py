@@ -120,6 +120,47 @@ def show(fig: Figure, alt: str | None = None) -> None:
         display(HTML(f'<img src="data:image/png;base64,{base64.b64encode(data).decode()}" alt="{html.escape(alt)}">'))
 
 
+def output(obj: Any, alt: str | None = None) -> dict[str, Any]:
+    """One Jupyter ``display_data`` output for a figure (PNG, with alt text) or any displayable object."""
+    import base64
+    import html
+
+    if isinstance(obj, Figure):
+        src = base64.b64encode(png(obj)).decode()
+        text = alt or (obj._suptitle.get_text() if obj._suptitle else "figure")
+        data = {"image/png": src, "text/plain": f"<Figure: {text}>"}
+        if alt:
+            data["text/html"] = f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt)}">'
+        return {"output_type": "display_data", "metadata": {}, "data": data}
+    if isinstance(obj, str):
+        return {"output_type": "stream", "name": "stdout", "text": obj if obj.endswith("\n") else obj + "\n"}
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+    except ImportError:
+        ip = None
+    if ip is not None:  # every representation IPython knows (HTML tables, LaTeX, images ...)
+        data, metadata = ip.display_formatter.format(obj)
+        return {"output_type": "display_data", "metadata": metadata, "data": data}
+    data = {"text/plain": str(obj)}
+    if hasattr(obj, "_repr_html_"):
+        data["text/html"] = obj._repr_html_()
+    return {"output_type": "display_data", "metadata": {}, "data": data}
+
+
+def show_in(out: Any, *objs: Any, alt: str | None = None) -> None:
+    """Replace what an ``ipywidgets.Output`` shows with ``objs``, by setting its ``outputs``.
+
+    Safe from a widget callback: JupyterLab 4.6 sends widget messages over a kernel subshell
+    (``commsOverSubshells``), which ipykernel 7 runs in a thread of its own, beside the thread
+    executing cells. ``with out:`` captures by the *main* thread's message context and
+    ``plt.show`` draws every pyplot figure, the cell thread's included; setting ``outputs``
+    with figures drawn under the render lock does neither.
+    """
+    out.outputs = tuple(output(o, alt=alt if isinstance(o, Figure) else None) for o in objs)
+
+
 def font_sizes(fig: Figure) -> list[float]:
     """Every visible text's size in points (tests assert >= MIN_FONT_PT)."""
     from matplotlib.text import Text
