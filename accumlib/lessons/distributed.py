@@ -1,0 +1,364 @@
+"""Lesson 8: gradient accumulation under DistributedDataParallel, measured on real ranks.
+
+``compute(world_size, accum_steps, ks) -> DistributedResult`` spawns one group of
+``world_size`` ranks (gloo on loopback) and runs in it the three communication variants
+at every k in ``ks`` (counting what DDP all-reduces) and, at ``accum_steps``, the
+reference loop and the per-rank-count mistake, each checked against the oracle (the
+float64 large-batch gradient over every rank's window) at every optimizer step.
+``plot(result)`` draws both; ``widget()`` re-runs them behind a Run button.
+
+The identity on R ranks, N items over all ranks' windows (DDP averages over ranks):
+
+    grad (1/N) sum_r sum_{i in window_r} l_i  ==  (1/R) sum_r sum_j grad( (R/N) sum_{i in b_rj} l_i )
+
+``EXERCISE`` asks the learner to write that normalization in a loop that simulates the
+ranks in one process; its solution is ``notebooks/solutions/08-count-tokens-across-ranks.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import html
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from ..distributed.experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult, RunSpec, run_specs, shard_loader
+from ..distributed.launch import max_world_size
+from ..tasks import TASKS, get_task
+from . import _style
+from ._common import Table, check_choice, check_float, check_int, check_ints
+from ._exercise import Exercise
+
+TASK = "lm-tokens"  # sequences of 4 to 40 tokens: the ranks hold different token counts
+DEFAULT_KS = (1, 2, 4, 8)  # lm-tokens on 2 ranks: 8 micro-batches each, so k = 8 is one step
+
+# What the Run button costs, measured (compute(), idle 2-core CPU, lm-tokens, the widget's ks):
+# world size 1: 9.4 s, 2: 10.6 s, 3: 17.2 s. Start-up of the ranks (importing torch) dominates.
+MEASURED_RUN_S = {1: 9, 2: 11, 3: 17}
+
+# Each variant drawn in the lesson's roles: the reference, the costly mistake, and the
+# backward-only mistake (same bytes as the costly one, drawn with hollow markers on top of it).
+_COMM_STYLE: dict[str, dict[str, Any]] = {
+    "no_sync": dict(_style.ROLE["correct"]),
+    "every micro-batch": dict(_style.ROLE["buggy"]),
+    "no_sync on backward only": dict(_style.ROLE["other"], markerfacecolor="none", markersize=11),
+}
+
+
+@dataclass
+class DistributedResult:
+    """Everything notebook 8 states: all-reduce counts per k, and both counts' errors per step."""
+
+    world_size: int
+    task: str
+    accum_steps: int
+    ks: tuple[int, ...]
+    comm: dict[str, dict[int, RunResult]]  # variant -> k -> what the DDP hook counted per step
+    reference: RunResult  # no_sync + global counts at accum_steps, checked against the oracle
+    per_rank: RunResult  # no_sync + per-rank counts at accum_steps, checked against the oracle
+    seconds: float = 0.0  # wall time of the spawned run
+
+    def bytes_per_step(self, variant: str) -> list[int]:
+        """All-reduce payload of the first optimizer step (a full window of k micro-batches), per k."""
+        return [self.comm[variant][k].bytes_per_step for k in self.ks]
+
+    def calls_per_step(self, variant: str) -> list[int]:
+        return [self.comm[variant][k].calls_per_step for k in self.ks]
+
+    def table(self) -> Table:
+        """All-reduce calls and bytes of one optimizer step, per k and variant."""
+        rows = [(k, *(f"{self.comm[v][k].calls_per_step} calls, {self.comm[v][k].bytes_per_step:,} B" for v in COMM_VARIANTS))
+                for k in self.ks]
+        return Table(("k", *COMM_VARIANTS), rows,
+                     caption=f"all-reduce per optimizer step, per rank: world size {self.world_size}, task {self.task}")
+
+    def error_table(self) -> Table:
+        """Worst relative error over the ranks against the large-batch gradient, per optimizer step."""
+        rows = [(s, f"{max(good):.1e}", f"{max(bad):.1e}")
+                for s, (good, bad) in enumerate(zip(self.reference.rel_errors, self.per_rank.rel_errors), 1)]
+        return Table(("step", "global count", "per-rank count"), rows,
+                     caption=f"relative error vs the large-batch gradient (float32 tolerance {FLOAT32_RTOL:.0e}), k = {self.accum_steps}")
+
+    def token_table(self) -> Table:
+        """Tokens per rank in each window, and the weight one token gets with each count."""
+        r = self.world_size
+        rows = [(s, " + ".join(map(str, items)), sum(items), f"1/{sum(items)}", ", ".join(f"1/{r * n}" for n in items))
+                for s, items in enumerate(self.reference.window_items, 1)]
+        return Table(("step", "tokens per rank", "N", "weight: global count", "weight per rank: per-rank count"), rows,
+                     caption=f"one token's weight in the averaged gradient, k = {self.accum_steps}, {r} ranks")
+
+
+@functools.lru_cache(maxsize=8)
+def micro_batches_per_rank(world_size: int, task: str = TASK) -> int:
+    """Micro-batches each rank's shard holds: no window can be longer."""
+    return len(shard_loader(get_task(task), 0, world_size))
+
+
+def compute(
+    world_size: int = 2, accum_steps: int = 4, ks: Sequence[int] = DEFAULT_KS, task: str = TASK, timeout: float = 300.0
+) -> DistributedResult:
+    """Run the lesson's experiments in ONE spawned group; every number the notebook states comes from here.
+
+    Results are cached per argument set, so the widget redraws a setting it has run before at once.
+
+    >>> compute(world_size=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: world_size must be an integer between 1 and ... (got 0)
+    """
+    world_size = check_int("world_size", world_size, low=1, high=max_world_size(),
+                           why="the ranks this machine holds (8 per core, 512 MiB each)")
+    task = check_choice("task", task, sorted(TASKS))
+    per_rank = micro_batches_per_rank(world_size, task)
+    why = f"the micro-batches each rank holds ({task} on {world_size} ranks)"
+    accum_steps = check_int("accum_steps", accum_steps, low=1, high=per_rank, why=why)
+    ks = check_ints("ks", ks, low=1, high=per_rank, why=why)
+    timeout = check_float("timeout", timeout, low=0, low_open=True)
+    return _run(world_size, accum_steps, ks, task, timeout)
+
+
+@functools.lru_cache(maxsize=16)
+def _run(world_size: int, accum_steps: int, ks: tuple[int, ...], task: str, timeout: float) -> DistributedResult:
+    specs = [RunSpec(v, task, k, oracle=False) for k in ks for v in COMM_VARIANTS]
+    specs += [RunSpec("no_sync", task, accum_steps), RunSpec("per-rank counts", task, accum_steps)]
+    start = time.perf_counter()
+    results = run_specs(specs, world_size=world_size, timeout=timeout)
+    comm: dict[str, dict[int, RunResult]] = {v: {} for v in COMM_VARIANTS}
+    for r in results[: len(ks) * len(COMM_VARIANTS)]:
+        comm[r.spec.variant][r.spec.accum_steps] = r
+    return DistributedResult(world_size, task, accum_steps, ks, comm, results[-2], results[-1], time.perf_counter() - start)
+
+
+def _plain_log_axis(axis: Any) -> None:
+    """Log ticks as plain text ('1e-05'): LogFormatterSciNotation would lay out '10^-5' as mathtext."""
+    axis.set_major_locator(LogLocator(base=10))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+@_style.styled
+def plot(result: DistributedResult) -> Figure:
+    """Left: all-reduce KiB per optimizer step against k. Right: error per step, global vs per-rank counts.
+
+    Pyplot-free and mathtext-free: every text on it is plain, so drawing it needs none of
+    matplotlib's process-wide mathtext parser (see ``widget`` for why that matters).
+    """
+    fig, (left, right) = _style.figure(
+        2, width=12, height=4.6,
+        title=f"DDP on {result.world_size} rank{'s' if result.world_size > 1 else ''} ({result.task}): no_sync keeps one all-reduce per step, "
+              "and only the global token count gives the large-batch gradient")
+    for v in COMM_VARIANTS:
+        left.plot(result.ks, [b / 1024 for b in result.bytes_per_step(v)], label=v, **_COMM_STYLE[v])
+    left.set_xticks(result.ks, [str(k) for k in result.ks])
+    left.set_ylim(bottom=0)
+    left.set_xlabel("accumulation steps k (micro-batches per rank per step)")
+    left.set_ylabel("all-reduce KiB per step, per rank")
+    left.set_title("Communication per optimizer step (DDP comm hook)")
+    left.legend(loc="upper left")
+
+    steps = list(range(1, len(result.reference.rel_errors) + 1))
+    ref = [max(s) for s in result.reference.rel_errors]
+    bad = [max(s) for s in result.per_rank.rel_errors]
+    width = 0.38
+    for offset, values, role, label in ((-width / 2, ref, "correct", "global count (all-reduced)"),
+                                        (width / 2, bad, "buggy", "per-rank count (local)")):
+        right.bar([s + offset for s in steps], values, width, label=label, color=_style.ROLE[role]["color"],
+                  hatch=_style.HATCH[role], edgecolor="white" if role == "correct" else _style.BLACK)
+    right.axhline(FLOAT32_RTOL, label=f"float32 tolerance {FLOAT32_RTOL:.0e}", **_style.ROLE["oracle"])
+    right.set_yscale("log")
+    _plain_log_axis(right.yaxis)
+    right.set_ylim(min(ref + [FLOAT32_RTOL]) / 10, max(bad + [FLOAT32_RTOL]) * 3000)  # room for the legend above the bars
+    right.set_xticks(steps, [str(s) for s in steps])
+    right.set_xlabel(f"optimizer step (k = {result.accum_steps})")
+    right.set_ylabel("relative error vs large batch")
+    right.set_title("Gradient error per step: global vs per-rank count")
+    right.legend(loc="upper left", ncols=2, fontsize=10)
+    return fig
+
+
+# --- the widget ------------------------------------------------------------------------------------
+#
+# Why the old widget crashed in JupyterLab (issue 12), read from the installed sources:
+# 1. JupyterLab 4.6 sends widget comm messages over a kernel subshell by default
+#    (share/jupyter/lab/schemas/@jupyterlab/apputils-extension/kernels-settings.json:14-18,
+#    "commsOverSubshells": "perCommTarget"), and ipykernel 7.4 routes such a comm_msg to that
+#    subshell (ipykernel/kernelbase.py:612-628), which runs in its own thread
+#    (ipykernel/subshell.py:12, SubshellThread). So the Run button's callback runs in a second
+#    thread, beside the main thread that executes cells.
+# 2. The old callback built its figure with pyplot: plt.subplots registers it in the
+#    process-wide Gcf and marks it for the inline backend (matplotlib_inline/backend_inline.py:60-67),
+#    and plt.show(fig) displays *every* pyplot figure (backend_inline.py:72-100). Meanwhile each
+#    cell the main thread finishes fires post_execute -> flush_figures (backend_inline.py:108-152,
+#    registered at :180; ipykernel/ipkernel.py:453 fires it again), which draws every figure in
+#    Gcf, the callback's half-built one included.
+# 3. Both threads then lay out the log axis' '10^k' tick labels as mathtext through ONE parser
+#    cached on the class (matplotlib/mathtext.py:97-98) whose parse resets and pops a shared
+#    state stack (matplotlib/_mathtext.py:2351, 2362-2364): 'IndexError: pop from empty list',
+#    re-raised from fig.tight_layout() as ValueError/ParseException; `with out:` caught it
+#    and showed it in the output area (ipywidgets widget_output.py __exit__).
+# Whether it fails depends on whether a cell finishes while the callback draws: hence "intermittent".
+#
+# The fix, by construction: the figure is pyplot-free (_style.figure: never in Gcf, so
+# flush_figures never sees it), has no mathtext at all (plain tick formatters, style's
+# use_mathtext=False), is drawn under the style's one render lock (_style.png), and reaches
+# the Output by setting its `outputs` (a widget state update), so the callback neither
+# prints nor re-parents the shell's display from the second thread.
+
+
+def _image_output(fig: Figure, alt: str) -> dict[str, Any]:
+    png = _style.png(fig)  # drawn under the one process-wide render lock
+    src = base64.b64encode(png).decode()
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"text/html": f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt)}">',
+                     "image/png": src, "text/plain": f"<Figure: {alt}>"}}
+
+
+def _table_output(table: Table) -> dict[str, Any]:
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"text/html": table._repr_html_(), "text/plain": str(table)}}
+
+
+def _text_output(text: str) -> dict[str, Any]:
+    return {"output_type": "display_data", "metadata": {}, "data": {"text/plain": text}}
+
+
+def _widget_ks(world_size: int) -> tuple[int, ...]:
+    return tuple(k for k in DEFAULT_KS if k <= micro_batches_per_rank(world_size))
+
+
+class DistributedWidget:
+    """k and the world size, a Run button that spawns the ranks, a progress bar, a status line, the figure.
+
+    Nothing runs until Run is pressed. A setting already run (or the notebook's ``initial``
+    result) is redrawn at once from the cache.
+    """
+
+    STAGES = 3  # ranks started, ranks done, figure drawn
+
+    def __init__(self, initial: DistributedResult | None = None, world_sizes: Sequence[int] = (1, 2, 3),
+                 accum_steps: Sequence[int] = (1, 2, 3, 4)) -> None:
+        import ipywidgets as w
+
+        world_sizes = check_ints("world_sizes", world_sizes, low=1, high=max(MEASURED_RUN_S))
+        accum_steps = check_ints("accum_steps", accum_steps, low=1,
+                                 high=min(micro_batches_per_rank(r) for r in world_sizes),
+                                 why="the micro-batches each rank holds at the largest world size offered")
+        self.cache: dict[tuple[int, int], DistributedResult] = {}
+        if initial is not None:
+            self.cache[(initial.world_size, initial.accum_steps)] = initial
+        start_k = initial.accum_steps if initial is not None and initial.accum_steps in accum_steps else accum_steps[-1]
+        start_r = initial.world_size if initial is not None and initial.world_size in world_sizes else world_sizes[0]
+        self.accum_steps = w.Dropdown(options=list(accum_steps), value=start_k, description="k",
+                                      layout=w.Layout(width="130px"))
+        self.world_size = w.Dropdown(options=list(world_sizes), value=start_r, description="world size",
+                                     style={"description_width": "initial"}, layout=w.Layout(width="150px"))
+        self.run = w.Button(description="Run", button_style="primary", icon="play",
+                            tooltip="spawn the ranks and measure this setting")
+        self.progress = w.IntProgress(value=0, min=0, max=self.STAGES, layout=w.Layout(width="140px"))
+        self.status = w.Label()
+        self.out = w.Output()
+        self.result: DistributedResult | None = None
+        self.error: str = ""
+        self.run.on_click(self._on_run)
+        for control in (self.accum_steps, self.world_size):
+            control.observe(self._on_change, names="value")
+        self.widget = w.VBox([w.HBox([self.accum_steps, self.world_size, self.run, self.progress]), self.status, self.out])
+        self._on_change()
+        if initial is not None:
+            self._show(initial)
+
+    def expected_s(self, world_size: int) -> int:
+        return MEASURED_RUN_S[world_size]
+
+    def _on_change(self, change: Any = None) -> None:
+        key = (self.world_size.value, self.accum_steps.value)
+        if key in self.cache:
+            self.status.value = "Already run: press Run to redraw it at once."
+        else:
+            self.status.value = (f"Run spawns {key[0]} rank{'s' if key[0] > 1 else ''}: about {self.expected_s(key[0])} s "
+                                 "on 2 idle CPU cores (measured), longer on a busy machine.")
+
+    def _on_run(self, button: Any = None) -> None:
+        """The Run button's callback (in JupyterLab it runs in a subshell's thread: see the comment above)."""
+        key = (self.world_size.value, self.accum_steps.value)
+        self.run.disabled = True
+        self.error = ""
+        self.progress.bar_style = "info"
+        self.progress.value = 0
+        start = time.perf_counter()
+        try:
+            result = self.cache.get(key)
+            if result is None:
+                self.status.value = f"Running {key[0]} rank(s) at k = {key[1]} (about {self.expected_s(key[0])} s)..."
+                self.progress.value = 1
+                result = compute(world_size=key[0], accum_steps=key[1], ks=_widget_ks(key[0]))
+                self.cache[key] = result
+            self.progress.value = 2
+            self.status.value = "Drawing..."
+            self._show(result)
+            self.progress.value = self.STAGES
+            self.progress.bar_style = "success"
+            self.status.value = (f"Done in {time.perf_counter() - start:.1f} s: world size {key[0]}, k = {key[1]}; "
+                                 "change a setting and press Run again.")
+        except Exception as e:  # a callback's error would only reach the server log: show it here
+            self.error = f"{type(e).__name__}: {e}"
+            self.progress.bar_style = "danger"
+            self.status.value = f"Failed: {self.error[:200]}"
+            self.out.outputs = (_text_output(f"Run failed: {self.error}"),)
+        finally:
+            self.run.disabled = False
+
+    def _show(self, result: DistributedResult) -> None:
+        self.result = result
+        fig = plot(result)
+        alt = (f"Left: all-reduce KiB per step against k for {', '.join(COMM_VARIANTS)}. Right: relative error per step, "
+               f"global count at most {result.reference.max_rel_error:.0e}, per-rank count up to {result.per_rank.max_rel_error:.0e}.")
+        self.out.outputs = (_table_output(result.table()), _table_output(result.error_table()), _image_output(fig, alt))
+
+    @property
+    def children(self) -> tuple:
+        """The widget tree's top level, so tools that walk ipywidgets containers find the Run button."""
+        return tuple(self.widget.children)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def widget(initial: DistributedResult | None = None, world_sizes: Sequence[int] = (1, 2, 3),
+           accum_steps: Sequence[int] = (1, 2, 3, 4)) -> DistributedWidget:
+    """Pick k and the world size, press Run: spawns the ranks again and redraws; ``initial`` is shown first."""
+    return DistributedWidget(initial, world_sizes, accum_steps)
+
+
+# --- the exercise ----------------------------------------------------------------------------------
+
+EXERCISE_RANKS, EXERCISE_K = 2, 2  # two simulated ranks, two micro-batches each: verify's k is 4
+
+
+def _exercise_hints() -> dict[str, str]:
+    weigh = ("Count what one token weighs in the step's gradient: your backward gives it some factor on its rank, "
+             "and the mean over ranks (DDP's all-reduce) divides that by R. In the large batch every token "
+             "of the window, on every rank, weighs the same. ")
+    return {
+        "unexplained": weigh + "Which count makes the weights equal, and how many ranks can see it before the first backward?",
+        "misscaled": weigh + "If the weights are equal but every one is off by the same factor, look at where R enters.",
+        "mean-of-means": weigh + "Dividing by a count that differs between ranks or micro-batches cannot give equal weights.",
+        "error": "The cell raised an error: keep the loop's shape (a window of R * K micro-batches, dealt to the ranks in turn).",
+    }
+
+
+EXERCISE = Exercise(
+    "08-count-tokens-across-ranks",
+    "Normalize by the tokens of every rank",
+    task=TASK,
+    accum_steps=EXERCISE_RANKS * EXERCISE_K,
+    hints=_exercise_hints(),
+)

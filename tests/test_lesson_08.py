@@ -1,0 +1,296 @@
+"""Lesson 8 (distributed): compute against the oracle, bad values, the figure, the Run widget, the crash.
+
+One spawned group of 2 ranks (module fixture) feeds every test that needs a result; the
+widget test spawns once more (world size 1) to press Run for real.
+
+The crash of issue 12: in JupyterLab the Run button's callback runs in a kernel subshell's
+thread (see the comment above ``DistributedWidget`` in ``accumlib/lessons/distributed.py``)
+while the main thread's inline backend draws pyplot figures, and two threads laying out
+mathtext at once break matplotlib's one shared parser. ``test_the_old_drawing_crashes_*``
+reproduces that race; ``test_the_widget_drawing_does_not_crash_*`` runs the new drawing
+under the same stress.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from accumlib.distributed import FLOAT32_RTOL
+from accumlib.distributed.experiment import COMM_VARIANTS, PER_RANK_MIN_ERROR
+from accumlib.lessons import _style
+from accumlib.lessons import distributed as lesson
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_distributed.ipynb"
+# How long the race harness may take to show the old crash (measured: 0.2-0.5 s on 2 loaded cores),
+# and how long the new drawing must survive the same stress.
+RACE_BUDGET_S = 20.0
+STRESS_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def result() -> lesson.DistributedResult:
+    return lesson.compute(world_size=2, accum_steps=4, ks=(1, 2, 4, 8))
+
+
+# --- compute ------------------------------------------------------------------------------------
+
+
+def test_global_counts_give_the_large_batch_gradient_and_per_rank_counts_do_not(result):
+    assert result.reference.max_rel_error <= FLOAT32_RTOL  # every step, every rank, against the float64 oracle
+    assert all(min(step) > PER_RANK_MIN_ERROR for step in result.per_rank.rel_errors)  # wrong at every step
+    # ... in exactly the predicted way: DDP's mean of each rank's own window mean
+    assert max(max(step) for step in result.per_rank.rel_to_rank_means) <= FLOAT32_RTOL
+    assert all(spread == 0.0 for r in (result.reference, result.per_rank) for spread in r.param_spread)
+    assert all(len(set(items)) > 1 for items in result.reference.window_items)  # ranks hold different token counts
+
+
+def test_no_sync_pays_one_round_per_step_and_the_mistakes_pay_k(result):
+    import accumlib
+
+    n_params = sum(p.numel() for p in accumlib.get_task("lm-tokens").make_model(0).parameters())
+    assert result.ks == (1, 2, 4, 8)
+    assert result.bytes_per_step("no_sync") == [4 * n_params] * len(result.ks)
+    assert result.bytes_per_step("every micro-batch") == [4 * n_params * k for k in result.ks]
+    assert result.calls_per_step("no_sync on backward only") == result.calls_per_step("every micro-batch") == list(result.ks)
+
+
+def test_tables_hold_the_measured_numbers(result):
+    table = result.table()
+    assert table.header == ("k", *COMM_VARIANTS) and len(table.rows) == len(result.ks)
+    assert "<table>" in table._repr_html_()
+    steps = result.error_table().rows
+    assert [float(r[1]) for r in steps] == [float(f"{max(s):.1e}") for s in result.reference.rel_errors]
+    tokens = result.token_table().rows
+    assert [int(r[2]) for r in tokens] == [sum(i) for i in result.reference.window_items]
+
+
+def test_compute_is_cached_per_setting(result):
+    assert lesson.compute(world_size=2, accum_steps=4, ks=[8, 4, 2, 1]) is result  # same setting: no new spawn
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(world_size=0), r"world_size must be an integer between 1 and \d+; .* \(got 0\)"),
+    (dict(world_size=2.0), r"world_size must be an integer .* \(got 2.0 of type float\)"),
+    (dict(world_size=10_000), r"world_size must be an integer between 1 and \d+; the ranks this machine holds .* \(got 10000\)"),
+    (dict(accum_steps=0), r"accum_steps must be an integer between 1 and 8; the micro-batches each rank holds .* \(got 0\)"),
+    (dict(accum_steps=9), r"accum_steps must be an integer between 1 and 8; .* \(got 9\)"),
+    (dict(world_size=4, accum_steps=8), r"accum_steps must be an integer between 1 and 4; .*lm-tokens on 4 ranks.* \(got 8\)"),
+    (dict(ks=()), r"ks must be a non-empty sequence of integers \(got \(\)\)"),
+    (dict(ks=(1, 0)), r"ks\[1\] must be an integer between 1 and 8; .* \(got 0\)"),
+    (dict(ks=(1, 16)), r"ks\[1\] must be an integer between 1 and 8; .* \(got 16\)"),
+    (dict(task="cifar"), r"task must be one of .*'lm-tokens'.* \(got 'cifar'\)"),
+    (dict(timeout=0), r"timeout must be a number > 0 \(got 0\)"),
+])
+def test_bad_values_are_refused_before_any_rank_starts(kwargs, message, monkeypatch):
+    monkeypatch.setattr(lesson, "run_specs", lambda *a, **k: pytest.fail("spawned ranks before checking the arguments"))
+    with pytest.raises(ValueError, match=message):
+        lesson.compute(**kwargs)
+
+
+# --- the figure ---------------------------------------------------------------------------------
+
+
+def test_plot_is_readable_and_says_what_it_shows(result):
+    fig = lesson.plot(result)
+    assert min(_style.font_sizes(fig)) >= _style.MIN_FONT_PT
+    assert "no_sync" in fig.get_suptitle() and "token count" in fig.get_suptitle()
+    left, right = fig.axes[:2]
+    assert left.get_title() and right.get_title()
+    assert [t.get_text() for t in left.get_legend().get_texts()] == list(COMM_VARIANTS)
+    # no contrast by colour alone: the two error bars differ in hatching, the lines in marker and style
+    bars = [c for c in right.containers]
+    assert bars[0][0].get_hatch() != bars[1][0].get_hatch()
+    lines = left.get_lines()
+    assert len({(ln.get_marker(), str(ln.get_linestyle())) for ln in lines}) == len(lines)
+    assert "#D62728" not in {str(ln.get_color()).upper() for ln in lines}  # no tab:red
+
+
+def test_plot_needs_neither_pyplot_nor_mathtext(result, monkeypatch):
+    """By construction: drawing the lesson's figure never enters Gcf nor matplotlib's shared mathtext parser."""
+    from matplotlib import mathtext
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("mathtext was used to draw lesson 8's figure")
+
+    monkeypatch.setattr(mathtext.MathTextParser, "parse", refuse)
+    fig = lesson.plot(result)
+    assert fig.canvas.manager is None  # not a pyplot figure: the inline backend's flush never sees it
+    assert _style.png(fig)[:4] == b"\x89PNG"
+    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
+    assert not any("$" in t for t in texts)
+
+
+def test_plot_mathtext_guard_can_fail(monkeypatch):
+    """The guard above does catch mathtext: a log axis drawn the default way trips it."""
+    from matplotlib import mathtext
+
+    fig, ax = _style.figure()
+    ax.set_yscale("log")
+    ax.set_ylim(1e-8, 1e-1)  # LogFormatterSciNotation writes '10^k' as mathtext, whatever the style says
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("mathtext")
+
+    monkeypatch.setattr(mathtext.MathTextParser, "parse", refuse)
+    with pytest.raises(AssertionError, match="mathtext"):
+        _style.png(fig)
+
+
+# --- the crash of issue 12, reproduced and gone -------------------------------------------------
+
+
+def _old_drawing(i: int) -> None:
+    """What the old widget did in the callback's thread, and what the inline backend's flush did
+    with the same pyplot figure in the main thread: a pyplot figure, log axis (mathtext '10^k'
+    ticks), tight_layout, then a render. A new dpi per call misses MathTextParser's lru_cache,
+    as a new render size does."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    try:
+        ax.set_yscale("log")
+        ax.bar([1, 2], [1e-7 * (i % 7 + 1), 2e-2])
+        fig.set_dpi(50 + i % 97)
+        fig.tight_layout()
+        fig.savefig(io.BytesIO(), format="png")
+    finally:
+        plt.close(fig)
+
+
+def _race(first, second, seconds: float) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def loop(draw) -> None:
+        end = time.perf_counter() + seconds
+        i = 0
+        while time.perf_counter() < end and not errors:
+            try:
+                draw(i)
+            except Exception as e:  # noqa: BLE001 - the race's error is what we look for
+                errors.append(e)
+            i += 1
+
+    threads = [threading.Thread(target=loop, args=(fn,)) for fn in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_the_old_drawing_crashes_when_two_threads_draw():
+    """The harness reproduces issue 12's error: two threads laying out mathtext at once."""
+    errors = _race(_old_drawing, _old_drawing, RACE_BUDGET_S)
+    assert errors, f"no crash in {RACE_BUDGET_S} s: the harness no longer reproduces the race"
+    chain = []
+    e: BaseException | None = errors[0]
+    while e is not None:
+        chain.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    assert any("ParseException" in c or "pop from empty list" in c for c in chain), chain
+
+
+def test_the_widget_drawing_does_not_crash_beside_a_pyplot_thread(result):
+    """The same stress with the callback's new drawing: the inline backend may draw pyplot figures
+    with mathtext in the main thread, the widget's thread never touches that parser."""
+    def widget_drawing(i: int) -> None:
+        fig = lesson.plot(result)
+        lesson._image_output(fig, alt="stress")
+
+    assert _race(_old_drawing, widget_drawing, STRESS_S) == []
+    assert _race(widget_drawing, widget_drawing, STRESS_S) == []
+
+
+# --- the widget, driven without a browser -------------------------------------------------------
+
+
+def _images(panel) -> list[dict]:
+    return [o for o in panel.out.outputs if "image/png" in o.get("data", {})]
+
+
+def test_widget_shows_the_notebooks_result_and_changing_a_control_runs_nothing(result, monkeypatch):
+    panel = lesson.widget(initial=result)
+    assert panel.result is result and len(_images(panel)) == 1
+    assert 'alt="' in _images(panel)[0]["data"]["text/html"]
+    monkeypatch.setattr(lesson, "compute", lambda **kw: pytest.fail("a control change must not spawn ranks"))
+    panel.world_size.value = 1
+    assert "about 9 s" in panel.status.value  # the time it will take, stated before Run
+    panel.accum_steps.value = result.accum_steps
+    panel.world_size.value = result.world_size
+    assert "Already run" in panel.status.value
+    panel.out.outputs = ()
+    panel.run.click()  # cached: redrawn at once
+    assert panel.error == "" and len(_images(panel)) == 1 and panel.progress.value == panel.STAGES
+
+
+def test_pressing_run_spawns_the_ranks_and_draws_the_figure(monkeypatch):
+    panel = lesson.widget()
+    panel.world_size.value, panel.accum_steps.value = 1, 2
+    seen = {}
+    real = lesson.compute
+
+    def watched(**kwargs):
+        seen.update(disabled=panel.run.disabled, progress=panel.progress.value, status=panel.status.value, kwargs=kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(lesson, "compute", watched)
+    panel.run.click()
+    assert panel.error == "", panel.error
+    assert seen["disabled"] and seen["progress"] == 1 and "about" in seen["status"]  # busy while the ranks run
+    assert seen["kwargs"] == dict(world_size=1, accum_steps=2, ks=(1, 2, 4, 8))
+    assert not panel.run.disabled and panel.progress.value == panel.STAGES and panel.progress.bar_style == "success"
+    assert len(_images(panel)) == 1 and panel.result.accum_steps == 2 and panel.result.world_size == 1
+    assert panel.result.reference.max_rel_error <= FLOAT32_RTOL
+    assert "Done in" in panel.status.value
+
+
+def test_a_failed_run_is_shown_in_the_widget_and_the_button_comes_back(monkeypatch):
+    panel = lesson.widget()
+
+    def broken(**kwargs):
+        raise RuntimeError("rank 1 died")
+
+    monkeypatch.setattr(lesson, "compute", broken)
+    panel.run.click()
+    assert panel.error == "RuntimeError: rank 1 died" and "Failed" in panel.status.value
+    assert not panel.run.disabled and panel.progress.bar_style == "danger"
+    assert "rank 1 died" in panel.out.outputs[0]["data"]["text/plain"]
+
+
+def test_widget_refuses_settings_it_cannot_run():
+    with pytest.raises(ValueError, match=r"accum_steps\[\d\] must be an integer between 1 and 6; .* \(got 8\)"):
+        lesson.widget(accum_steps=(1, 8))
+
+
+# --- the exercise -------------------------------------------------------------------------------
+
+
+def _solution_with(old: str, new: str):
+    path = NOTEBOOK.parent / "solutions" / f"{lesson.EXERCISE.name}.py"
+    source = path.read_text()
+    assert old in source
+    namespace: dict = {}
+    exec(compile(source.replace(old, new), str(path), "exec"), namespace)
+    return namespace["train_fn"]
+
+
+@pytest.mark.parametrize("mistake,new,code", [
+    ("forgets R", "loss = token_losses.sum() / n_global", "misscaled"),
+    ("per micro-batch mean", "loss = token_losses.mean() / K", "mean-of-means"),
+])
+def test_likely_mistakes_get_their_own_hint(mistake, new, code):
+    grade = lesson.EXERCISE.check(_solution_with("loss = token_losses.sum() * R / n_global", new))
+    assert not grade.ok and code in grade.codes, (mistake, grade.codes)
+    assert grade.hint == lesson.EXERCISE.hints[code]
+
+
+def test_no_cell_of_notebook_8_holds_an_answer():
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    assert not any("expected =" in c or "n_global" in c for c in cells)
+    assert sum("distributed.EXERCISE.check(train_fn)" in c for c in cells) == 1
