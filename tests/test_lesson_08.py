@@ -201,7 +201,7 @@ def test_the_widget_drawing_does_not_crash_beside_a_pyplot_thread(result):
     with mathtext in the main thread, the widget's thread never touches that parser."""
     def widget_drawing(i: int) -> None:
         fig = lesson.plot(result)
-        lesson._image_output(fig, alt="stress")
+        _style.output(fig, alt="stress")
 
     assert _race(_old_drawing, widget_drawing, STRESS_S) == []
     assert _race(widget_drawing, widget_drawing, STRESS_S) == []
@@ -260,7 +260,7 @@ def test_a_failed_run_is_shown_in_the_widget_and_the_button_comes_back(monkeypat
     panel.run.click()
     assert panel.error == "RuntimeError: rank 1 died" and "Failed" in panel.status.value
     assert not panel.run.disabled and panel.progress.bar_style == "danger"
-    assert "rank 1 died" in panel.out.outputs[0]["data"]["text/plain"]
+    assert "rank 1 died" in panel.out.outputs[0]["text"]
 
 
 def test_widget_refuses_settings_it_cannot_run():

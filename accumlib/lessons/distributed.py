@@ -17,9 +17,7 @@ ranks in one process; its solution is ``notebooks/solutions/08-count-tokens-acro
 
 from __future__ import annotations
 
-import base64
 import functools
-import html
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -211,23 +209,6 @@ def plot(result: DistributedResult) -> Figure:
 # prints nor re-parents the shell's display from the second thread.
 
 
-def _image_output(fig: Figure, alt: str) -> dict[str, Any]:
-    png = _style.png(fig)  # drawn under the one process-wide render lock
-    src = base64.b64encode(png).decode()
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"text/html": f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt)}">',
-                     "image/png": src, "text/plain": f"<Figure: {alt}>"}}
-
-
-def _table_output(table: Table) -> dict[str, Any]:
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"text/html": table._repr_html_(), "text/plain": str(table)}}
-
-
-def _text_output(text: str) -> dict[str, Any]:
-    return {"output_type": "display_data", "metadata": {}, "data": {"text/plain": text}}
-
-
 def _widget_ks(world_size: int) -> tuple[int, ...]:
     return tuple(k for k in DEFAULT_KS if k <= micro_batches_per_rank(world_size))
 
@@ -310,7 +291,7 @@ class DistributedWidget:
             self.error = f"{type(e).__name__}: {e}"
             self.progress.bar_style = "danger"
             self.status.value = f"Failed: {self.error[:200]}"
-            self.out.outputs = (_text_output(f"Run failed: {self.error}"),)
+            _style.show_in(self.out, f"Run failed: {self.error}")
         finally:
             self.run.disabled = False
 
@@ -319,7 +300,7 @@ class DistributedWidget:
         fig = plot(result)
         alt = (f"Left: all-reduce KiB per step against k for {', '.join(COMM_VARIANTS)}. Right: relative error per step, "
                f"global count at most {result.reference.max_rel_error:.0e}, per-rank count up to {result.per_rank.max_rel_error:.0e}.")
-        self.out.outputs = (_table_output(result.table()), _table_output(result.error_table()), _image_output(fig, alt))
+        _style.show_in(self.out, result.table(), result.error_table(), fig, alt=alt)
 
     @property
     def children(self) -> tuple:
