@@ -15,17 +15,21 @@ each optimizer's gradient, at its ``step``, with ``accumlib.true_gradient``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from torch import nn
 
 from .. import compare, grads_of, true_gradient
 from ..tolerances import FLOAT32_RTOL
+from . import _style
+from ._common import Table, check_choice, check_int
+from ._exercise import Exercise
 
 NOISE_DIM = 4
 
@@ -264,15 +268,21 @@ def check_step(step: str | Callable[..., None], seed: int = 0, n: int = 64) -> G
 
 
 def check_accumulation(
-    accumulate: str | Callable[..., None], k: int = 4, micro_batch: int = 16, seed: int = 0
+    accumulate: str | Callable[..., None], accum_steps: int = 4, batch_size: int = 16, seed: int = 0
 ) -> GanCheck:
-    """One window of k micro-batches through ``accumulate``; each optimizer's gradient vs its large-batch oracle."""
-    if k < 1 or micro_batch < 1:
-        raise ValueError(f"k and micro_batch must be >= 1 (got k={k}, micro_batch={micro_batch})")
+    """One window of ``accum_steps`` micro-batches of ``batch_size`` through ``accumulate``; each optimizer vs its oracle.
+
+    >>> check_accumulation("interleaved, leaky", accum_steps=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: accum_steps must be an integer between 1 and 64 (got 0)
+    """
+    k = check_int("accum_steps", accum_steps, low=1, high=64)
+    b = check_int("batch_size", batch_size, low=1, high=256)
     fn = ACCUMULATIONS[accumulate] if isinstance(accumulate, str) else accumulate
     G, D = make_gan(seed)
-    z, x = noise(k * micro_batch, seed + 1), real_points(k * micro_batch, seed)
-    z_batches, real_batches = list(z.split(micro_batch)), list(x.split(micro_batch))
+    z, x = noise(k * b, seed + 1), real_points(k * b, seed)
+    z_batches, real_batches = list(z.split(b)), list(x.split(b))
     return _run_checked(fn, G, D, z_batches, real_batches, (z_batches, real_batches))
 
 
@@ -284,50 +294,81 @@ class GanTable:
     steps: dict[str, GanCheck]
     accumulations: dict[str, GanCheck]
 
+    def table(self, part: str = "steps") -> Table:
+        """``part``: "steps" (one GAN step per ordering) or "accumulations" (k micro-batches per window)."""
+        check_choice("part", part, ("steps", "accumulations"))
+        fmt = lambda e: f"< {FLOAT32_RTOL:g}" if e < FLOAT32_RTOL else f"{e:.2f}"  # noqa: E731  below: float32 rounding
+        rows = []
+        for name, c in (self.steps if part == "steps" else self.accumulations).items():
+            if c.error:
+                rows.append((name, "-", "-", f"RuntimeError: {c.error}"))
+            else:
+                rows.append((name, fmt(c.rel_error["D"]), fmt(c.rel_error["G"]), "exact" if c.exact() else "WRONG"))
+        what = f"one step on {self.n} noise vectors and {self.n} real points" if part == "steps" else \
+            f"one window of k = {self.k} micro-batches of {self.micro_batch}"
+        return Table(("ordering", "D's error at its step", "G's error at its step", "verdict"), rows,
+                     caption=f"{what}: each optimizer's gradient vs its own true gradient")
 
-def compute(k: int = 4, micro_batch: int = 16, seed: int = 0, n: int = 64) -> GanTable:
-    """Every single-step ordering (n points) and every accumulation scheme (k x micro_batch), checked."""
-    return GanTable(
-        k, micro_batch, n,
-        {name: check_step(name, seed, n) for name in STEPS},
-        {name: check_accumulation(name, k, micro_batch, seed) for name in ACCUMULATIONS},
-    )
+
+@functools.lru_cache(maxsize=8)
+def _steps(seed: int, n: int) -> dict[str, GanCheck]:
+    return {name: check_step(name, seed, n) for name in STEPS}
 
 
-def plot(table: GanTable) -> plt.Figure:
+@functools.lru_cache(maxsize=128)
+def _accumulations(k: int, b: int, seed: int) -> dict[str, GanCheck]:
+    return {name: check_accumulation(name, k, b, seed) for name in ACCUMULATIONS}
+
+
+def compute(accum_steps: int = 4, batch_size: int = 16, seed: int = 0, n: int = 64) -> GanTable:
+    """Every single-step ordering (n points) and every accumulation scheme (k x batch_size), checked (cached)."""
+    k = check_int("accum_steps", accum_steps, low=1, high=64)
+    b = check_int("batch_size", batch_size, low=1, high=256)
+    n = check_int("n", n, low=1)
+    return GanTable(k, b, n, _steps(seed, n), _accumulations(k, b, seed))
+
+
+@_style.styled
+def plot(table: GanTable) -> Figure:
+    """Two bars per ordering: D's and G's gradient error at their steps (log scale)."""
     rows = [(name, c) for name, c in table.steps.items()] + [(f"k={table.k}: {name}", c) for name, c in table.accumulations.items()]
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = _style.figure(width=11, height=5.2,
+                            title="Does each optimizer step on its own gradient? Error vs the true gradient, per ordering")
     y = range(len(rows))
-    for dy, who, color in ((-0.2, "G", "tab:blue"), (0.2, "D", "tab:orange")):
-        vals = [max(c.rel_error[who] or 0.0, 1e-8) if c.error is None else 0 for _, c in rows]
-        ax.barh([i + dy for i in y], vals, height=0.4, color=color, label=f"{who}'s gradient at its step")
+    for dy, who, role in ((-0.2, "G", "correct"), (0.2, "D", "other")):
+        vals = [max(c.rel_error[who] or 0.0, 1e-8) if c.error is None else 0 for _, c in rows]  # 0 shows as 1e-8
+        ax.barh([i + dy for i in y], vals, height=0.4, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role],
+                edgecolor="black", linewidth=0.5, label=f"{who}'s gradient at {who.lower()}_opt.step()")
     for i, (_, c) in enumerate(rows):
         if c.error:
-            ax.text(1.5e-8, i, "RuntimeError: " + c.error[:48], va="center", fontsize=7, color="tab:red")
-    ax.set_yticks(list(y), [name for name, _ in rows], fontsize=8)
+            ax.text(2e-9, i, "raises RuntimeError (in-place change)", va="center", color=_style.ROLE["buggy"]["color"])
+    ax.set_yticks(list(y), [name for name, _ in rows])
     ax.set_xscale("log")
-    ax.set_xlim(1e-8, 10)
-    ax.axvline(FLOAT32_RTOL, color="gray", ls="--", lw=1)
+    ax.set_xlim(1e-9, 30)
+    ax.axvline(FLOAT32_RTOL, **{**_style.ROLE["oracle"], "linewidth": 1}, label="float32 tolerance")
     ax.invert_yaxis()
-    ax.set_xlabel("relative error vs the true large-batch gradient (log)")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
+    ax.set_xlabel("relative error vs the true gradient (log scale; an exact 0 is drawn at 1e-8)")
+    fig.legend(loc="outside lower center", ncols=3)
     return fig
 
 
-def explorer(initial: GanTable | None = None) -> Any:
+def widget(initial: GanTable | None = None) -> Any:
     """Sliders for k and the micro-batch size; re-runs ``compute`` and redraws the bars."""
     import ipywidgets as w
 
     from ._explorer import Explorer
 
+    style = dict(style={"description_width": "initial"}, continuous_update=False)
     return Explorer(
-        lambda k, micro_batch: compute(k, micro_batch),
+        lambda accum_steps, batch_size: compute(accum_steps, batch_size),
         plot,
         initial=initial,
-        k=w.IntSlider(value=4, min=1, max=8, description="k", continuous_update=False),
-        micro_batch=w.IntSlider(value=16, min=1, max=64, description="micro-batch", continuous_update=False),
+        accum_steps=w.IntSlider(value=4, min=1, max=8, description="k (accum_steps)", **style),
+        batch_size=w.IntSlider(value=16, min=1, max=64, description="micro-batch size", **style),
     )
+
+
+explorer = widget
 
 
 # --- the exercise: D's side of an accumulated GAN loop, checked by accumlib.verify -------------------
@@ -344,7 +385,7 @@ def g_loss(D: nn.Module, fake: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class Exercise:
+class GanSetup:
     """What ``accumlib.verify`` needs to judge D's steps in a loop that also trains G."""
 
     G: nn.Module
@@ -354,7 +395,7 @@ class Exercise:
     item_losses: Callable[[nn.Module, Any], torch.Tensor]
 
 
-def exercise(n: int = 64, seed: int = 0) -> Exercise:
+def exercise(n: int = 64, seed: int = 0) -> GanSetup:
     """A fresh G (with its optimizer), a fresh D, a dataset of (noise, real point) pairs, and D's item losses.
 
     D's items are the fakes and the reals of a micro-batch; the fakes come from the live G,
@@ -369,4 +410,120 @@ def exercise(n: int = 64, seed: int = 0) -> Exercise:
             fake = G(z)
         return torch.cat([_bce(D(fake), 0.0), _bce(D(x), 1.0)])
 
-    return Exercise(G, torch.optim.Adam(G.parameters(), lr=1e-3), D, dataset, item_losses)
+    return GanSetup(G, torch.optim.Adam(G.parameters(), lr=1e-3), D, dataset, item_losses)
+
+
+# --- grading the exercise: verify's verdict on D, with the GAN's own explanation of a mismatch -------
+
+EXERCISE_K, EXERCISE_BATCH, EXERCISE_N = 4, 8, 64  # 64 pairs in micro-batches of 8: two full windows of k = 4
+
+
+@dataclass(frozen=True)
+class GanFinding:
+    """A finding in the same shape as verify's (code, message, severity), for what only a GAN can do."""
+
+    code: str
+    message: str
+    severity: str = "bug"
+
+
+@dataclass(frozen=True)
+class GanReport:
+    """verify's report on D's steps, with ``unexplained`` replaced by the GAN mistake that explains it, when one does."""
+
+    ok: bool
+    findings: tuple[Any, ...]
+    verify_report: Any
+
+    @property
+    def codes(self) -> set[str]:
+        return {f.code for f in self.findings}
+
+
+class _Stop(Exception):
+    pass
+
+
+def leak_share(train_fn: Callable[..., Any], seed: int = 0) -> float | None:
+    """Run ``train_fn(G, D, g_opt, d_opt, loader)`` to D's first step; how far D's ``.grad`` is from own + leak.
+
+    Returns ``|D.grad - (own + leak)| / |own + leak|`` for the first window, where ``own`` is
+    the gradient of D's loss over the window and ``leak`` the gradient of G's loss (divided like
+    D's) with respect to D; ``None`` if D never stepped. Near 0: D stepped on the leak as well.
+    """
+    ex = exercise(EXERCISE_N, seed)
+    d_opt = torch.optim.SGD(ex.D.parameters(), lr=0.05)
+    loader = torch.utils.data.DataLoader(ex.dataset, batch_size=EXERCISE_BATCH)
+    window = [tuple(t) for t, _ in zip(loader, range(EXERCISE_K))]
+    with torch.no_grad():
+        fakes = [ex.G(z) for z, _ in window]  # G before any step: the fakes of the first window
+    seen: dict[str, Any] = {}
+
+    def at_step(opt: Any, a: Any, kw: Any) -> None:
+        seen["grad"] = grads_of(ex.D)
+        raise _Stop
+
+    d_opt.register_step_pre_hook(at_step)
+    try:
+        train_fn(ex.G, ex.D, ex.g_opt, d_opt, loader)
+    except _Stop:
+        pass
+    except Exception:  # the learner's code failing is verify's to report, not this explanation's
+        return None
+    if "grad" not in seen:
+        return None
+    D = make_gan(seed)[1]  # D before any step, as at the first window
+    batches = [(f, torch.zeros(len(f))) for f in fakes] + [(x, torch.ones(len(x))) for _, x in window]
+    own = true_gradient(D, batches, d_item_losses)
+    leak = true_gradient(D, fakes, lambda D, f: _bce(D(f), 1.0))  # G's loss, a mean over the window's fakes
+    both = {name: own[name] + leak[name] for name in own}
+    return compare(seen["grad"], both).rel_error
+
+
+def _verify_gan_exercise(train_fn: Callable[..., Any]) -> GanReport:
+    """``accumlib.verify`` on D's steps in the learner's loop; a GAN-specific finding where verify has no name for it."""
+    from .. import verify
+
+    ex = exercise(EXERCISE_N, 0)
+    report = verify(lambda D, d_opt, loader: train_fn(ex.G, D, ex.g_opt, d_opt, loader), model=ex.D, dataset=ex.dataset,
+                    item_losses=ex.item_losses, accum_steps=EXERCISE_K, batch_size=EXERCISE_BATCH)
+    findings = list(report.findings)
+    if "unexplained" in report.codes:
+        share = leak_share(train_fn)
+        if share is not None and share < FLOAT32_RTOL:
+            at = next(i for i, f in enumerate(findings) if f.code == "unexplained")
+            findings[at] = GanFinding(
+                "leak-into-D", "D stepped on its own window gradient plus the gradient of G's loss with respect to D's "
+                "parameters (the leak of section 1): D's .grad equals own + leak to float32 rounding")
+    return GanReport(bool(report.ok), tuple(findings), report)
+
+
+EXERCISE = Exercise(
+    "06-keep-g-out-of-d",
+    "Accumulate a GAN with two optimizers",
+    run=_verify_gan_exercise,
+    hints={
+        "leak-into-D": (
+            "G's backward runs through D, so it writes into D's .grad too, and in this loop it does so in every "
+            "micro-batch, before D steps. Section 2 shows three ways to keep G's loss out of D's .grad. One of them, "
+            "a zero_grad, would also wipe the part of D's window already accumulated; look for one that stops autograd "
+            "from writing into D's parameters while G's loss goes backward, and undo it afterwards."),
+        "zero-grad-inside-window": (
+            "D's .grad was cleared between micro-batches of its window: that removes the leak and D's earlier "
+            "micro-batches with it (section 3's 'interleaved, zero_grad(D) per micro-batch'). Keep G's loss out of "
+            "D's .grad without clearing it."),
+        "unexplained": (
+            "D's step matches neither its own window gradient nor its own gradient plus the leak. Check that D's loss is "
+            "divided by k, that the fakes D sees are detached, and that G steps after D (the oracle makes each window's "
+            "fakes with G as it was before the window's steps)."),
+        "unscaled-sum": "D's loss reaches the step undivided: divide each micro-batch's loss by k, as the starting loop did.",
+        "no-zero-grad": "D's gradients of an earlier window leaked into this step: zero D's .grad after every D step.",
+        "early-step": "D steps more often than once per k micro-batches.",
+        "tail-dropped": "Some pairs never reached a D step: every micro-batch must end up in a window that steps.",
+        "error": (
+            "Your code raised an error. 'modified by an inplace operation' means a backward ran through a network "
+            "whose weights a step had already changed (section 2's 'seed as written'): step only after both "
+            "backward passes of the window."),
+    },
+    default_hint="At d_opt.step(), D's .grad must hold D's own loss over the window and nothing else: what else writes into it?",
+)

@@ -15,16 +15,20 @@ bugs this lesson shows, written out so they can be measured against the oracle.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 
 from .. import amp, compare, get_task, grads_of, ragged, resolve_device, trace_loop, true_gradient
 from .._batch import checked_losses, to_device
 from ..tolerances import BF16_RTOL
+from . import _style
+from ._common import Table, check_float, check_int
+from ._exercise import Exercise
 
 TASK = "mlp-digits"
 
@@ -65,9 +69,9 @@ def amp_vs_oracle(device: str | torch.device = "auto", task: str = TASK) -> dict
 # --- one window, measured: the oracle, the reference loop, and the two bugs ------------------------
 
 
-def _window(task: str, accum_steps: int, device: torch.device) -> tuple[torch.nn.Module, list[Any], Any]:
+def _window(task: str, accum_steps: int, batch_size: int | None, device: torch.device) -> tuple[torch.nn.Module, list[Any], Any]:
     t = get_task(task)
-    batches = list(t.loader())[:accum_steps]
+    batches = list(t.loader(batch_size) if batch_size else t.loader())[:accum_steps]
     return t.make_model(0).to(device), batches, t
 
 
@@ -138,6 +142,7 @@ def one_window(
     change_after: int = 2,
     factor: float = 2.0,
     accum_steps: int = 4,
+    batch_size: int = 8,
     device: str | torch.device = "auto",
     task: str = TASK,
 ) -> WindowResult:
@@ -145,10 +150,34 @@ def one_window(
 
     'unscale_ then clip' is ``accumlib.amp`` itself; the other two are the bugs above.
     The oracle is the true large-batch gradient, clipped to ``max_norm`` like the loops clip.
+    Results are cached per argument set, so a widget that returns to a value redraws at once.
+
+    >>> one_window(accum_steps=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: accum_steps must be an integer >= 2; a scale can only change inside a window of 2 or more micro-batches (got 1)
     """
-    dev = resolve_device(device)
+    if max_norm is not None:
+        max_norm = check_float("max_norm", max_norm, low=0.0, low_open=True)
+    init_scale = check_float("init_scale", init_scale, low=0.0, low_open=True)
+    accum_steps = check_int("accum_steps", accum_steps, low=2, why="a scale can only change inside a window of 2 or more micro-batches")
+    batch_size = check_int("batch_size", batch_size, low=1)
+    n_items = len(get_task(task).make_dataset())
+    if accum_steps * batch_size > n_items:
+        raise ValueError(f"accum_steps * batch_size must be <= {n_items}, the items of {task}, so the first window is full "
+                         f"(got {accum_steps} * {batch_size} = {accum_steps * batch_size})")
+    change_after = check_int("change_after", change_after, low=1, high=accum_steps - 1,
+                             why="the scale changes after one micro-batch and before the window's last")
+    factor = check_float("factor", factor, low=0.0, low_open=True)
+    return _one_window(max_norm, init_scale, change_after, factor, accum_steps, batch_size, str(resolve_device(device)), task)
+
+
+@functools.lru_cache(maxsize=64)
+def _one_window(max_norm: float | None, init_scale: float, change_after: int, factor: float, accum_steps: int,
+                batch_size: int, device: str, task: str) -> WindowResult:
+    dev = torch.device(device)
     dtype = autocast_dtype(dev)
-    model0, window, t = _window(task, accum_steps, dev)
+    model0, window, t = _window(task, accum_steps, batch_size, dev)
     oracle = true_gradient(model0, window, t.item_losses, device=dev)
     runs = {
         "unscale_ then clip (accumlib.amp)": lambda m, o, s: amp(
@@ -176,26 +205,50 @@ def one_window(
     return WindowResult(rel, ratio, max_norm, oracle_norm, init_scale, change_after, factor, len(window), items)
 
 
-def plot_window(result: WindowResult) -> plt.Figure:
+compute = one_window  # the lesson's main computation, under the name every lesson uses
+
+_ROLES = ("correct", "buggy", "other")  # amp, clip-first, scale change: one role (colour + hatch) each
+
+
+def window_table(result: WindowResult) -> Table:
+    """The three loops' errors, as a table (errors below bfloat16's tolerance show as a bound)."""
+    rows = []
+    for name, err in result.rel_error.items():
+        shown = f"{err:.2f}" if err > BF16_RTOL else f"< {BF16_RTOL:g} (bf16 rounding)"
+        rows.append((name, shown, f"{result.norm_ratio[name]:.2f}"))
+    return Table(("loop", "relative error vs oracle", "norm ratio |g|/|g*|"), rows,
+                 caption=f"first window: {result.micro_batches} micro-batches, {result.items} items; oracle norm "
+                         f"{result.oracle_norm:.3f}, max_norm {result.max_norm}, scale {result.scale:g}")
+
+
+@_style.styled
+def plot(result: WindowResult) -> Figure:
+    """One bar per loop: how far the gradient it hands to ``optimizer.step()`` is from the oracle."""
     names = list(result.rel_error)
-    fig, ax = plt.subplots(figsize=(7, 2.8))
-    bars = ax.barh(names, [max(result.rel_error[n], 1e-8) for n in names], color=["tab:green", "tab:red", "tab:orange"])
+    clip = "no clipping" if result.max_norm is None else f"max_norm {result.max_norm:.3g}"
+    fig, ax = _style.figure(width=8.5, height=3.4,
+                            title=f"Error of the stepped gradient vs the true gradient ({clip}, scale {result.scale:g})")
+    values = [max(result.rel_error[n], 1e-8) for n in names]
+    for i, (n, v, role) in enumerate(zip(names, values, _ROLES)):
+        ax.barh(i, v, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role], edgecolor="black", linewidth=0.6)
+        ax.text(v * 1.3, i, f"{result.rel_error[n]:.2g}", va="center")
+    ax.set_yticks(range(len(names)), names)
     ax.set_xscale("log")
-    ax.set_xlim(1e-6, 10)
-    ax.axvline(BF16_RTOL, color="gray", ls="--", lw=1)
-    for bar, n in zip(bars, names):
-        ax.text(bar.get_width() * 1.2, bar.get_y() + bar.get_height() / 2, f"{result.rel_error[n]:.2g}", va="center", fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("relative error of the stepped gradient vs the oracle (log; dashed: bf16 tolerance)")
-    ax.set_title(f"one window, max_norm={result.max_norm}, scale={result.scale:g}")
-    fig.tight_layout()
+    ax.set_xlim(1e-6, 30)
+    ax.axvline(BF16_RTOL, **{**_style.ROLE["oracle"], "linewidth": 1})
+    ax.set_ylim(len(names) - 0.5, -1.0)  # top to bottom, with a free row for the tolerance's label
+    ax.text(BF16_RTOL * 1.2, -0.72, "bfloat16 tolerance", ha="left", va="center")
+    ax.set_xlabel("relative error |g - g*| / |g*| (log scale)")
     return fig
+
+
+plot_window = plot
 
 
 def unscale_twice_error(device: str | torch.device = "auto") -> str:
     """GradScaler refuses a second ``unscale_`` before ``update``: the message it raises."""
     dev = resolve_device(device)
-    model, window, t = _window(TASK, 1, dev)
+    model, window, t = _window(TASK, 1, None, dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler(dev.type)
     scaler.scale(t.item_losses(model, to_device(window[0], dev)).mean()).backward()
@@ -250,6 +303,7 @@ def inf_run(
     growth_interval: int = 2,
     init_scale: float = 2.0**10,
     accum_steps: int = 2,
+    batch_size: int = 8,
     n_samples: int = 160,
     device: str | torch.device = "auto",
 ) -> InfRun:
@@ -258,16 +312,37 @@ def inf_run(
     A tensor hook on the first layer's weight replaces its gradient by inf during the
     first micro-batch of those windows (what an overflow in float16 produces). The
     scaler finds it at ``step``, skips ``optimizer.step()`` and multiplies the scale by
-    0.5; every ``growth_interval`` clean windows in a row double it.
+    0.5; every ``growth_interval`` clean windows in a row double it. Cached per argument set.
+
+    >>> inf_run((12,))
+    Traceback (most recent call last):
+    ...
+    ValueError: inf_windows[0] must be an integer between 0 and 9; 160 digits in micro-batches of 8, 2 per window, make 10 windows (got 12)
     """
+    growth_interval = check_int("growth_interval", growth_interval, low=1)
+    init_scale = check_float("init_scale", init_scale, low=0.0, low_open=True)
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    n_samples = check_int("n_samples", n_samples, low=1, high=1797, why="scikit-learn's digits hold 1797 images")
+    n_windows = -(-(-(-n_samples // batch_size)) // accum_steps)
+    if isinstance(inf_windows, int) or not hasattr(inf_windows, "__iter__"):
+        raise ValueError(f"inf_windows must be a tuple of window indices (got {inf_windows!r})")
+    why = f"{n_samples} digits in micro-batches of {batch_size}, {accum_steps} per window, make {n_windows} windows"
+    inf_windows = tuple(check_int(f"inf_windows[{i}]", w, low=0, high=n_windows - 1, why=why) for i, w in enumerate(inf_windows))
+    return _inf_run(inf_windows, growth_interval, init_scale, accum_steps, batch_size, n_samples, str(resolve_device(device)))
+
+
+@functools.lru_cache(maxsize=64)
+def _inf_run(inf_windows: tuple[int, ...], growth_interval: int, init_scale: float, accum_steps: int, batch_size: int,
+             n_samples: int, device: str) -> InfRun:
     from .. import digits
 
-    dev = resolve_device(device)
+    dev = torch.device(device)
     t = get_task(TASK)
     model = t.make_model(0).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     scaler = _RecordingScaler(dev.type, init_scale=init_scale, growth_interval=growth_interval)
-    loader = t.loader(8, dataset=digits(n_samples))
+    loader = t.loader(batch_size, dataset=digits(n_samples))
     micro = {"i": -1}
     stepped_at: list[int] = []
     params: list[torch.Tensor] = []
@@ -294,23 +369,43 @@ def inf_run(
     return InfRun(
         scale=scaler.before, scale_after=scaler.after, stepped=[w in stepped_at for w in range(n_windows)],
         params_moved=moved, inf_windows=tuple(inf_windows), growth_interval=growth_interval,
-        n_samples=n_samples, micro_batch=8, accum_steps=accum_steps, logged=logged,
+        n_samples=n_samples, micro_batch=batch_size, accum_steps=accum_steps, logged=logged,
     )
 
 
-def plot_inf_run(run: InfRun) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(7, 3))
+def inf_table(run: InfRun) -> Table:
+    """One row per window: the scale it used, whether it stepped, whether the parameters moved."""
+    rows = [(i, f"{s:g}", "yes" if st else "no (skipped)", "yes" if mv else "no", f"{sa:g}")
+            for i, (s, st, mv, sa) in enumerate(zip(run.scale, run.stepped, run.params_moved, run.scale_after))]
+    return Table(("window", "scale used", "stepped", "parameters moved", "scale after update()"), rows,
+                 caption=f"{run.n_samples} digits, micro-batch {run.micro_batch}, k = {run.accum_steps}: "
+                         f"{len(run.scale)} windows; inf injected in window(s) {list(run.inf_windows)}")
+
+
+@_style.styled
+def plot_inf_run(run: InfRun) -> Figure:
+    """The scale each window used, with the windows GradScaler skipped marked."""
+    fig, ax = _style.figure(width=8, height=3.4,
+                            title=f"GradScaler's scale per window: inf in window(s) {list(run.inf_windows)}, "
+                                  f"growth_interval {run.growth_interval}")
     steps = range(len(run.scale))
-    ax.step(steps, run.scale, where="post", label="scale used by the window")
+    ax.step(steps, run.scale, where="post", label="scale used by the window", **_style.ROLE["correct"])
     skipped = run.skipped
-    ax.scatter(skipped, [run.scale[i] for i in skipped], color="tab:red", zorder=3, label="inf found: step skipped")
+    ax.plot(skipped, [run.scale[i] for i in skipped], linestyle="none", marker="X", markersize=12,
+            color=_style.ROLE["buggy"]["color"], zorder=3, label="inf found: step skipped, scale halved")
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("window (optimizer step)")
-    ax.set_ylabel("GradScaler scale")
-    ax.set_title(f"inf injected in window(s) {list(run.inf_windows)}, growth_interval={run.growth_interval}")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+    ax.set_xticks(list(steps))
+    ax.set_xlabel("window (one optimizer step each)")
+    ax.set_ylabel("GradScaler scale (log2)")
+    ax.legend(loc="upper left")
     return fig
+
+
+def _slider_style() -> dict[str, Any]:
+    """Wide enough for the whole description (ipywidgets cuts long labels at 80 px otherwise)."""
+    import ipywidgets as w
+
+    return dict(style={"description_width": "initial"}, layout=w.Layout(width="420px"), continuous_update=False)
 
 
 def inf_explorer(device: str | torch.device = "auto", initial: InfRun | None = None) -> Any:
@@ -326,24 +421,27 @@ def inf_explorer(device: str | torch.device = "auto", initial: InfRun | None = N
         lambda inf_window, growth_interval: inf_run((inf_window,), growth_interval=growth_interval, device=device),
         plot_inf_run,
         initial=initial,
-        inf_window=w.IntSlider(value=3, min=0, max=9, description="inf in window", continuous_update=False),
-        growth_interval=w.IntSlider(value=2, min=1, max=5, description="growth_interval", continuous_update=False),
+        inf_window=w.IntSlider(value=3, min=0, max=9, description="inf in window", **_slider_style()),
+        growth_interval=w.IntSlider(value=2, min=1, max=5, description="growth_interval", **_slider_style()),
     )
 
 
-def clip_explorer(device: str | torch.device = "auto", initial: WindowResult | None = None) -> Any:
-    """Sliders for max_norm and the scale; re-runs ``one_window`` and redraws its bars (``initial``: max_norm 0.25, 2**16)."""
+def widget(device: str | torch.device = "auto", initial: WindowResult | None = None) -> Any:
+    """Sliders for max_norm and log2 of the scale; re-runs ``compute`` and redraws its bars (``initial``: max_norm 0.25, 2**16)."""
     import ipywidgets as w
 
     from ._explorer import Explorer
 
     return Explorer(
-        lambda max_norm, log2_scale: one_window(max_norm, init_scale=2.0**log2_scale, device=device),
-        plot_window,
+        lambda max_norm, log2_scale: compute(max_norm, init_scale=2.0**log2_scale, device=device),
+        plot,
         initial=initial,
-        max_norm=w.FloatLogSlider(value=0.25, base=10, min=-2, max=2, description="max_norm", continuous_update=False),
-        log2_scale=w.IntSlider(value=16, min=0, max=24, description="log2 scale", continuous_update=False),
+        max_norm=w.FloatLogSlider(value=0.25, base=10, min=-2, max=2, step=0.25, description="max_norm", **_slider_style()),
+        log2_scale=w.IntSlider(value=16, min=0, max=24, description="log2 of the scale S", **_slider_style()),
     )
+
+
+clip_explorer = widget
 
 
 def window_source(loop: Any = amp) -> str:
@@ -355,3 +453,42 @@ def window_source(loop: Any = amp) -> str:
     end = next(i for i, line in enumerate(lines) if line.strip().startswith("logged.append"))
     indent = len(lines[start]) - len(lines[start].lstrip())
     return "\n".join(line[indent:] for line in lines[start : end + 1])
+
+
+# --- the exercise: the learner's own AMP accumulation loop, graded by accumlib.verify ----------------
+
+
+def _verify_on_full_windows(train_fn: Any) -> Any:
+    """``accumlib.verify`` on 128 digits, micro-batch 8, k = 4: every window full, so only the AMP order is judged."""
+    from .. import classification_losses, digits, verify
+
+    return verify(train_fn, model=get_task(TASK).make_model(0), dataset=digits(128),
+                  item_losses=classification_losses, accum_steps=4, batch_size=8)
+
+
+EXERCISE = Exercise(
+    "04-unscale-before-clipping",
+    "Clip the true gradient of an AMP window",
+    run=_verify_on_full_windows,
+    hints={
+        "clip-before-unscale": (
+            "After the window's last scaler.scale(loss).backward(), .grad holds S times the window's gradient "
+            "(S = scaler.get_scale(), 65536 here), so clip_grad_norm_ compares S|g| with max_norm and shrinks "
+            "every step to max_norm / S. One GradScaler call turns .grad back into the true gradient, in place; "
+            "it has to run, once per window, before anything reads the gradient's size."),
+        "clip-per-micro-batch": (
+            "Clipping now runs before the window's gradient is complete: it sees a partial sum. Clip once per "
+            "window, after the last backward of the window and right before the scaler steps."),
+        "non-finite": "A step saw inf or nan: the scaler must step (and may skip), not the optimizer directly.",
+        "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them only after a step.",
+        "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every step.",
+        "early-step": "The optimizer steps more often than once per k micro-batches: keep the step inside the `if`.",
+        "unscaled-sum": "Each micro-batch's loss must still be divided so the window's items weigh 1/N each.",
+        "error": (
+            "GradScaler refuses a second unscale_ for an optimizer before update(): unscale once per window, "
+            "after the window's last backward, not after every micro-batch."),
+    },
+    default_hint=(
+        "Compare your window with the order of section 1: scaled backward per micro-batch; then, once per window, "
+        "make .grad hold true magnitudes, clip, let the scaler step, update the scale, zero the gradients."),
+)

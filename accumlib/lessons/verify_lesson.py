@@ -8,15 +8,20 @@ same for a loop pasted as text.
 
 from __future__ import annotations
 
+import functools
 import html
 import inspect
 import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 import accumlib
+
+from . import _style
+from ._common import Table, check_choice, check_int
+from ._exercise import Exercise
 
 # Lightning's Trainer prints its own log lines and takes seconds to import; the table
 # leaves its two loops out by default (the dropdown still offers them).
@@ -59,39 +64,61 @@ class GalleryTable:
         lines.append(f"\n{agree}/{len(self.rows)} loops get exactly their expected findings")
         return "\n".join(lines)
 
+    def table(self) -> Table:
+        """The rows as a table (HTML in JupyterLab): loop, verdict, codes found, whether they are the expected ones."""
+        rows = [(r.name, "ok" if r.ok else "NOT OK", ", ".join(sorted(r.found)) or "-",
+                 "yes" if r.agrees else f"no, expected {', '.join(sorted(r.expected)) or '-'}") for r in self.rows]
+        agree = sum(r.agrees for r in self.rows)
+        return Table(("loop", "verdict", "found", "as expected"), rows,
+                     caption=f"accumlib.verify on the gallery: {agree}/{len(self.rows)} loops get exactly their expected findings")
+
 
 def gallery(names: list[str] | None = None, skip: tuple[str, ...] = SLOW) -> GalleryTable:
-    """``accumlib.verify`` on each gallery loop (all but ``skip`` when ``names`` is None)."""
+    """``accumlib.verify`` on each gallery loop (all but ``skip`` when ``names`` is None).
+
+    >>> gallery(["no-such-loop"])
+    Traceback (most recent call last):
+    ...
+    ValueError: names must be keys of accumlib.GALLERY (got 'no-such-loop')
+    """
     names = names if names is not None else [n for n in accumlib.GALLERY if n not in skip]
-    rows = []
     for name in names:
         if name not in accumlib.GALLERY:
             raise ValueError(f"names must be keys of accumlib.GALLERY (got {name!r})")
+    rows = []
+    for name in names:
         loop = accumlib.GALLERY[name]
         report = loop.run()
         rows.append(Row(name, loop.source_note, frozenset(loop.expected_codes), frozenset(report.codes), report.ok))
     return GalleryTable(rows)
 
 
-def plot(table: GalleryTable) -> plt.Figure:
-    """Loops x codes: a filled dot where verify found the code, a ring where it was expected."""
+compute = gallery  # the lesson's main computation, under the name every lesson uses
+
+
+@_style.styled
+def plot(table: GalleryTable) -> Figure:
+    """Loops x codes: a filled marker where verify found the code, a ring where it was expected."""
     codes = table.codes
-    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * len(codes), 0.8 + 0.26 * len(table.rows)))
+    fig, ax = _style.figure(width=2.6 + 0.5 * len(codes), height=1.6 + 0.3 * len(table.rows),
+                            title="What accumlib.verify finds in each gallery loop (ring: expected; filled: found)")
+    found_ok, found_bad = _style.ROLE["correct"], _style.ROLE["buggy"]
     for i, r in enumerate(table.rows):
         for j, c in enumerate(codes):
             if c in r.expected:
-                ax.scatter(j, i, s=120, facecolors="none", edgecolors="gray")
+                ax.scatter(j, i, s=150, facecolors="none", edgecolors=_style.BLACK, linewidths=1)
             if c in r.found:
-                ax.scatter(j, i, s=40, color="tab:green" if c in r.expected else "tab:red")
+                role = found_ok if c in r.expected else found_bad
+                ax.scatter(j, i, s=45, color=role["color"], marker=role["marker"])
         if r.ok:
-            ax.text(len(codes) - 0.3, i, "ok", va="center", fontsize=8, color="tab:green")
-    ax.set_xticks(range(len(codes)), codes, rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(len(table.rows)), [r.name for r in table.rows], fontsize=8)
-    ax.set_xlim(-0.5, len(codes) + 0.2)
+            ax.text(len(codes) - 0.3, i, "ok", va="center")
+    ax.set_xticks(range(len(codes)), codes, rotation=60, ha="right")
+    ax.set_yticks(range(len(table.rows)), [r.name for r in table.rows])
+    ax.set_xlim(-0.5, len(codes) + 0.4)
     ax.invert_yaxis()
-    ax.grid(alpha=0.3)
-    ax.set_title("accumlib.verify on the gallery: dot = found, ring = expected", fontsize=9)
-    fig.tight_layout()
+    ax.scatter([], [], s=45, label="found, as expected", color=found_ok["color"], marker=found_ok["marker"])
+    ax.scatter([], [], s=45, label="found, not expected", color=found_bad["color"], marker=found_bad["marker"])
+    fig.legend(loc="outside lower center", ncols=2)
     return fig
 
 
@@ -101,6 +128,10 @@ def check(train_fn: Any, task: str = "mlp-digits", accum_steps: int = 4, batch_s
     ``mlp-digits`` has 110 digits, so with batch 8 and k = 4 the last window holds 2
     micro-batches of 8 and 6: the case most loops get wrong.
     """
+    check_choice("task", task, tuple(accumlib.TASKS))
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
+    if batch_size is not None:
+        batch_size = check_int("batch_size", batch_size, low=1)
     t = accumlib.get_task(task)
     return accumlib.verify(
         train_fn, model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
@@ -124,6 +155,8 @@ class Verified:
 
 
 def run_gallery_loop(name: str) -> Verified:
+    if name not in accumlib.GALLERY:
+        raise ValueError(f"name must be a key of accumlib.GALLERY (got {name!r})")
     loop = accumlib.GALLERY[name]
     return Verified(f"{name}: {loop.source_note}", inspect.getsource(loop.fn), loop.run())
 
@@ -135,9 +168,17 @@ def gallery_explorer(initial: Verified | None = None, value: str = "seed-002-las
     from ._explorer import Explorer
 
     return Explorer(
-        run_gallery_loop, lambda v: v, initial=initial,
+        _run_gallery_loop_cached, lambda v: v, initial=initial,
         name=w.Dropdown(options=list(accumlib.GALLERY), value=value, description="loop", layout=w.Layout(width="420px")),
     )
+
+
+widget = gallery_explorer
+
+
+@functools.lru_cache(maxsize=64)
+def _run_gallery_loop_cached(name: str) -> Verified:
+    return run_gallery_loop(name)
 
 
 # --- paste a loop ----------------------------------------------------------------------------------
@@ -208,3 +249,30 @@ class PasteBox:
 
 def paste_box(source: str = EXAMPLE) -> PasteBox:
     return PasteBox(source)
+
+
+# --- the exercise: the seed question's GradScaler loop, made to handle the ragged last window ----------
+
+EXERCISE = Exercise(
+    "07-ragged-gradscaler-loop",
+    "Make the seed question's GradScaler loop step every digit, weighted right",
+    task="mlp-digits", accum_steps=4, batch_size=8,
+    hints={
+        "tail-dropped": (
+            "110 digits in micro-batches of 8 make 14 micro-batches: 3 full windows of 4 and a last window of 2. "
+            "`(i + 1) % 4 == 0` never fires for that last window, so its 14 digits never reach a step. The loop needs "
+            "to know when it has reached the last micro-batch (the loader has a length)."),
+        "tail-misscaled": (
+            "The last window now steps, but its loss was divided as if the window held 4 micro-batches. What should "
+            "each digit of a window weigh, when the window holds fewer digits than the others?"),
+        "mean-of-means": (
+            "Each micro-batch's *mean* loss weighs the same, but the last micro-batch holds 6 digits, not 8. Divide "
+            "each micro-batch's summed loss by the number of digits in its window; to know that number before the "
+            "window's first backward, you can collect the window's micro-batches first."),
+        "misscaled": "Every step is off by one factor: divide the window's summed losses by exactly its number of digits.",
+        "unscaled-sum": "The loss reaches backward undivided: every digit of a window must weigh 1 / (digits in the window).",
+        "zero-grad-inside-window": "Gradients are cleared inside a window: zero them only right after a step.",
+        "early-step": "The optimizer steps more often than once per window of 4 micro-batches.",
+        "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
+    },
+)
