@@ -35,7 +35,7 @@ def _codes(report):
 
 
 def test_why_compute_memory_and_one_window():
-    r = why.compute(accum_steps=4, micro_batch_size=8, max_k=8, device="cpu")
+    r = why.compute(accum_steps=4, batch_size=8, max_k=8, device="cpu")
     assert r.rel_error["accumulated, loss / k (accumlib.normalized)"] <= FLOAT32_RTOL
     assert abs(r.norm_ratio["accumulated, not divided (accumlib.naive)"] - 4) < RATIO_TOL * 4
     # activations grow linearly with the items in one forward: k x b items cost ~k x the bytes of b
@@ -45,7 +45,7 @@ def test_why_compute_memory_and_one_window():
 
 
 def test_why_compute_refuses_k_above_max_k():
-    with pytest.raises(ValueError, match="accum_steps must be <= max_k"):
+    with pytest.raises(ValueError, match=r"accum_steps must be an integer between 1 and 8.*\(got 9\)"):
         why.compute(accum_steps=9, max_k=8)
 
 
@@ -56,12 +56,12 @@ def test_why_widget_recomputes_for_k_and_micro_batch():
     assert ex.result.accum_steps == 5
     assert abs(ex.result.norm_ratio["accumulated, not divided (accumlib.naive)"] - 5) < RATIO_TOL * 5
     before = ex.result.micro_bytes
-    ex.controls["micro_batch_size"].value = 16
-    assert ex.result.micro_batch_size == 16 and ex.result.micro_bytes * 2 == pytest.approx(before, rel=0.01)
+    ex.controls["batch_size"].value = 16
+    assert ex.result.batch_size == 16 and ex.result.micro_bytes * 2 == pytest.approx(before, rel=0.01)
 
 
 def test_why_train_reproduces_the_mindspore_experiment():
-    t = why.train(64, 2, lr=0.1, epochs=2, device="cpu")
+    t = why.train(2, 32, lr=0.1, epochs=2, device="cpu")
     batch, accumulated, naive_run, doubled = t.runs
     assert len(t.runs[batch].loss_per_step) == 2 * why.N_TRAIN // 64
     # float32: the two runs sum the same terms in a different order; 1e-4 over 40 SGD steps
@@ -71,22 +71,21 @@ def test_why_train_reproduces_the_mindspore_experiment():
     assert t.max_curve_gap(naive_run, doubled) <= 1e-4  # naive at lr == batch 64 at k x lr
 
 
-def test_why_train_refuses_indivisible_batch():
-    with pytest.raises(ValueError, match="batch_size must be divisible by accum_steps"):
-        why.train(64, 3)
+def test_why_train_matches_a_dataloader_shuffle():
+    """``_batches`` replaces the DataLoader (10x faster in the widget): it must hand out the same items in the same order."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = why.digits_subset()[: why.N_TRAIN]
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(7))
+    ours = why._batches(x, y, 32, 7)
+    assert len(ours) == len(loader)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(loader, ours))
 
 
 def test_why_training_widget_recomputes():
     ex = why.training_widget(device="cpu")
     ex.controls["accum_steps"].value = 4
     assert ex.result.accum_steps == 4 and "4 x 16 naive (not divided)" in ex.result.runs
-
-
-def test_why_exercise_right_and_wrong_answers():
-    right = _verify(why.exercise_loop(2), why.exercise_dataset(), 2, 32)
-    assert right.ok, str(right)
-    wrong = _verify(why.exercise_loop(1), why.exercise_dataset(), 2, 32)
-    assert not wrong.ok and "unscaled-sum" in _codes(wrong)
 
 
 def test_digits_subset_matches_accumlib_digits():
@@ -100,7 +99,7 @@ def test_digits_subset_matches_accumlib_digits():
 
 
 def test_normalizing_three_forms_against_the_oracle():
-    r = normalizing.compute(max_k=4, micro_batch_size=4, device="cpu")
+    r = normalizing.compute(max_k=4, batch_size=4, device="cpu")
     for i, k in enumerate(r.ks):
         assert abs(r.norm_ratio["naive (accumlib.naive)"][i] - k) < RATIO_TOL * k
         assert r.rel_error["loss / k (accumlib.normalized)"][i] <= FLOAT32_RTOL
@@ -134,15 +133,16 @@ def test_normalizing_widget_recomputes_past_eight():
     ex.controls["accum_steps"].value = 2
     k2, again = ex.result
     assert k2 == 2 and again.ks == tuple(range(1, 9))
+    misses = normalizing._point.cache_info().misses
     ex.controls["accum_steps"].value = 3
-    assert ex.result[1] is again
-    ex.controls["micro_batch_size"].value = 5
+    assert ex.result[1] == again and normalizing._point.cache_info().misses == misses  # nothing recomputed
+    ex.controls["batch_size"].value = 5
     k5, other = ex.result
-    assert other is not again and other.micro_batch_size == 5 and abs(other.norm_ratio["naive (accumlib.naive)"][2] - 3) < RATIO_TOL * 3
+    assert other != again and other.batch_size == 5 and abs(other.norm_ratio["naive (accumlib.naive)"][2] - 3) < RATIO_TOL * 3
 
 
 def test_bert_loop_reports_loss_off_by_k_and_the_fix_does_not():
-    run = normalizing.bert_epoch(accum_steps=4, micro_batch_size=8, device="cpu")
+    run = normalizing.bert_epoch(accum_steps=4, batch_size=8, device="cpu")
     assert abs(run.true / run.reported - 4) < RATIO_TOL * 4
     assert abs(run.reported_fixed - run.true) < 1e-5 * run.true
 
@@ -155,19 +155,11 @@ def test_bert_loop_verify_names_the_logged_loss():
     assert fixed.ok, str(fixed)
 
 
-def test_normalizing_exercise_right_and_wrong_answers():
-    assert _verify(normalizing.exercise_loop("after"), normalizing.exercise_dataset(), 4, 8).ok
-    wrong = _verify(normalizing.exercise_loop("inside"), normalizing.exercise_dataset(), 4, 8)
-    assert not wrong.ok and wrong.findings
-    with pytest.raises(ValueError, match="divide must be 'inside' or 'after'"):
-        normalizing.exercise_loop("before")
-
-
 # --- lesson 3 ------------------------------------------------------------------------------------
 
 
 def test_ragged_windows_the_stack_overflow_case():
-    r = ragged_windows.compute(110, 8, 4, device="cpu")
+    r = ragged_windows.compute(4, 8, n=110, device="cpu")
     drop, by_k, by_batches, exact = (r.strategies[n] for n in ragged_windows.STRATEGIES)
     assert r.micro_batches == 14
     assert (drop.steps, drop.items_stepped) == (3, 96) and drop.worst <= FLOAT32_RTOL
@@ -204,17 +196,6 @@ def test_token_counts_mean_of_means_is_wrong_ragged_is_exact():
     assert min(by_means) > 0.01 and max(by_tokens) <= FLOAT32_RTOL
 
 
-@pytest.mark.parametrize("answer, codes", [("k", {"tail-misscaled"}), ("batches", {"mean-of-means"})])
-def test_ragged_exercise_wrong_answers_are_named(answer, codes):
-    report = _verify(ragged_windows.exercise_loop(answer), ragged_windows.exercise_dataset(), 4, 8)
-    assert not report.ok and codes <= set(_codes(report)), str(report)
-
-
-def test_ragged_exercise_right_answer_passes():
-    report = _verify(ragged_windows.exercise_loop("items"), ragged_windows.exercise_dataset(), 4, 8)
-    assert report.ok, str(report)
-
-
 def test_widgets_show_the_notebooks_result_first():
     """``initial=``: the widget starts from the result the notebook computed, then recomputes on change."""
     r = ragged_windows.compute(device="cpu")
@@ -222,3 +203,173 @@ def test_widgets_show_the_notebooks_result_first():
     assert ex.result is r
     ex.controls["batch_size"].value = 10  # 11 micro-batches of 10: the tail window holds 3
     assert ex.result is not r and ex.result.strategies["exact: accumlib.ragged"].window_items[-1] == 30
+
+
+# --- bad values: refused before any work, naming the argument, the rule and the value ----------------
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: why.compute(accum_steps=0), r"accum_steps must be an integer between 1 and 16.*\(got 0\)"),
+    (lambda: why.compute(batch_size=0), r"batch_size must be an integer between 1 and 112.*\(got 0\)"),
+    (lambda: why.compute(batch_size=200), r"batch_size must be .*max_k x batch_size digits must exist.*\(got 200\)"),
+    (lambda: why.train(accum_steps=0), r"accum_steps must be an integer >= 1 \(got 0\)"),
+    (lambda: why.train(lr=0.0), r"lr must be a number > 0 \(got 0.0\)"),
+    (lambda: why.train(optimizer="rmsprop"), r"optimizer must be one of 'sgd', 'adam' \(got 'rmsprop'\)"),
+    (lambda: why.lr_sweep(lrs=()), r"lrs must hold at least one learning rate"),
+    (lambda: normalizing.compute(max_k=0), r"max_k must be an integer between 1 and \d+ \(got 0\)"),
+    (lambda: normalizing.compute(batch_size=0), r"batch_size must be an integer between 1 and \d+.*\(got 0\)"),
+    (lambda: ragged_windows.compute(accum_steps=0), r"accum_steps must be an integer >= 1 \(got 0\)"),
+    (lambda: ragged_windows.compute(batch_size=0), r"batch_size must be an integer >= 1 \(got 0\)"),
+    (lambda: ragged_windows.compute(n=0), r"n must be an integer between 1 and 1797.*\(got 0\)"),
+    (lambda: ragged_windows.compute_tokens(accum_steps=0), r"accum_steps must be an integer >= 1 \(got 0\)"),
+    (lambda: ragged_windows.compute_tokens(batch_size=0), r"batch_size must be an integer between 1 and 64.*\(got 0\)"),
+    (lambda: why.widget(accum_steps=17), r"accum_steps must be an integer between 1 and 16"),
+])
+def test_bad_values_are_refused_with_a_clear_message(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_bad_values_are_refused_before_any_work(monkeypatch):
+    """The check runs first: no loop is traced for a refused call."""
+    def boom(*a, **kw):
+        raise AssertionError("a loop ran before the arguments were checked")
+
+    for module in (why, normalizing, ragged_windows):
+        monkeypatch.setattr(module, "trace_loop", boom)
+    for call in (lambda: why.compute(accum_steps=0), lambda: normalizing.compute(max_k=0),
+                 lambda: ragged_windows.compute(batch_size=0), lambda: ragged_windows.compute_tokens(accum_steps=0)):
+        with pytest.raises(ValueError):
+            call()
+
+
+# --- figures and tables ----------------------------------------------------------------------------------
+
+
+def test_figures_use_the_style_readable_and_colour_blind_safe():
+    from matplotlib.colors import to_hex
+
+    from accumlib.lessons import _style
+
+    r = why.compute(accum_steps=2, batch_size=8, max_k=4, device="cpu")
+    figs = [why.plot(r), normalizing.plot(normalizing.compute(max_k=2, batch_size=4, device="cpu"), highlight=2),
+            ragged_windows.plot(ragged_windows.compute(device="cpu")), ragged_windows.plot_tokens(ragged_windows.compute_tokens(device="cpu")),
+            why.plot_training(why.train(2, 32, epochs=1, device="cpu")),
+            why.plot_sweep(why.lr_sweep(lrs=(0.1, 0.2), epochs=1, device="cpu"))]
+    banned = {to_hex("tab:red"), to_hex("tab:green")}
+    for fig in figs:
+        assert min(_style.font_sizes(fig)) >= _style.MIN_FONT_PT
+        assert fig.get_suptitle(), "every figure says what it shows"
+        colors = {to_hex(line.get_color()) for ax in fig.axes for line in ax.get_lines()}
+        assert not colors & banned, colors
+        _style.png(fig)  # draws without error under the render lock
+
+
+def test_lessons_show_tables_as_html():
+    r = ragged_windows.compute(device="cpu")
+    html = r.table()._repr_html_()
+    assert html.startswith("<table>") and "exact: accumlib.ragged" in html
+    assert str(r.table()).splitlines()[1].startswith("strategy")
+
+
+# --- lesson 1's first impression: the naive loop is the large batch at k x lr -------------------------
+
+
+def test_naive_is_the_accumulated_loop_at_k_times_the_learning_rate():
+    """Under SGD the undivided loop at lr trains exactly like the divided one at k x lr (the sweep's lrs are k apart)."""
+    sweep = why.lr_sweep(2, 32, lrs=(0.05, 0.1, 0.2), epochs=1, device="cpu")
+    acc, naive_run = sweep.accuracy["2 x 32 accumulated (loss / k)"], sweep.accuracy["2 x 32 naive (not divided)"]
+    assert naive_run[:2] == acc[1:]  # naive at 0.05, 0.1 == accumulated at 0.1, 0.2
+    assert naive_run[0] != acc[0]  # and not the same as the accumulated loop at its own lr
+
+
+def test_adam_nearly_cancels_the_naive_bug_sgd_does_not():
+    c = normalizing.optimizer_comparison(accum_steps=4, batch_size=16, epochs=1, device="cpu")
+    sgd_gap, adam_gap = c.rows()[0][1], c.rows()[1][1]
+    # Adam divides by sqrt(v): a k-times gradient changes the update only through eps (1e-8)
+    assert adam_gap < 0.01 < 0.1 < sgd_gap
+
+
+# --- exercises ---------------------------------------------------------------------------------------------
+
+
+def _solution(name):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / f"{name}.py"
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace["train_fn"]
+
+
+@pytest.mark.parametrize("lesson", [why, normalizing, ragged_windows])
+def test_exercise_solution_passes(lesson):
+    grade = lesson.EXERCISE.check(_solution(lesson.EXERCISE.name))
+    assert grade.ok, str(grade)
+
+
+def _over_divided(divisor):
+    """Lesson 1's loop with the mean divided by ``divisor(k, b)`` instead of k."""
+    import torch.nn.functional as F
+
+    def train_fn(model, optimizer, loader):
+        k = 2
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x), y) / divisor(k, len(y))).backward()
+            if (i + 1) % k == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    return train_fn
+
+
+@pytest.mark.parametrize("divisor, factor, cause", [
+    (lambda k, b: k * k, 1 / 2, "1/k"),  # divided by k twice: c = 1/k
+    (lambda k, b: k * b, 1 / 32, "1/b"),  # a mean divided by k x b, as if it were a sum: c = 1/b
+])
+def test_over_division_is_named_misscaled_with_its_factor(divisor, factor, cause):
+    """Lesson 1's over-division was 'unexplained'; it is one factor c on every step, checked against the oracle."""
+    from accumlib._verify.diagnose import CAUSES
+
+    train_fn = _over_divided(divisor)
+    report = _verify(train_fn, why.exercise_dataset(), 2, 32)
+    assert _codes(report) == ["misscaled"], str(report)
+    # the oracle: every step's gradient is c x the true large-batch gradient, same direction
+    assert all(row.norm_ratio == pytest.approx(factor, rel=RATIO_TOL) for row in report.steps)
+    assert all(row.rel_error == pytest.approx(1 - factor, rel=RATIO_TOL) for row in report.steps)
+    assert CAUSES[cause][0] in report.findings[0].message
+    grade = why.EXERCISE.check(train_fn)
+    assert not grade.ok and grade.hint == why.EXERCISE.hints["misscaled"]
+
+
+def test_a_window_that_never_reaches_the_step_is_still_not_misscaled():
+    """Negative case for the change above: weights that differ (zeroed mid-window) keep their own code."""
+    import torch.nn.functional as F
+
+    def train_fn(model, optimizer, loader):
+        for i, (x, y) in enumerate(loader):
+            optimizer.zero_grad()  # wipes the window's first micro-batch
+            (F.cross_entropy(model(x), y) / 2).backward()
+            if (i + 1) % 2 == 0:
+                optimizer.step()
+
+    assert _codes(_verify(train_fn, why.exercise_dataset(), 2, 32)) == ["zero-grad-inside-window"]
+
+
+# --- widgets: what a control changes is recomputed, the rest comes from the cache ------------------------
+
+
+def test_why_widget_batch_change_reuses_the_window_cache():
+    ex = why.widget(device="cpu")
+    ex.controls["accum_steps"].value = 3
+    before = why._window.cache_info().hits
+    ex.controls["batch_size"].value = 16
+    ex.controls["batch_size"].value = 32  # back: both parts come from the cache
+    assert why._window.cache_info().hits > before
+
+
+def test_training_widget_keeps_the_large_batch_at_64():
+    ex = why.training_widget(device="cpu")
+    ex.controls["accum_steps"].value = 8
+    assert ex.result.batch_size == 8 and ex.result.large_batch_size == 64
+    assert "batch 64" in ex.result.runs and "8 x 8 naive (not divided)" in ex.result.runs

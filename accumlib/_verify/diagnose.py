@@ -10,7 +10,8 @@ Names come from the per-micro-batch weights w_j the oracle stage fitted (see
 v_j = w_j n_j / N the weight of micro-batch j's *mean*:
   never divided v_j = 1;  divided by k on a short tail v_j = 1/k (equal: w_j = m/k);
   per-micro-batch means with different n_j v_j = 1/m;  zeroed mid-window w_j = 0 for early j;
-  not zeroed: the leak coefficient is 1;  one factor for all: w_j = c != 1 (misscaled).
+  not zeroed: the leak coefficient is 1;  one factor for all: w_j = c != 1 (misscaled), however small
+  (a mean divided by k x b gives c = 1/b: small, but the same for every j, so not a zeroing).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ CAUSES = {
     "1/k": ("c = 1/k: the loss was divided by k once too often", "divide by the window's item count N once, not by k as well"),
     "k": ("c = k: the loss was multiplied by k, or a mean was taken over 1/k of the items", "divide by the window's item count N"),
     "1/m": ("c = 1/m: the window's mean was divided by its micro-batch count again", "divide by the window's item count N once"),
+    "1/b": ("c = m/N = 1/b: each micro-batch's mean was divided by its item count b again (and by k), as if it were a sum",
+            "a mean is already divided by its b items: divide the mean by k, or the sum by N, not the mean by k x b"),
 }
 
 
@@ -60,6 +63,7 @@ def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float)
     # a sequence adds one unpredicted label only where items are tokens: more items than sequences
     known = [("shift", items / (items + sequences))] if 0 < sequences < items else []
     known += [("1/k", 1 / k), ("k", float(k))] + ([("1/m", 1 / m)] if m > 1 else [])
+    known += [("1/b", m / items)] if items > m else []  # over-division: the mean divided by k x b
     for key, value in known:
         if _near(c, value, rtol):
             return key
@@ -147,7 +151,11 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
         if not all(near0):
             out.codes.append("zero-grad-inside-window")
             out.detail = f"micro-batches weighted {[round(x, 3) for x in w]} (1 is right)"
-        return
+            return
+        if w[0] == 0 or not all(_near(x, w[0], SAME_FACTOR_RTOL) for x in w):
+            return
+        # every weight small but the same: one factor shrank them all (an over-division, e.g. the
+        # mean divided by k x b), not a zeroing; named as misscaled below
     if all(_near(x, 1.0, tol) for x in w) and "no-zero-grad" in out.codes:
         return  # every micro-batch right: what is off is the leak named above
     sizes = [f.items for f in n.fits]

@@ -29,8 +29,11 @@ from tqdm.auto import tqdm
 from .. import get_task, grad_divided, naive, normalized, resolve_device, trace_loop
 from ..gallery import bert_train_one_epoch  # the seed's loop, ported once
 
+from . import _style
+from ._common import Table, check_int
+from ._exercise import Exercise
 from ._explorer import Explorer
-from .why import digits_subset
+from .why import N_DIGITS, TrainResult, digits_subset, fmt_error, train
 
 TASK = "mlp-digits"
 N_WINDOWS = 2  # two full windows per run: the division is the only thing that differs between the loops
@@ -51,7 +54,7 @@ class ErrorResult:
     """Worst relative error and norm ratio against the oracle, per loop, for every k."""
 
     ks: tuple[int, ...]
-    micro_batch_size: int
+    batch_size: int
     rel_error: dict[str, tuple[float, ...]]
     norm_ratio: dict[str, tuple[float, ...]]
     reported_ratio: tuple[float, ...]  # the BERT loop's reported epoch loss / the true one, per k
@@ -63,58 +66,141 @@ class ErrorResult:
             for i, k in enumerate(self.ks)
         ]
 
+    def table(self) -> Table:
+        return Table(("k", "naive", "loss / k", "grad / k after", "BERT loop: reported / true loss"), self.rows(),
+                     caption=f"|gradient at the step| / |large-batch gradient|, micro-batches of {self.batch_size}")
 
-def _task(accum_steps: int, micro_batch_size: int, seed: int):
-    n = N_WINDOWS * accum_steps * micro_batch_size
+    def error_table(self) -> Table:
+        return Table(("loop", "worst relative error over all k"),
+                     [(name, fmt_error(max(errs))) for name, errs in self.rel_error.items()])
+
+
+def _task(accum_steps: int, batch_size: int, seed: int):
+    n = N_WINDOWS * accum_steps * batch_size
     return dataclasses.replace(
-        get_task(TASK), make_dataset=functools.partial(digits_subset, n, seed), batch_size=micro_batch_size, accum_steps=accum_steps
+        get_task(TASK), make_dataset=functools.partial(digits_subset, n, seed), batch_size=batch_size, accum_steps=accum_steps
     )
 
 
-def compute(max_k: int = 8, micro_batch_size: int = 8, *, seed: int = 0, device: Any = "auto") -> ErrorResult:
-    """For k = 1..``max_k``: each loop over two full windows, every step compared with the oracle."""
-    dev = resolve_device(device)
+def _check(max_k: Any, batch_size: Any, seed: Any) -> tuple[int, int, int]:
+    max_k = check_int("max_k", max_k, low=1, high=N_DIGITS // N_WINDOWS)
+    batch_size = check_int("batch_size", batch_size, low=1, high=N_DIGITS // (N_WINDOWS * max_k),
+                           why=f"{N_WINDOWS} windows of max_k x batch_size digits must exist ({N_DIGITS} in all)")
+    return max_k, batch_size, check_int("seed", seed, low=0)
+
+
+@functools.lru_cache(maxsize=512)
+def _point(k: int, batch_size: int, seed: int, device: str) -> tuple[dict[str, float], dict[str, float], float]:
+    """At one k: each loop's worst relative error and norm ratio, and the BERT loop's reported / true loss."""
+    dev = torch.device(device)
+    task = _task(k, batch_size, seed)
+    rel, ratio = {}, {}
+    for name, loop in LOOPS.items():
+        trace = trace_loop(loop, task, seed=seed, device=dev)
+        rel[name] = max(c.rel_error for c in trace.comparisons)
+        ratio[name] = max(c.norm_ratio for c in trace.comparisons)
+    return rel, ratio, _bert_reported_ratio(k, batch_size, seed, dev)
+
+
+def _bert_reported_ratio(accum_steps: int, batch_size: int, seed: int, dev: torch.device) -> float:
+    """The seed loop's reported epoch loss / the true mean item loss (``bert_epoch`` without the fixed loop: half the work)."""
+    model = get_task(TASK).make_model(seed).to(dev)
+    optimizer = make_optimizer(model.parameters())
+    items: list[torch.Tensor] = []
+
+    def criterion(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        losses = torch.nn.functional.cross_entropy(outputs, targets, reduction="none")
+        items.append(losses.detach().cpu())
+        return losses.mean()
+
+    data = DataLoader(digits_subset(N_WINDOWS * accum_steps * batch_size, seed), batch_size=batch_size)
+    reported = bert_train_one_epoch(model, optimizer, make_scheduler(optimizer), data, dev, 0, n_accumulate=accum_steps,
+                                    criterion=criterion, collect=False)
+    return reported / float(torch.cat(items).mean())
+
+
+def compute(max_k: int = 8, batch_size: int = 8, *, seed: int = 0, device: Any = "auto") -> ErrorResult:
+    """For k = 1..``max_k``: each loop over two full windows, every step compared with the oracle.
+
+    Each k is computed once per (``batch_size``, ``seed``, device) and cached, so a sweep to a
+    larger ``max_k`` only adds the new k.
+
+    >>> compute(max_k=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_k must be an integer between 1 and 898 (got 0)
+    """
+    max_k, batch_size, seed = _check(max_k, batch_size, seed)
+    dev = str(resolve_device(device))
     ks = tuple(range(1, max_k + 1))
-    rel: dict[str, list[float]] = {name: [] for name in LOOPS}
-    ratio: dict[str, list[float]] = {name: [] for name in LOOPS}
-    reported = []
-    for k in ks:
-        task = _task(k, micro_batch_size, seed)
-        for name, loop in LOOPS.items():
-            trace = trace_loop(loop, task, seed=seed, device=dev)
-            rel[name].append(max(c.rel_error for c in trace.comparisons))
-            ratio[name].append(max(c.norm_ratio for c in trace.comparisons))
-        run = bert_epoch(accum_steps=k, micro_batch_size=micro_batch_size, seed=seed, device=dev)
-        reported.append(run.reported / run.true)
+    points = [_point(k, batch_size, seed, dev) for k in ks]
     return ErrorResult(
-        ks, micro_batch_size, {n: tuple(v) for n, v in rel.items()}, {n: tuple(v) for n, v in ratio.items()}, tuple(reported)
+        ks, batch_size, {n: tuple(p[0][n] for p in points) for n in LOOPS}, {n: tuple(p[1][n] for p in points) for n in LOOPS},
+        tuple(p[2] for p in points),
     )
 
 
+@_style.styled
 def plot(result: ErrorResult, highlight: int | None = None) -> Figure:
     """Left: |grad| / |true grad| vs k per loop. Right: the BERT loop's reported epoch loss / true."""
-    fig = Figure(figsize=(10, 3.6))
-    ax, bx = fig.subplots(1, 2)
-    styles = {"naive (accumlib.naive)": ("tab:red", "o-"), "loss / k (accumlib.normalized)": ("tab:green", "s-"),
-              "grad / k after the window": ("tab:blue", "x--")}
-    for name, (color, style) in styles.items():
-        ax.plot(result.ks, result.norm_ratio[name], style, color=color, label=name)
+    fig, (ax, bx) = _style.figure(2, width=11.5, height=4.4, title=(
+        f"Micro-batches of {result.batch_size}: dividing by k (loss or grad) is exact, "
+        "not dividing is k times too long, the BERT loop logs 1/k of the loss"))
+    roles = {"naive (accumlib.naive)": "buggy", "loss / k (accumlib.normalized)": "correct", "grad / k after the window": "alternative"}
+    for name, role in roles.items():
+        ax.plot(result.ks, result.norm_ratio[name], label=name, **_style.ROLE[role])
     ax.set_xlabel("accumulation steps k")
-    ax.set_ylabel("|stepped grad| / |large-batch grad|")
-    ax.set_title(f"gradient at optimizer.step(), micro-batch {result.micro_batch_size}")
-    ax.legend(fontsize=8)
-    bx.plot(result.ks, result.reported_ratio, "o-", color="tab:purple", label="seed loop: logs loss / k")
-    bx.plot(result.ks, [1.0 / k for k in result.ks], ":", color="gray", label="1 / k")
-    bx.axhline(1.0, color="tab:green", lw=1, label="fixed: logs the undivided loss")
+    ax.set_ylabel("|grad at step| / |large-batch grad|")
+    ax.set_title("Gradient length at optimizer.step()")
+    ax.legend(loc="upper left")
+    bx.plot(result.ks, result.reported_ratio, label="seed loop: logs loss / k", **_style.ROLE["buggy"])
+    bx.plot(result.ks, [1.0 / k for k in result.ks], label="1 / k", **_style.ROLE["oracle"])
+    bx.axhline(1.0, label="fixed loop: logs the undivided loss", **{**_style.ROLE["correct"], "marker": ""})
+    bx.set_ylim(0, 1.15)
     bx.set_xlabel("accumulation steps k")
-    bx.set_ylabel("reported epoch loss / true epoch loss")
-    bx.set_title("the BERT-style loop's progress-bar loss")
-    bx.legend(fontsize=8)
+    bx.set_ylabel("reported / true epoch loss")
+    bx.set_title("The BERT-style loop's progress-bar loss")
+    bx.legend(loc="center right")
     if highlight is not None:
         for a in (ax, bx):
-            a.axvline(highlight, color="gray", ls="--", lw=1)
-    fig.tight_layout()
+            a.axvline(highlight, color=_style.BLACK, ls=":", lw=1)
     return fig
+
+
+# --- Adam and the naive loop -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptimizerComparison:
+    """The same four runs (``why.train``) under SGD and under Adam: does not dividing change the training?"""
+
+    sgd: TrainResult
+    adam: TrainResult
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        out = []
+        for r in (self.sgd, self.adam):
+            big, acc, naive_run, scaled = r.runs
+            out.append((f"{r.optimizer.upper()}, lr {r.lr:g}", round(r.max_curve_gap(acc, naive_run), 4),
+                        round(100 * r.runs[acc].test_accuracy[-1], 1), round(100 * r.runs[naive_run].test_accuracy[-1], 1),
+                        round(100 * r.runs[scaled].test_accuracy[-1], 1)))
+        return out
+
+    def table(self) -> Table:
+        k = self.sgd.accum_steps
+        return Table(("optimizer", "largest loss gap: loss / k vs naive", "loss / k: test acc. %", "naive: test acc. %",
+                      f"batch {self.sgd.large_batch_size} at lr x {k}: test acc. %"), self.rows(),
+                     caption=f"{k} x {self.sgd.batch_size} accumulated, {self.sgd.epochs} epochs on digits")
+
+
+def optimizer_comparison(accum_steps: int = 4, batch_size: int = 16, *, sgd_lr: float = 0.1, adam_lr: float = 0.01,
+                         epochs: int = 3, seed: int = 0, device: Any = "auto") -> OptimizerComparison:
+    """``why.train`` under SGD and Adam. Adam divides each step by sqrt(v), the running size of the gradient,
+    so a gradient k times too long gives the same update up to Adam's eps: the naive bug nearly cancels."""
+    return OptimizerComparison(
+        train(accum_steps, batch_size, lr=sgd_lr, epochs=epochs, optimizer="sgd", seed=seed, device=device),
+        train(accum_steps, batch_size, lr=adam_lr, epochs=epochs, optimizer="adam", seed=seed, device=device),
+    )
 
 
 # --- the seed's BERT-style loop (ported once, in accumlib.gallery) and its fix -------------------------
@@ -179,14 +265,17 @@ class BertRun:
     true: float
 
 
-def bert_epoch(accum_steps: int = 4, micro_batch_size: int = 8, *, seed: int = 0, device: Any = "auto", progress: bool = False) -> BertRun:
+def bert_epoch(accum_steps: int = 4, batch_size: int = 8, *, seed: int = 0, device: Any = "auto", progress: bool = False) -> BertRun:
     """One epoch of the seed loop and of the fix, from one initial model, on ``N_WINDOWS`` full windows.
 
     The true epoch loss is the mean of every item loss the criterion computed, recorded by a
     wrapper around the criterion, so it does not depend on how either loop logs.
     """
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
+    batch_size = check_int("batch_size", batch_size, low=1, high=N_DIGITS // (N_WINDOWS * accum_steps),
+                           why=f"{N_WINDOWS} windows of accum_steps x batch_size digits must exist ({N_DIGITS} in all)")
     dev = resolve_device(device)
-    data = digits_subset(N_WINDOWS * accum_steps * micro_batch_size, seed)
+    data = digits_subset(N_WINDOWS * accum_steps * batch_size, seed)
     out, seen = {}, []
     for fixed in (False, True):
         model = get_task(TASK).make_model(seed).to(dev)
@@ -199,68 +288,38 @@ def bert_epoch(accum_steps: int = 4, micro_batch_size: int = 8, *, seed: int = 0
             return losses.mean()
 
         loop = bert_train_one_epoch_fixed if fixed else bert_train_one_epoch
-        out[fixed] = loop(model, optimizer, make_scheduler(optimizer), DataLoader(data, batch_size=micro_batch_size), dev, 0,
+        out[fixed] = loop(model, optimizer, make_scheduler(optimizer), DataLoader(data, batch_size=batch_size), dev, 0,
                           n_accumulate=accum_steps, criterion=criterion, progress=progress, collect=False)
         seen.append(float(torch.cat(items).mean()))
     assert abs(seen[0] - seen[1]) <= 1e-5 * seen[0]  # both loops train identically; only the log differs
     return BertRun(accum_steps, out[False], out[True], seen[1])
 
 
-def widget(device: Any = "auto", initial: ErrorResult | None = None) -> Explorer:
+def widget(accum_steps: int = 4, batch_size: int = 8, *, device: Any = "auto", initial: ErrorResult | None = None) -> Explorer:
     """A slider for k (highlighted) and the micro-batch size; re-runs ``compute`` up to max(8, k).
 
+    Every k is cached (``_point``), so moving k within 1..8 only moves the highlight, a larger
+    k adds that k, and a new micro-batch size computes its sweep once.
     ``initial``: the notebook's ``compute(8, 8)`` result, shown first instead of recomputing it.
     """
     import ipywidgets as w
 
-    # k up to 8 only moves the highlight over the same sweep: keep each sweep (per widget)
-    sweeps: dict[tuple[int, int], ErrorResult] = {} if initial is None else {(initial.ks[-1], initial.micro_batch_size): initial}
+    check_int("accum_steps", accum_steps, low=1, high=12)
+    check_int("batch_size", batch_size, low=1, high=32)
 
-    def run(accum_steps: int, micro_batch_size: int) -> tuple[int, ErrorResult]:
-        key = (max(8, accum_steps), micro_batch_size)
-        if key not in sweeps:
-            sweeps[key] = compute(*key, device=device)
-        return accum_steps, sweeps[key]
+    def run(accum_steps: int, batch_size: int) -> tuple[int, ErrorResult]:
+        return accum_steps, compute(max(8, accum_steps), batch_size, device=device)
 
     return Explorer(
         run,
         lambda r: plot(r[1], highlight=r[0]),
-        initial=None if initial is None else (4, initial),
-        accum_steps=w.IntSlider(value=4, min=1, max=12, description="k"),
-        micro_batch_size=w.IntSlider(value=8, min=1, max=32, description="micro-batch"),
+        initial=None if initial is None else (accum_steps, initial),
+        accum_steps=w.IntSlider(value=accum_steps, min=1, max=12, description="k"),
+        batch_size=w.IntSlider(value=batch_size, min=1, max=32, description="micro-batch"),
     )
 
 
-# --- the exercise: where does the gradient division go? ----------------------------------------------
-
-
-def exercise_loop(divide: str, accum_steps: int = 4) -> Callable[..., None]:
-    """The seed's grad-division form as people write it, with the division ``"inside"`` or ``"after"`` the micro-batch loop.
-
-    The seed shows ``for p in model.parameters(): p.grad = p.grad / n`` without indentation;
-    where it sits decides whether the loop is right. Returns ``train_fn(model, optimizer, loader)``.
-    """
-    if divide not in ("inside", "after"):
-        raise ValueError(f"divide must be 'inside' or 'after' (got {divide!r})")
-
-    def train_fn(model, optimizer, loader):
-        device = next(model.parameters()).device
-        batches = iter(loader)
-        for window in range(len(loader) // accum_steps):
-            for _ in range(accum_steps):
-                x, y = next(batches)
-                loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-                loss.backward()
-                if divide == "inside":
-                    for p in model.parameters():
-                        p.grad = p.grad / accum_steps
-            if divide == "after":
-                for p in model.parameters():
-                    p.grad = p.grad / accum_steps
-            optimizer.step()
-            optimizer.zero_grad()
-
-    return train_fn
+# --- the exercise: report the loss you train on ------------------------------------------------------
 
 
 def exercise_dataset(seed: int = 0) -> Any:
@@ -268,7 +327,39 @@ def exercise_dataset(seed: int = 0) -> Any:
     return digits_subset(64, seed)
 
 
+def _verify_exercise(train_fn: Any) -> Any:
+    import accumlib
+
+    return accumlib.verify(train_fn, model=get_task(TASK).make_model(0), dataset=exercise_dataset(),
+                           item_losses=accumlib.classification_losses, accum_steps=4, batch_size=8)
+
+
+EXERCISE = Exercise(
+    "02-log-the-true-loss",
+    "Keep the gradient right and report the true epoch loss",
+    accum_steps=4,
+    batch_size=8,
+    run=_verify_exercise,
+    hints={
+        "logged-loss-scaled": (
+            "The gradient is already right: every step matches the large batch. The number the loop returns is k "
+            "times too small because the same variable serves two purposes. backward() needs the divided value; "
+            "the running loss needs the micro-batch mean itself. Let them be two different expressions."),
+        "unscaled-sum": (
+            "The reported loss may be right now, but the gradient is k times too long: the division no longer "
+            "reaches backward(). Divide what you call backward() on, not what you log."),
+        "misscaled": (
+            "Every step is scaled by one factor c: the division happens more than once, or by the wrong number, "
+            "on the way to backward(). Divide the micro-batch mean by k exactly once."),
+        "zero-grad-inside-window": (
+            ".grad is emptied (or divided again) between micro-batches of one window: only zero after the step."),
+        "early-step": "The optimizer stepped before all k micro-batches of a window were in .grad.",
+    },
+)
+
+
 __all__ = [
-    "BertRun", "ErrorResult", "LOOPS", "bert_epoch", "bert_train_fn", "bert_train_one_epoch", "bert_train_one_epoch_fixed",
-    "compute", "exercise_dataset", "exercise_loop", "make_optimizer", "make_scheduler", "plot", "widget",
+    "BertRun", "EXERCISE", "ErrorResult", "LOOPS", "OptimizerComparison", "bert_epoch", "bert_train_fn",
+    "bert_train_one_epoch", "bert_train_one_epoch_fixed", "compute", "exercise_dataset", "make_optimizer",
+    "make_scheduler", "optimizer_comparison", "plot", "widget",
 ]

@@ -30,9 +30,12 @@ from matplotlib.figure import Figure
 from .. import count_tokens, get_task, normalized, ragged, resolve_device, trace_loop
 from .._batch import to_device
 from ..gallery import divide_by_window_batches, step_at_end, step_every_k
-from ._explorer import Explorer
-from .why import digits_subset, fmt_error
 from ..tolerances import FLOAT32_RTOL
+from . import _style
+from ._common import Table, check_int
+from ._exercise import Exercise
+from ._explorer import Explorer
+from .why import N_DIGITS, digits_subset, fmt_error
 
 TASK = "mlp-digits"
 LM_TASK = "lm-tokens"
@@ -81,69 +84,105 @@ class WindowsResult:
             out.append((s.name, f"{s.steps}/{s.expected_steps}", f"{s.items_stepped}/{s.items}", tail, fmt_error(s.worst)))
         return out
 
+    def table(self) -> Table:
+        return Table(("strategy", "steps taken/expected", "samples stepped", "tail step: rel. error", "worst rel. error"),
+                     self.rows(), caption=f"{self.n} samples, micro-batch {self.batch_size}, k = {self.accum_steps}: "
+                                          f"{self.micro_batches} micro-batches")
 
-def compute(n: int = 110, batch_size: int = 8, accum_steps: int = 4, *, seed: int = 0, device: Any = "auto") -> WindowsResult:
-    """Each strategy for one epoch over the first ``n`` digits, every step compared with the oracle."""
-    dev = resolve_device(device)
+
+@functools.lru_cache(maxsize=1024)
+def _strategy(name: str, n: int, batch_size: int, accum_steps: int, seed: int, device: str) -> Strategy:
+    """One strategy for one epoch, every step against the oracle; cached, so a widget revisits settings for free."""
     task = dataclasses.replace(
         get_task(TASK), make_dataset=functools.partial(digits_subset, n, seed), batch_size=batch_size, accum_steps=accum_steps
     )
+    trace = trace_loop(STRATEGIES[name], task, seed=seed, device=torch.device(device))
     micro = math.ceil(n / batch_size)
-    out = {}
-    for name, loop in STRATEGIES.items():
-        trace = trace_loop(loop, task, seed=seed, device=dev)
-        out[name] = Strategy(
-            name, len(trace.comparisons), math.ceil(micro / accum_steps), sum(trace.window_items), trace.n_items,
-            tuple(c.rel_error for c in trace.comparisons), tuple(c.norm_ratio for c in trace.comparisons), tuple(trace.window_items),
-        )
-    return WindowsResult(n, batch_size, accum_steps, micro, out)
+    return Strategy(
+        name, len(trace.comparisons), math.ceil(micro / accum_steps), sum(trace.window_items), trace.n_items,
+        tuple(c.rel_error for c in trace.comparisons), tuple(c.norm_ratio for c in trace.comparisons), tuple(trace.window_items),
+    )
 
 
+def compute(accum_steps: int = 4, batch_size: int = 8, *, n: int = 110, seed: int = 0, device: Any = "auto") -> WindowsResult:
+    """Each strategy for one epoch over the first ``n`` digits, every step compared with the oracle.
+
+    >>> compute(accum_steps=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: accum_steps must be an integer >= 1 (got 0)
+    """
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    n = check_int("n", n, low=1, high=N_DIGITS, why="the number of digits to train on")
+    seed = check_int("seed", seed, low=0)
+    dev = str(resolve_device(device))
+    out = {name: _strategy(name, n, batch_size, accum_steps, seed, dev) for name in STRATEGIES}
+    return WindowsResult(n, batch_size, accum_steps, math.ceil(n / batch_size), out)
+
+
+ROLES = ("other", "buggy", "alternative", "correct")  # one look per strategy, in the order of STRATEGIES
+
+
+@_style.styled
 def plot(result: WindowsResult) -> Figure:
     """Left: relative error of every optimizer step per strategy. Right: samples that reached a step."""
-    fig = Figure(figsize=(11, 3.8))
-    ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.7, 1]})
-    colors = ["tab:gray", "tab:orange", "tab:purple", "tab:green"]
-    n_steps = max(s.expected_steps for s in result.strategies.values())
-    width = 0.8 / len(result.strategies)
-    floor = 1e-8  # float32 rounding shows as a short bar instead of vanishing on the log axis
-    for j, (s, color) in enumerate(zip(result.strategies.values(), colors)):
-        xs = [t + (j - 1.5) * width for t in range(len(s.rel_error))]
-        ax.bar(xs, [max(e, floor) for e in s.rel_error], width, color=color, label=s.name)
-        if s.steps < s.expected_steps:
-            ax.text(n_steps - 1 + (j - 1.5) * width, floor * 3, "x", ha="center", color=color, fontsize=12, fontweight="bold")
-    ax.set_yscale("log")
-    ax.set_ylim(floor, 10)
-    ax.axhline(FLOAT32_RTOL, color="black", ls=":", lw=1)
-    ax.set_xticks(range(n_steps), [f"step {t + 1}" for t in range(n_steps)])
-    ax.set_ylabel("relative error vs large batch (log)")
-    ax.set_title(f"{result.n} samples, batch {result.batch_size}, k = {result.accum_steps} (x: no step)")
-    ax.legend(fontsize=7, loc="upper left")
+    fig, (ax, bx) = _style.figure(2, width=12, height=4.6, title=(
+        f"{result.n} samples in micro-batches of {result.batch_size}, k = {result.accum_steps}: "
+        "which strategy gets the last, partial window right?"))
+    fig.get_layout_engine().set(w_pad=0.1)
     names = list(result.strategies)
-    bx.barh(names, [s.items_stepped for s in result.strategies.values()], color=colors)
-    bx.axvline(result.n, color="black", lw=1)
+    n_steps = max(s.expected_steps for s in result.strategies.values())
+    width = 0.8 / len(names)
+    floor = 1e-8  # float32 rounding shows as a short bar instead of vanishing on the log axis
+    for j, (s, role) in enumerate(zip(result.strategies.values(), ROLES)):
+        xs = [t + (j - 1.5) * width for t in range(len(s.rel_error))]
+        color = _style.ROLE[role]["color"]
+        ax.bar(xs, [max(e, floor) for e in s.rel_error], width, color=color, hatch=_style.HATCH[role],
+               edgecolor=_style.BLACK, lw=0.5, label=s.name)
+        if s.steps < s.expected_steps:
+            ax.text(n_steps - 1 + (j - 1.5) * width, floor * 3, "no\nstep", ha="center", va="bottom", color=color,
+                    fontweight="bold")
+    ax.set_yscale("log")
+    ax.set_ylim(floor, 100)
+    ax.axhline(FLOAT32_RTOL, color=_style.BLACK, ls=":", lw=1, label="float32 rounding bound")
+    ax.set_xticks(range(n_steps), [f"{t + 1}" for t in range(n_steps)])
+    ax.set_xlabel("optimizer step (the last one takes the partial window)")
+    ax.set_ylabel("relative error vs large batch (log)")
+    ax.set_title("Gradient error at each optimizer step")
+    ax.legend(loc="upper left", ncols=2)
+    stepped = [s.items_stepped for s in result.strategies.values()]
+    for i, (value, role) in enumerate(zip(stepped, ROLES)):
+        bx.barh(i, value, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role], edgecolor=_style.BLACK, lw=0.5)
+        bx.text(value, i, f" {value}", va="center")
+    bx.set_yticks(range(len(names)), [f"{i + 1}" for i in range(len(names))])
+    bx.set_ylabel("strategy (legend order)")
+    bx.axvline(result.n, color=_style.BLACK, lw=1)
+    bx.set_xlim(0, result.n * 1.25)
     bx.invert_yaxis()
-    bx.set_xlabel("samples that reached an optimizer step")
-    bx.set_title(f"of {result.n}")
-    bx.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
+    bx.set_xlabel(f"samples that reached an optimizer step (of {result.n})")
+    bx.set_title("Samples used per epoch")
     return fig
 
 
-def widget(device: Any = "auto", initial: WindowsResult | None = None) -> Explorer:
-    """Sliders for dataset size, micro-batch size and k; re-runs ``compute`` and ``plot``.
+def widget(accum_steps: int = 4, batch_size: int = 8, n: int = 110, *, device: Any = "auto",
+           initial: WindowsResult | None = None) -> Explorer:
+    """Sliders for dataset size, micro-batch size and k; re-runs ``compute`` (cached per strategy) and ``plot``.
 
-    ``initial``: the notebook's ``compute(110, 8, 4)`` result, shown first instead of recomputing it.
+    ``initial``: the notebook's ``compute(4, 8, n=110)`` result, shown first instead of recomputing it.
     """
     import ipywidgets as w
 
+    check_int("accum_steps", accum_steps, low=1, high=8)
+    check_int("batch_size", batch_size, low=1, high=32)
+    check_int("n", n, low=8, high=400)
     return Explorer(
-        lambda n, batch_size, accum_steps: compute(n, batch_size, accum_steps, device=device),
+        lambda n, batch_size, accum_steps: compute(accum_steps, batch_size, n=n, device=device),
         plot,
         initial=initial,
-        n=w.IntSlider(value=110, min=8, max=400, description="samples"),
-        batch_size=w.IntSlider(value=8, min=1, max=32, description="micro-batch"),
-        accum_steps=w.IntSlider(value=4, min=1, max=8, description="k"),
+        n=w.IntSlider(value=n, min=8, max=400, description="samples"),
+        batch_size=w.IntSlider(value=batch_size, min=1, max=32, description="micro-batch"),
+        accum_steps=w.IntSlider(value=accum_steps, min=1, max=8, description="k"),
     )
 
 
@@ -172,13 +211,27 @@ class TokenResult:
             for i, w in enumerate(self.windows)
         ]
 
+    def table(self) -> Table:
+        return Table(("window", "tokens per micro-batch", "mean of means", "token mean", "grad rel. err: loss / k",
+                      "grad rel. err: per token"), self.rows(),
+                     caption=f"tiny LM, k = {self.accum_steps}, {self.batch_size} sequences per micro-batch")
+
 
 def compute_tokens(accum_steps: int = 4, batch_size: int = 4, *, seed: int = 0, device: Any = "auto") -> TokenResult:
     """The tiny LM's windows at its initial parameters, and ``normalized`` vs ``ragged`` for one epoch.
 
     Sequences of 4 to 40 tokens make the micro-batches' token counts differ, so a mean of
     per-micro-batch means weighs a token in a short micro-batch more than one in a long one.
+
+    >>> compute_tokens(accum_steps=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: accum_steps must be an integer >= 1 (got 0)
     """
+    n_sequences = len(get_task(LM_TASK).make_dataset())
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
+    batch_size = check_int("batch_size", batch_size, low=1, high=n_sequences, why=f"the task holds {n_sequences} sequences")
+    seed = check_int("seed", seed, low=0)
     dev = resolve_device(device)
     task = dataclasses.replace(get_task(LM_TASK), batch_size=batch_size, accum_steps=accum_steps)
     model = task.make_model(seed).to(dev)
@@ -199,57 +252,34 @@ def compute_tokens(accum_steps: int = 4, batch_size: int = 4, *, seed: int = 0, 
     return TokenResult(accum_steps, batch_size, tuple(windows), rel)
 
 
+@_style.styled
 def plot_tokens(result: TokenResult) -> Figure:
     """Left: per window, the mean of means vs the token mean. Right: gradient error per step, both loops."""
-    fig = Figure(figsize=(10, 3.6))
-    ax, bx = fig.subplots(1, 2)
+    fig, (ax, bx) = _style.figure(2, width=11.5, height=4.4, title=(
+        f"Tiny LM, k = {result.accum_steps}, {result.batch_size} sequences per micro-batch: "
+        "a mean of micro-batch means is not the mean over tokens"))
     idx = range(1, len(result.windows) + 1)
-    ax.plot(idx, [w.token_mean for w in result.windows], "o-", color="tab:green", label="true: mean over all tokens")
-    ax.plot(idx, [w.mean_of_means for w in result.windows], "s--", color="tab:red", label="mean of micro-batch means")
+    ax.plot(idx, [w.token_mean for w in result.windows], label="true: mean over all tokens", **_style.ROLE["correct"])
+    ax.plot(idx, [w.mean_of_means for w in result.windows], label="mean of micro-batch means", **_style.ROLE["buggy"])
     ax.set_xlabel("window")
     ax.set_xticks(list(idx))
     ax.set_ylabel("loss at the initial parameters")
-    ax.set_title(f"tiny LM, k = {result.accum_steps}, {result.batch_size} sequences per micro-batch")
-    ax.legend(fontsize=8)
-    for (name, errs), color, style in zip(result.rel_error.items(), ("tab:red", "tab:green"), ("s--", "o-")):
-        bx.plot(range(1, len(errs) + 1), [max(e, 1e-8) for e in errs], style, color=color, label=name)
+    ax.set_title("The window's loss, two ways")
+    ax.legend()
+    for (name, errs), role in zip(result.rel_error.items(), ("buggy", "correct")):
+        bx.plot(range(1, len(errs) + 1), [max(e, 1e-8) for e in errs], label=name, **_style.ROLE[role])
     bx.set_yscale("log")
     bx.set_ylim(1e-8, 10)
-    bx.axhline(FLOAT32_RTOL, color="black", ls=":", lw=1)
+    bx.axhline(FLOAT32_RTOL, color=_style.BLACK, ls=":", lw=1, label="float32 rounding bound")
     bx.set_xlabel("optimizer step")
     bx.set_xticks(list(idx))
     bx.set_ylabel("relative error vs large batch (log)")
-    bx.set_title("gradient at optimizer.step()")
-    bx.legend(fontsize=8)
-    fig.tight_layout()
+    bx.set_title("Gradient error at optimizer.step()")
+    bx.legend(loc="center right")
     return fig
 
 
-# --- the exercise: what should each micro-batch be divided by? ---------------------------------------
-
-
-def exercise_loop(divide_by: str, accum_steps: int = 4) -> Callable[..., None]:
-    """The accepted answer's shape with a choice of divisor: ``"k"``, ``"batches"`` (in the window) or ``"items"``.
-
-    Returns ``train_fn(model, optimizer, loader)`` for ``accumlib.verify``.
-    """
-    if divide_by not in ("k", "batches", "items"):
-        raise ValueError(f"divide_by must be 'k', 'batches' or 'items' (got {divide_by!r})")
-
-    def train_fn(model, optimizer, loader):
-        device = next(model.parameters()).device
-        batches = list(loader)
-        for start in range(0, len(batches), accum_steps):
-            window = batches[start : start + accum_steps]
-            n_items = sum(len(y) for _, y in window)
-            for x, y in window:
-                loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device), reduction="sum")
-                divisor = {"k": accum_steps * len(y), "batches": len(window) * len(y), "items": n_items}[divide_by]
-                (loss / divisor).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-    return train_fn
+# --- the exercise: weigh every item of the partial window ---------------------------------------------
 
 
 def exercise_dataset(seed: int = 0) -> Any:
@@ -257,8 +287,40 @@ def exercise_dataset(seed: int = 0) -> Any:
     return digits_subset(110, seed)
 
 
+def _verify_exercise(train_fn: Any) -> Any:
+    import accumlib
+
+    return accumlib.verify(train_fn, model=get_task(TASK).make_model(0), dataset=exercise_dataset(),
+                           item_losses=accumlib.classification_losses, accum_steps=4, batch_size=8)
+
+
+EXERCISE = Exercise(
+    "03-weigh-every-item",
+    "Step the partial window with every sample weighed 1 / (samples in its window)",
+    accum_steps=4,
+    batch_size=8,
+    run=_verify_exercise,
+    hints={
+        "tail-misscaled": (
+            "The last window holds 2 micro-batches (8 and 6 samples), not k = 4, yet each of its losses is still "
+            "divided as if the window were full, so its step is about half as long as it should be. What should "
+            "each sample of a window weigh, and how many samples does each window hold? The loader can tell you "
+            "the micro-batch sizes before training starts."),
+        "mean-of-means": (
+            "The window's micro-batches hold different numbers of samples (8 and 6), and your loop weighs each "
+            "micro-batch's mean equally, so the 6 samples count more than the 8. Weigh samples, not micro-batches: "
+            "sum the item losses and divide by the number of samples in the whole window."),
+        "tail-dropped": (
+            "Some samples never reached an optimizer step: the last, partial window is never stepped. Step also at "
+            "the last micro-batch of the loader."),
+        "early-step": "The optimizer stepped before a full window of k micro-batches (other than the last one) was in .grad.",
+        "unscaled-sum": "Each step is the sum of its micro-batch gradients: divide the losses so each sample weighs 1 / (samples in its window).",
+        "misscaled": "Every step is off by one factor c: divide each window's summed losses by its sample count exactly once.",
+    },
+)
+
+
 __all__ = [
-    "STRATEGIES", "Strategy", "TokenResult", "TokenWindow", "WindowsResult", "compute", "compute_tokens",
-    "divide_by_window_batches", "exercise_dataset", "exercise_loop", "plot", "plot_tokens", "step_at_end", "step_every_k",
-    "widget",
+    "EXERCISE", "STRATEGIES", "Strategy", "TokenResult", "TokenWindow", "WindowsResult", "compute", "compute_tokens",
+    "divide_by_window_batches", "exercise_dataset", "plot", "plot_tokens", "step_at_end", "step_every_k", "widget",
 ]
