@@ -91,7 +91,7 @@ def test_why_training_widget_recomputes():
 def test_digits_subset_matches_accumlib_digits():
     a, b = why.digits_subset(20, 3)[:], accumlib.digits(20, seed=3).tensors
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    with pytest.raises(ValueError, match="n must be between 1 and"):
+    with pytest.raises(ValueError, match=r"n must be an integer between 1 and 1797; digits holds that many images \(got 0\)"):
         why.digits_subset(0)
 
 

@@ -1,4 +1,4 @@
-"""What every lesson shares: argument checks, tables that render as HTML, the digits cache.
+"""What every lesson shares: argument checks, tables that render as HTML, the digits cache, error formatting.
 
 Checks name the argument, the rule and the value, like the loops' own checks, and run
 before any work starts.
@@ -20,10 +20,15 @@ k   ratio
 
 from __future__ import annotations
 
+import functools
 import html
 import numbers
 from collections.abc import Sequence
 from typing import Any
+
+from ..tolerances import FLOAT32_RTOL
+
+N_DIGITS = 1797  # scikit-learn's digits
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> int:
@@ -92,3 +97,55 @@ class Table:
         head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in self.rows)
         return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --- data and numbers every lesson uses ---------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)
+def _all_digits(seed: int) -> Any:
+    from ..data import digits
+
+    return digits(seed=seed)
+
+
+def digits_subset(n: int | None = None, seed: int = 0) -> Any:
+    """``accumlib.digits(n, seed=seed)`` (the same items in the same order), read from disk once per seed."""
+    from torch.utils.data import Subset
+
+    data = _all_digits(seed)
+    if n is None:
+        return data
+    check_int("n", n, low=1, high=len(data), why="digits holds that many images")
+    return Subset(data, range(n))
+
+
+def fmt_error(rel_error: float) -> str:
+    """A relative error as printed in the lessons: float32 rounding shows as a bound, stable across machines.
+
+    >>> fmt_error(3e-8), fmt_error(0.51296)
+    ('<= 1e-04 (float32 rounding)', '0.513')
+    """
+    if rel_error <= FLOAT32_RTOL:
+        return f"<= {FLOAT32_RTOL:.0e} (float32 rounding)"
+    return f"{rel_error:.3g}"
+
+
+# --- the seed loops of the gallery, verified ----------------------------------------------------------------
+
+
+def gallery_rows(names: list[str]) -> list[tuple[str, str, str, bool]]:
+    """Verify ``accumlib.GALLERY[name]`` on its own dataset: (name, what it is, codes found, codes as expected)."""
+    from .. import GALLERY
+
+    rows = []
+    for name in names:
+        entry = GALLERY[name]
+        codes = sorted(entry.run().codes)
+        rows.append((name, entry.source_note, ", ".join(codes) or "none (ok)", set(codes) == set(entry.expected_codes)))
+    return rows
+
+
+def gallery_table(names: list[str]) -> Table:
+    """``gallery_rows`` as a table."""
+    return Table(("gallery loop", "what it is", "verify finds", "as the gallery expects"), gallery_rows(names))

@@ -33,7 +33,8 @@ from . import _style
 from ._common import Table, check_int
 from ._exercise import Exercise
 from ._explorer import Explorer
-from .why import N_DIGITS, TrainResult, digits_subset, fmt_error, train
+from ._common import N_DIGITS, digits_subset, fmt_error
+from .why import TrainResult, train
 
 TASK = "mlp-digits"
 N_WINDOWS = 2  # two full windows per run: the division is the only thing that differs between the loops

@@ -35,7 +35,7 @@ from . import _style
 from ._common import Table, check_int
 from ._exercise import Exercise
 from ._explorer import Explorer
-from .why import N_DIGITS, digits_subset, fmt_error
+from ._common import N_DIGITS, digits_subset, fmt_error
 
 TASK = "mlp-digits"
 LM_TASK = "lm-tokens"

@@ -34,7 +34,7 @@ from ..tasks import classification_losses
 from ..tolerances import FLOAT32_RTOL
 from . import _style
 from ._common import Table, check_choice, check_int, check_ints
-from .why import digits_subset, fmt_error
+from ._common import digits_subset, fmt_error
 
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NORMS = ("batch", "group", "none")

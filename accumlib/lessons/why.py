@@ -31,40 +31,13 @@ from .. import (
 )
 from ..tolerances import FLOAT32_RTOL
 from . import _style
-from ._common import Table, check_choice, check_float, check_int
+from ._common import N_DIGITS, Table, check_choice, check_float, check_int, digits_subset, fmt_error, gallery_rows, gallery_table  # noqa: F401 (the notebooks read them here)
 from ._exercise import Exercise
 from ._explorer import Explorer
 
 TASK = "mlp-digits"
-N_DIGITS = 1797  # scikit-learn's digits
 N_TRAIN = 1280  # 20 windows of 64: no partial window, so batch 64 and 2 x 32 see identical windows
 OPTIMIZERS = ("sgd", "adam")
-
-
-@functools.lru_cache(maxsize=4)
-def _all_digits(seed: int) -> Any:
-    return digits(seed=seed)
-
-
-def digits_subset(n: int | None = None, seed: int = 0) -> Any:
-    """``accumlib.digits(n, seed=seed)`` (the same items in the same order), read from disk once per seed."""
-    data = _all_digits(seed)
-    if n is None:
-        return data
-    if not 1 <= n <= len(data):
-        raise ValueError(f"n must be between 1 and {len(data)} for digits (got {n})")
-    return Subset(data, range(n))
-
-
-def fmt_error(rel_error: float) -> str:
-    """A relative error as printed in the lessons: float32 rounding shows as a bound, stable across machines.
-
-    >>> fmt_error(3e-8), fmt_error(0.51296)
-    ('<= 1e-04 (float32 rounding)', '0.513')
-    """
-    if rel_error <= FLOAT32_RTOL:
-        return f"<= {FLOAT32_RTOL:.0e} (float32 rounding)"
-    return f"{rel_error:.3g}"
 
 
 # --- memory and the one-window proof -----------------------------------------------------------
@@ -458,26 +431,6 @@ def plot_sweep(result: SweepResult) -> Figure:
     ax.set_ylabel(f"test accuracy after {result.epochs} epochs (%)")
     ax.legend()
     return fig
-
-
-# --- the seed loops of the gallery ----------------------------------------------------------------
-
-
-def gallery_rows(names: list[str]) -> list[tuple[str, str, str, bool]]:
-    """Verify ``accumlib.GALLERY[name]`` on its own dataset: (name, what it is, codes found, codes as expected)."""
-    from .. import GALLERY
-
-    rows = []
-    for name in names:
-        entry = GALLERY[name]
-        codes = sorted(entry.run().codes)
-        rows.append((name, entry.source_note, ", ".join(codes) or "none (ok)", set(codes) == set(entry.expected_codes)))
-    return rows
-
-
-def gallery_table(names: list[str]) -> Table:
-    """``gallery_rows`` as a table."""
-    return Table(("gallery loop", "what it is", "verify finds", "as the gallery expects"), gallery_rows(names))
 
 
 # --- the exercise --------------------------------------------------------------------------------
