@@ -8,6 +8,7 @@ they are not timed tests (and this machine may be busy).
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,173 @@ def test_a_missing_piece_is_reported_not_faked(tmp_path, monkeypatch):
 def test_only_rejects_unknown_sections(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--only", "memory,speed", "--out", str(tmp_path)])
+
+
+# --- section 6, widget response per control (benchmarks/widgets.py) ---------------------------------------
+
+widgets = bench.widgets
+
+# A scratch lesson module, free of torch so a kernel loads it in a moment: a widget whose controls redraw a
+# PNG figure (one of them reports an error), and a box whose Run button starts a process and whose text it reads.
+SCRATCH_LESSON = '''
+import base64, io, subprocess, sys
+import ipywidgets as w
+from IPython.display import Image, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def plot(k):
+    fig = Figure(figsize=(2, 2))
+    FigureCanvasAgg(fig)
+    fig.subplots().plot([0, 1], [0, k])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def widget(device="auto", initial=None):
+    # the lessons' Explorer in small: each change recomputes and shows a PNG; a compute error is printed
+    k = w.IntSlider(value=2, min=1, max=3, description="k")
+    option = w.Dropdown(options=["a", "b"], value="b", description="option")
+    broken = w.Checkbox(value=False, description="broken")
+    out = w.Output()
+
+    def redraw(change=None):
+        if broken.value:  # as Explorer shows an error: text in the output area
+            out.outputs = ({"output_type": "stream", "name": "stdout", "text": "ValueError: broken must be False (got True)\\n"},)
+        elif change is not None and change["owner"] is option:  # the two ways an output area is filled
+            with out:
+                out.clear_output(wait=True)
+                display(Image(plot(k.value)))
+        else:
+            png = base64.b64encode(plot(k.value)).decode()
+            out.outputs = ({"output_type": "display_data", "metadata": {}, "data": {"image/png": png, "text/plain": "fig"}},)
+
+    for c in (k, option, broken):
+        c.observe(redraw, names="value")
+    redraw()
+    return w.VBox([k, option, broken, out])
+
+
+def run_box():
+    text = w.Text(value="x", description="name")  # read when Run is pressed: no redraw of its own
+    run = w.Button(description="Run")
+    out = w.Output()
+
+    def launch(_):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)  # like lesson 8's ranks: a process per press
+        with out:
+            print("ran")
+
+    def fail(_):
+        raise RuntimeError("observer failed")  # an error that escapes the callback: nothing redraws
+
+    crash = w.ToggleButton(description="crash")
+    crash.observe(fail, names="value")
+    run.on_click(launch)
+    return w.VBox([text, run, crash, w.IntSlider(disabled=True), w.Label("not a control"), out])
+'''
+
+
+def _cell(source, outputs=()):
+    return {"cell_type": "code", "execution_count": 1, "id": str(abs(hash(source))), "metadata": {},
+            "outputs": list(outputs), "source": source.splitlines(keepends=True)}
+
+
+def _shown(text_plain):
+    """A saved display of a widget (or of a progress bar, whose text is not a widget's repr)."""
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "0", "version_major": 2, "version_minor": 0},
+                     "text/plain": text_plain}}
+
+
+def _scratch_notebook(path):
+    cells = [
+        _cell("%matplotlib inline\nimport torch\nfrom scratch_lesson import compute\nimport scratch_lesson as sl\ndevice = 'cpu'"),
+        _cell("r = compute(2, 'b', False)\nsl.widget(device=device, initial=r)", [_shown("VBox(children=(IntSlider(value=2),))")]),
+        _cell("panel = sl.run_box()\npanel", [_shown("VBox(children=(Text(value='x'),))")]),  # not named like a builder: found by its output
+        _cell("sl.compute(2, 'b', False)", [_shown("  0%|          | 0/8 [00:00<?, ?it/s]")]),  # a progress bar: not a widget
+        _cell("sl.widget(device=device, initial=r)"),  # the same call again: one widget
+    ]
+    nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_widget_discovery_names_every_builder_and_nothing_else(tmp_path):
+    found, unnamed = widgets.discover([_scratch_notebook(tmp_path / "01_scratch.ipynb")])
+    # scratch_lesson is not under accumlib, so discovery ignores it: the notebooks import lessons from accumlib
+    assert found == [] and unnamed == ["01_scratch.ipynb cell 1", "01_scratch.ipynb cell 2"]
+    nb = tmp_path / "02_scratch.ipynb"
+    nb.write_text((tmp_path / "01_scratch.ipynb").read_text().replace("scratch_lesson", "accumlib.lessons.scratch"))
+    found, unnamed = widgets.discover([nb])
+    assert [(f.module, f.builder, f.cell, f.main) for f in found] == [
+        ("accumlib.lessons.scratch", "widget", 1, True), ("accumlib.lessons.scratch", "run_box", 2, False)]
+    assert dict(found[0].kwargs) == {"device": widgets._DEVICE, "initial": widgets._VARIABLE}
+    assert unnamed == []
+
+
+def test_every_control_of_a_widget_is_found_with_a_change():
+    import ipywidgets as w
+
+    kinds = [w.IntSlider(value=3, max=3), w.FloatSlider(value=0.5), w.FloatLogSlider(value=0.1, min=-3, max=0),
+             w.Dropdown(options=[1, 2], value=2), w.SelectionSlider(options=["a", "b", "c"], value="a"),
+             w.ToggleButtons(options=["x", "y"]), w.Checkbox(value=True), w.ToggleButton(), w.Text("t"), w.Textarea("loop"),
+             w.BoundedIntText(value=5, max=5), w.IntRangeSlider(value=(1, 3), max=5), w.Button(description="Run")]
+    box = w.VBox([w.HBox(kinds[:5]), w.Label("label"), w.IntSlider(disabled=True), *kinds[5:], w.Output()])
+    controls = widgets._controls(box)
+    assert [c for _, c in controls] == kinds  # buttons last; the label, the disabled slider and the output are not controls
+    for _, c in controls:
+        how, a, b = widgets._values(c)
+        if how == "press":
+            continue
+        assert a != b, c
+        setattr(c, how, b)  # a valid value: the widget accepts it unchanged
+        assert getattr(c, how) == b or math.isclose(getattr(c, how), b), c
+    assert widgets._values(w.IntSlider(value=3, max=3))[1:] == (3, 2)  # at the end of its range it steps back
+
+
+@pytest.fixture(scope="module")
+def scratch_run(tmp_path_factory):
+    """The section run on the scratch lesson, in a real kernel, two changes per control (a few seconds)."""
+    tmp = tmp_path_factory.mktemp("widgets")
+    (tmp / "scratch_lesson.py").write_text(SCRATCH_LESSON)
+    nb = _scratch_notebook(tmp / "01_scratch.ipynb")
+    found = [widgets.Found(nb.name, 1, "scratch_lesson", "widget", (), (("device", widgets._DEVICE), ("initial", widgets._VARIABLE)), True),
+             widgets.Found(nb.name, 2, "scratch_lesson", "run_box", (), (), False)]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", f"{tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # the kernel imports the scratch lesson
+    mp.setattr(widgets, "discover", lambda paths: (found, []))
+    try:
+        yield widgets.run(paths=[nb], threads=1, repeats=2)
+    finally:
+        mp.undo()
+
+
+def test_widget_section_gives_one_row_per_control_with_a_median(scratch_run):
+    rows = {r["control"]: r for r in scratch_run["rows"]}
+    assert list(rows) == ["k", "option", "broken", "name", "crash", "Run"]
+    for r in rows.values():
+        assert _finite(r["median_s"]) and r["n"] == len(r["times_s"]) >= 1, r
+        assert r["first_s"] == r["times_s"][0]
+    for name in ("k", "option"):  # a redraw: a figure, two changes (first and repeat), judged against the goal
+        assert rows[name]["shown"] == "figure" and rows[name]["n"] == 2 and rows[name]["status"] in ("met", "MISSED")
+        assert len(rows[name]["quartiles_s"]) == 2 and rows[name]["processes"] == 0
+    assert rows["option"]["change"] == "'b' <-> 'a'"
+    assert rows["broken"]["status"] == "ERROR" and "ValueError: broken must be False" in rows["broken"]["errors"][0]
+    assert rows["name"]["status"] == "no redraw"
+    assert rows["crash"]["status"] == "ERROR" and rows["crash"]["errors"][0] == "RuntimeError: observer failed"
+    assert rows["Run"]["status"] == "exempt" and rows["Run"]["processes"] >= 1 and rows["Run"]["n"] == 1
+    goal = scratch_run["goals"]["widget"]
+    assert goal["met"] is False  # the ERROR control misses the goal, whatever the times
+    assert any("broken" in m for m in goal["missed"]) and "exempt" in goal["measured"]
+
+
+def test_widget_section_table_states_each_control(scratch_run):
+    md = "\n".join(widgets.section_lines(scratch_run))
+    for control in ("k (IntSlider)", "option (Dropdown)", "broken (Checkbox)"):
+        assert f"| {control} |" in md
+    assert "**ERROR**" in md and "Exempt from the 0.5 s goal" in md and "Run (Button)" in md
+    assert "No redraw on change" in md and "name" in md
