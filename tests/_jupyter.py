@@ -7,8 +7,11 @@ the server and every process it started down on exit, failure included.
 ``voila_app(root, notebook)`` serves one notebook as ``make app`` does.
 ``chromium_page(...)`` is a headless Chromium (Debian's ``chromium``, driven by Playwright)
 with a fresh profile and no background networking; requests off the loopback interface are
-refused and recorded in ``page.external_requests``. The ``Lab*`` helpers act through the UI
-as a person would: menus, clicks and keys, never the kernel API.
+refused and recorded in ``page.external_requests``, and every message the page's kernels send
+is read off the websocket into ``page.kernel`` (a ``KernelWatch``): a widget callback's error
+or stderr reaches the browser with no cell to show it in, so the DOM alone would miss it.
+The UI helpers act through the UI as a person would: menus, clicks and keys, never the kernel
+API (``find_controls`` / ``change_control`` for every ipywidgets control a notebook renders).
 """
 
 from __future__ import annotations
@@ -104,10 +107,18 @@ class LabServer:
             self.base_url + path,
             method=method,
             headers={"Authorization": f"token {self.token}"},
-            data=b"" if method == "POST" else None,
+            data=b"" if method == "POST" else None,  # DELETE and GET carry no body
         )
         with _NO_PROXY.open(req, timeout=timeout) as resp:
             return resp.read()
+
+    def shutdown_kernel(self, path: str) -> None:
+        """End the session (and kernel) of the notebook at ``path``: a module's notebooks share one
+        server, and a kernel left running holds its memory until the server stops."""
+        for session in json.loads(self.api("api/sessions")):
+            if session["path"] == path:
+                with contextlib.suppress(urllib.error.HTTPError):
+                    self.api(f"api/sessions/{session['id']}", method="DELETE", timeout=SHUTDOWN_TIMEOUT_S)
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -338,6 +349,7 @@ def chromium_page(profile_dir: Path, timeout_ms: int = 30_000):
             context.route("**/*", route)
             page = context.pages[0] if context.pages else context.new_page()
             page.external_requests = external
+            page.kernel = KernelWatch(page)  # before the first goto: every kernel socket is seen
             yield page
         finally:
             context.close()
@@ -453,3 +465,239 @@ def images_differ(src_a: str, src_b: str) -> bool:
     a, b = png_pixels(src_a), png_pixels(src_b)
     # Not ImageChops.difference(...).getbbox(): on RGBA it looks at the alpha channel only.
     return a.size != b.size or a.tobytes() != b.tobytes()
+
+
+# --- what the kernel said: iopub messages read off the page's websockets ----------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class KernelMessage:
+    channel: str
+    msg_type: str
+    msg_id: str
+    parent_id: str
+    parent_type: str
+    content: dict
+
+
+def _decode_frame(payload) -> KernelMessage | None:
+    """One kernel websocket frame: JSON text (legacy protocol) or v1.kernel.websocket.jupyter.org
+    binary (uint64 count, uint64 offsets, then channel, header, parent header, metadata, content)."""
+    try:
+        if isinstance(payload, str):
+            msg = json.loads(payload)
+            channel, header, parent, content = msg.get("channel", ""), msg["header"], msg.get("parent_header") or {}, msg["content"]
+        else:
+            b = bytes(payload)
+            n = int.from_bytes(b[:8], "little")
+            offsets = [int.from_bytes(b[8 + 8 * i:16 + 8 * i], "little") for i in range(n)] + [len(b)]
+            parts = [b[offsets[i]:offsets[i + 1]] for i in range(n)]
+            channel, header = parts[0].decode(), json.loads(parts[1])
+            parent, content = json.loads(parts[2] or b"{}"), json.loads(parts[4])
+        return KernelMessage(channel, header["msg_type"], header.get("msg_id", ""), parent.get("msg_id", ""),
+                             parent.get("msg_type", ""), content)
+    except (ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError):
+        return None  # not a kernel message (the sockets carry nothing else we need)
+
+
+class KernelWatch:
+    """Every message the page's kernels send (iopub included) and every request the page sends.
+
+    Playwright delivers websocket events only while a Playwright call runs: poll with
+    ``page.wait_for_timeout``, not ``time.sleep``.
+    """
+
+    def __init__(self, page) -> None:
+        self.received: list[KernelMessage] = []
+        self.sent: dict[str, KernelMessage] = {}
+        page.on("websocket", self._attach)
+
+    def _attach(self, ws) -> None:
+        if "/api/kernels/" in ws.url and "/channels" in ws.url:
+            ws.on("framereceived", self._on_received)
+            ws.on("framesent", self._on_sent)
+
+    def _on_received(self, payload) -> None:
+        msg = _decode_frame(payload)
+        if msg is None:
+            return
+        self.received.append(msg)
+
+    def _on_sent(self, payload) -> None:
+        msg = _decode_frame(payload)
+        if msg is not None:
+            self.sent[msg.msg_id] = msg
+
+    def mark(self) -> int:
+        return len(self.received)
+
+    def busy_with(self, since: int = 0) -> list[str]:
+        """Requests (after message ``since``) the kernel said it is busy with and not yet idle for."""
+        state: dict[str, str] = {}
+        for m in self.received[since:]:
+            if m.msg_type == "status" and m.parent_id:
+                state[m.parent_id] = m.content.get("execution_state", "")
+        return [pid for pid, s in state.items() if s == "busy"]
+
+    def handled_widget_message(self, since: int) -> bool:
+        """Whether the kernel went busy for a widget (comm) message after ``since``."""
+        return any(m.msg_type == "status" and m.parent_type == "comm_msg" for m in self.received[since:])
+
+    def problems(self, since: int = 0, parents: tuple[str, ...] | None = None) -> list[str]:
+        """Error and stderr messages after ``since`` (optionally only those answering ``parents``
+        message types), as text: the exception's last line and traceback, or the stderr text."""
+        found = []
+        for m in self.received[since:]:
+            if parents is not None and m.parent_type not in parents:
+                continue
+            if m.msg_type == "error":
+                tb = ANSI.sub("", "\n".join(m.content.get("traceback", [])))
+                found.append(f"[{m.parent_type} error] {m.content.get('ename')}: {m.content.get('evalue')}\n{tb[-1500:]}")
+            elif m.msg_type == "stream" and m.content.get("name") == "stderr":
+                found.append(f"[{m.parent_type} stderr] {m.content.get('text', '')[-1500:]}")
+        return found
+
+
+# --- every ipywidgets control a notebook renders ------------------------------------------------
+
+# An error shown as text inside a widget (a callback that catches its exception and prints
+# "ValueError: ...", or a status line "Failed: ..."): a Python exception or warning class name
+# followed by a colon, or a traceback header.
+ERROR_IN_WIDGET = re.compile(r"Traceback \(most recent call last\)|\b[A-Z]\w*(Error|Exception|Warning)\b:")
+
+# Each kind of control: how to find it (CSS, relative to a code cell's output) and its value.
+_CONTROLS_JS = r"""
+() => {
+  const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell')];
+  const text = e => (e ? e.innerText : '').trim();
+  const label = el => text(el.querySelector(':scope > .widget-label')) || text(el.closest('.widget-box')?.querySelector(':scope > .widget-label'));
+  const found = [];
+  cells.forEach((cell, ci) => {
+    const area = cell.querySelector('.jp-Cell-outputWrapper');
+    if (!area) return;
+    const add = (kind, el, desc, value, options, disabled) => {
+      el.dataset.accumlibControl = String(found.length);
+      found.push({id: found.length, cell: ci, kind, label: desc, value: String(value), options, disabled: !!disabled});
+    };
+    for (const el of area.querySelectorAll('.widget-slider')) {
+      const h = el.querySelector('.noUi-handle');
+      add('slider', el, label(el), text(el.querySelector('.widget-readout')) || h?.getAttribute('aria-valuenow'),
+          [h?.getAttribute('aria-valuemin'), h?.getAttribute('aria-valuenow'), h?.getAttribute('aria-valuemax')],
+          el.querySelector('.noUi-target[disabled]') || h?.hasAttribute('disabled'));
+    }
+    for (const el of area.querySelectorAll('.widget-dropdown, .widget-select:not(.widget-select-multiple)')) {
+      const s = el.querySelector('select');
+      if (!s) continue;
+      add(el.classList.contains('widget-dropdown') ? 'dropdown' : 'select', el, label(el),
+          s.selectedOptions[0]?.text ?? '', [...s.options].map(o => o.text), s.disabled);
+    }
+    for (const el of area.querySelectorAll('.widget-toggle-buttons')) {
+      const bs = [...el.querySelectorAll('button')];
+      add('toggle-buttons', el, label(el), text(bs.find(b => b.classList.contains('mod-active'))), bs.map(text), bs.every(b => b.disabled));
+    }
+    for (const el of area.querySelectorAll('button.widget-toggle-button')) {
+      if (el.closest('.widget-toggle-buttons')) continue;
+      add('toggle-button', el, text(el), el.classList.contains('mod-active'), null, el.disabled);
+    }
+    for (const el of area.querySelectorAll('.widget-checkbox')) {
+      const i = el.querySelector('input[type=checkbox]');
+      if (i) add('checkbox', el, text(el.querySelector('.widget-label-basic')) || label(el), i.checked, null, i.disabled);
+    }
+    for (const el of area.querySelectorAll('.widget-radio')) {
+      const is = [...el.querySelectorAll('input[type=radio]')];
+      add('radio', el, label(el), text(is.find(i => i.checked)?.parentElement), is.map(i => text(i.parentElement)), is.every(i => i.disabled));
+    }
+    for (const el of area.querySelectorAll('.widget-text')) {  // Int/FloatText and their Bounded kin
+      const i = el.querySelector(':scope > input[type=number]');
+      if (i) add('number', el, label(el), i.value, null, i.disabled);
+    }
+    for (const el of area.querySelectorAll('button.widget-button')) {
+      if (el.classList.contains('widget-toggle-button')) continue;
+      add('button', el, text(el) || el.title, '', null, el.disabled);
+    }
+  });
+  return found;
+}
+"""
+
+# What a code cell's output shows apart from the controls' own values: its figures, its
+# widget output areas and labels, stderr, and whether any button is disabled (busy).
+_CELL_VIEW_JS = r"""
+([ci, full, mark]) => {
+  const cell = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell')[ci];
+  const area = cell?.querySelector('.jp-Cell-outputWrapper');
+  if (!area) return null;
+  const imgs = [...area.querySelectorAll('img')];
+  const texts = [...area.querySelectorAll('.widget-output, .widget-label:not(.widget-label-basic), .widget-html, .widget-htmlmath')]
+    .filter(e => !e.parentElement.closest('.widget-output'))
+    .map(e => e.innerText.trim());
+  const outputs = [...area.querySelectorAll('.widget-output')].filter(e => !e.parentElement.closest('.widget-output'))
+    .map(e => e.querySelectorAll('.jp-OutputArea-output').length);
+  const stderr = [...area.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')].map(e => e.innerText);
+  let h = 2166136261;
+  for (const s of [...imgs.map(i => i.src), ...texts]) for (let k = 0; k < s.length; k++) h = Math.imul(h ^ s.charCodeAt(k), 16777619);
+  const fresh = imgs.filter(i => !i.dataset.accumlibSeen).length;
+  if (mark) imgs.forEach(i => { i.dataset.accumlibSeen = '1'; });
+  return {signature: (h >>> 0) + ':' + imgs.length + ':' + texts.join('').length, imgs: full ? imgs.map(i => i.src) : imgs.length,
+          fresh, texts, outputs, stderr, busy: [...area.querySelectorAll('button')].filter(b => b.disabled).length};
+}
+"""
+
+
+def find_controls(page) -> list[dict]:
+    """Every ipywidgets control in the open notebook's outputs, in page order, each tagged in the DOM
+    (``[data-accumlib-control=id]``) so ``change_control`` can find it: kind, code-cell index,
+    label, shown value, options (where there are), disabled."""
+    return page.evaluate(_CONTROLS_JS)
+
+
+def cell_view(page, code_cell: int, full: bool = False, mark: bool = False) -> dict:
+    """What code cell ``code_cell`` shows besides its controls' values (see ``_CELL_VIEW_JS``);
+    ``full`` returns the figures' sources instead of their count; ``mark`` marks every figure
+    shown, so ``fresh`` of a later view counts the figures drawn (as new elements) since."""
+    return page.evaluate(_CELL_VIEW_JS, [code_cell, full, mark])
+
+
+def control_value(page, control: dict) -> str:
+    return next((c["value"] for c in find_controls(page) if c["id"] == control["id"]), "(gone)")
+
+
+def change_control(page, control: dict) -> str:
+    """Change a control once, as a person would: a slider one key step (right, or left at its
+    maximum), the next option of a dropdown, select, radio group or toggle group, a click on a
+    checkbox, toggle or button, one step up in a number box (Enter, then focus leaves). Returns
+    what was done."""
+    el = page.locator(f'{NOTEBOOK} [data-accumlib-control="{control["id"]}"]').first
+    el.scroll_into_view_if_needed()
+    kind = control["kind"]
+    if kind == "slider":
+        low, now, high = control["options"]
+        key = "ArrowLeft" if now is not None and now == high else "ArrowRight"
+        el.locator(".noUi-handle").first.focus()
+        page.keyboard.press(key)
+        return key
+    if kind in ("dropdown", "select"):
+        options = control["options"]
+        nxt = (options.index(control["value"]) + 1) % len(options) if control["value"] in options else 0
+        el.locator("select").select_option(index=nxt)
+        return f"select {options[nxt]!r}"
+    if kind in ("toggle-buttons", "radio"):
+        options = control["options"]
+        nxt = (options.index(control["value"]) + 1) % len(options) if control["value"] in options else 0
+        target = el.locator("button" if kind == "toggle-buttons" else "input[type=radio]").nth(nxt)
+        target.click()
+        return f"choose {options[nxt]!r}"
+    if kind == "checkbox":
+        el.locator("input[type=checkbox]").click()
+        return "click"
+    if kind == "number":
+        box = el.locator("input")
+        box.focus()
+        page.keyboard.press("ArrowUp")
+        page.keyboard.press("Enter")
+        box.evaluate("e => e.blur()")
+        return "ArrowUp, Enter"
+    el.click()  # button, toggle-button
+    return "click"
