@@ -179,7 +179,16 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, host: str, port: 
     fn(rank, world_size, *args)
     # Only on success: tearing the group down on failure would break the peers' connections
     # before this rank's traceback is written, and the peers' errors would look like the cause.
+    # The barrier keeps a rank from tearing down while a peer is still inside a collective.
+    dist.barrier()
     dist.destroy_process_group()
+    # Leave without the interpreter's and C++'s teardown at exit: gloo and the rendezvous store
+    # keep threads there, and a joinable std::thread destroyed at exit aborts the process
+    # ("terminate called without an active exception", SIGABRT), which a fresh-clone CI run
+    # showed in rank 1 after its work was done and its results written. Flushed first.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _interfaces() -> set[str]:
