@@ -65,8 +65,10 @@ class Grade:
 class Exercise:
     """One exercise: which task its loop runs on, and a hint per finding code.
 
-    ``run(train_fn)`` must return ``accumlib.verify``'s report for the learner's loop; the
-    default runs it on ``task`` with ``accum_steps`` and ``batch_size``.
+    The learner's loop runs under ``accumlib.verify`` on ``task``'s model, data and losses,
+    with ``accum_steps`` and ``batch_size``; ``make_model``/``make_dataset`` replace the task's
+    own (a calibrated model, a dataset sized so the windows come out as the lesson needs).
+    ``run(train_fn)`` replaces the whole call for loops of another shape (a GAN's two models).
     """
 
     name: str
@@ -76,6 +78,8 @@ class Exercise:
     batch_size: int | None = None
     hints: Mapping[str, str] = field(default_factory=dict)
     default_hint: str = GENERIC_HINT
+    make_model: Callable[[], Any] | None = None
+    make_dataset: Callable[[], Any] | None = None
     run: Callable[[Callable[..., Any]], Any] | None = None
 
     def __post_init__(self) -> None:
@@ -96,7 +100,8 @@ class Exercise:
 
         t = accumlib.get_task(self.task)
         return accumlib.verify(
-            train_fn, model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
+            train_fn, model=self.make_model() if self.make_model else t.make_model(0),
+            dataset=self.make_dataset() if self.make_dataset else t.make_dataset(), item_losses=t.item_losses,
             accum_steps=self.accum_steps, batch_size=self.batch_size or t.batch_size, collate_fn=t.collate_fn,
         )
 

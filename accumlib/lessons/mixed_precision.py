@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import amp, compare, get_task, grads_of, ragged, resolve_device, trace_loop, true_gradient
+from .. import amp, compare, digits, get_task, grads_of, ragged, resolve_device, trace_loop, true_gradient
 from .._batch import checked_losses, to_device
 from ..tolerances import BF16_RTOL
 from . import _style
@@ -458,18 +458,12 @@ def window_source(loop: Any = amp) -> str:
 # --- the exercise: the learner's own AMP accumulation loop, graded by accumlib.verify ----------------
 
 
-def _verify_on_full_windows(train_fn: Any) -> Any:
-    """``accumlib.verify`` on 128 digits, micro-batch 8, k = 4: every window full, so only the AMP order is judged."""
-    from .. import classification_losses, digits, verify
-
-    return verify(train_fn, model=get_task(TASK).make_model(0), dataset=digits(128),
-                  item_losses=classification_losses, accum_steps=4, batch_size=8)
-
-
 EXERCISE = Exercise(
     "04-unscale-before-clipping",
     "Clip the true gradient of an AMP window",
-    run=_verify_on_full_windows,
+    make_dataset=functools.partial(digits, 128),  # every window full: only the AMP order is judged
+    accum_steps=4,
+    batch_size=8,
     hints={
         "clip-before-unscale": (
             "After the window's last scaler.scale(loss).backward(), .grad holds S times the window's gradient "

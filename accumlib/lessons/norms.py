@@ -425,18 +425,14 @@ def calibrated_cnn(n_images: int = 64) -> torch.nn.Module:
     return model
 
 
-def _verify_batchnorm_exercise(train_fn: Any) -> Any:
-    """``accumlib.verify`` on the calibrated BatchNorm CNN: 64 images, micro-batches of 4, k = 4."""
-    from .. import classification_losses, verify
-
-    return verify(train_fn, model=calibrated_cnn(64), dataset=digits(64, image=True),
-                  item_losses=classification_losses, accum_steps=4, batch_size=4)
-
-
 EXERCISE = Exercise(
     "05-accumulate-with-batchnorm",
     "Make a BatchNorm model accumulate exactly",
-    run=_verify_batchnorm_exercise,
+    task="cnn-batchnorm",  # its losses; the model arrives calibrated, on 64 images
+    make_model=functools.partial(calibrated_cnn, 64),
+    make_dataset=functools.partial(digits, 64, image=True),
+    accum_steps=4,
+    batch_size=4,
     hints={
         "batchnorm": (
             "No division or step placement fixes this one: the difference is in the forward pass. In training mode a "

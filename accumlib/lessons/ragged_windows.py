@@ -287,19 +287,12 @@ def exercise_dataset(seed: int = 0) -> Any:
     return digits_subset(110, seed)
 
 
-def _verify_exercise(train_fn: Any) -> Any:
-    import accumlib
-
-    return accumlib.verify(train_fn, model=get_task(TASK).make_model(0), dataset=exercise_dataset(),
-                           item_losses=accumlib.classification_losses, accum_steps=4, batch_size=8)
-
-
 EXERCISE = Exercise(
     "03-weigh-every-item",
     "Step the partial window with every sample weighed 1 / (samples in its window)",
     accum_steps=4,
     batch_size=8,
-    run=_verify_exercise,
+    make_dataset=exercise_dataset,
     hints={
         "tail-misscaled": (
             "The last window holds 2 micro-batches (8 and 6 samples), not k = 4, yet each of its losses is still "

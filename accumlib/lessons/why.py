@@ -441,19 +441,12 @@ def exercise_dataset(seed: int = 0) -> Any:
     return digits_subset(128, seed)
 
 
-def _verify_exercise(train_fn: Any) -> Any:
-    import accumlib
-
-    return accumlib.verify(train_fn, model=get_task(TASK).make_model(0), dataset=exercise_dataset(),
-                           item_losses=classification_losses, accum_steps=2, batch_size=32)
-
-
 EXERCISE = Exercise(
     "01-divide-the-loss",
     "Make 2 x 32 accumulated match batch 64",
     accum_steps=2,
     batch_size=32,
-    run=_verify_exercise,
+    make_dataset=exercise_dataset,
     hints={
         "unscaled-sum": (
             "Every micro-batch's loss is the mean over its 32 digits, and backward() adds its gradient to what .grad "
