@@ -1,32 +1,63 @@
 """accumlib: gradient accumulation in PyTorch, checked against the true large-batch gradient.
 
-The public surface is re-exported here; modules starting with ``_`` are private.
+The public surface is small: the reference loops and their registry, the oracle, the comparison,
+the verifier with its table of finding codes, the built-in tasks and the one device rule.
+
+>>> import accumlib, torch
+>>> task = accumlib.get_task("mlp-digits")
+>>> def train(model, optimizer, loader):  # the textbook loop: each micro-batch mean divided by k
+...     for i, (x, y) in enumerate(loader):
+...         (torch.nn.functional.cross_entropy(model(x), y) / 4).backward()
+...         if (i + 1) % 4 == 0:
+...             optimizer.step(); optimizer.zero_grad()
+>>> report = accumlib.verify(train, model=task.make_model(0), dataset=task.make_dataset(),
+...                          item_losses=task.item_losses, accum_steps=4, batch_size=12)
+>>> report.ok, sorted(report.codes)
+(False, ['tail-dropped'])
+
+Everything else lives in named submodules, imported on first use: ``accumlib.data`` and
+``accumlib.models`` (offline data, tiny models), ``accumlib.harness`` and ``accumlib.reference``
+(the reference table), ``accumlib.memory``, ``accumlib.gallery`` (user-style loops with their true
+verdicts), ``accumlib.distributed`` (DDP), ``accumlib.hf`` and ``accumlib.lightning`` (framework
+runs under verify), ``accumlib.survey`` and ``accumlib.lessons``. Modules starting with ``_``
+are private.
 """
 
-from ._batch import cat_batches, count_items, resolve_device, windows
-from .check import CheckTable, Trace, check_reference_loops, classify, trace_loop
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._batch import resolve_device
+from ._verify import CODES, Finding, Report, verify
 from .compare import Comparison, compare
-from .data import TokenSequences, count_tokens, digits, pad_collate, synthetic_classification
 from .loops import LOOPS, amp, grad_divided, large_batch, naive, normalized, ragged
-from .memory import activation_bytes, cuda_peak_bytes
-from .models import MLP, SmallCNN, TinyLM
 from .oracle import grads_of, true_gradient
-from .tasks import TASKS, Task, classification_losses, get_task, token_losses
-from . import distributed  # DDP accumulation; importing it starts no process and no process group
-from .distributed import ddp_accumulate
+from .tasks import TASKS, Task, get_task
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "LOOPS", "MLP", "TASKS", "CheckTable", "Comparison", "SmallCNN", "Task", "TinyLM", "TokenSequences", "Trace",
-    "activation_bytes", "amp", "cat_batches", "check_reference_loops", "classification_losses", "classify",
-    "compare", "count_items", "count_tokens", "cuda_peak_bytes", "digits", "get_task", "grad_divided", "grads_of", "large_batch",
-    "naive", "normalized", "pad_collate", "ragged", "resolve_device", "synthetic_classification", "token_losses",
-    "trace_loop", "true_gradient", "windows",
+    "LOOPS", "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
+    "true_gradient", "grads_of", "compare", "Comparison",
+    "verify", "Report", "Finding", "CODES",
+    "Task", "get_task", "TASKS", "resolve_device",
 ]
-__all__ += ["ddp_accumulate", "distributed"]
-# accumlib.verify is the function; its implementation is the private package accumlib._verify
-from ._verify import CODES, Finding, Report, StepRow, verify  # noqa: E402
-from .gallery import GALLERY, GalleryLoop  # noqa: E402
 
-__all__ += ["CODES", "Finding", "GALLERY", "GalleryLoop", "Report", "StepRow", "verify"]
+# Submodules served on first attribute access, so that ``import accumlib`` stays light (no
+# torch.distributed, no tqdm, no transformers) and ``accumlib.gallery.GALLERY`` still works.
+_SUBMODULES = frozenset({
+    "cli", "compare", "data", "distributed", "examples", "gallery", "harness", "hf", "lessons", "lightning", "loops",
+    "memory", "models", "oracle", "reference", "report", "survey", "tasks", "tolerances",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'accumlib' has no attribute {name!r}; the public names are accumlib.__all__, "
+                         f"the rest lives in submodules ({', '.join(sorted(_SUBMODULES))})")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _SUBMODULES)

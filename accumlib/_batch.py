@@ -58,9 +58,16 @@ def check_model(model: object) -> torch.nn.Module:
     return model
 
 
-def check_device(device: object) -> torch.device | None:
-    """A loop's ``device``: None (batches stay where the loader puts them), "auto", or a valid torch device."""
-    return None if device is None else resolve_device(device)  # type: ignore[arg-type]
+def check_device(device: object, model: torch.nn.Module) -> torch.device:
+    """Where a loop moves each micro-batch: ``None`` means the model's own device (the one default
+    everywhere in accumlib), ``"auto"`` CUDA when present, else a valid torch device.
+
+    >>> check_device(None, torch.nn.Linear(2, 1)), check_device("cpu", torch.nn.Linear(2, 1))
+    (device(type='cpu'), device(type='cpu'))
+    """
+    if device is None:
+        return next(p for p in model.parameters() if p.requires_grad).device
+    return resolve_device(device)  # type: ignore[arg-type]
 
 
 def check_accum_steps(accum_steps: object) -> int:
@@ -216,3 +223,28 @@ def progress_bar(progress: object, loader: Iterable[Batch], desc: str) -> Any:
     if all(hasattr(progress, a) for a in ("update", "set_postfix", "close")):
         return progress
     raise ValueError(f"progress must be True, False or a tqdm bar (got {progress!r})")
+
+
+class Recording:
+    """A loader that remembers every micro-batch it hands out, so a step can be judged on the
+    very batches the loop drew (whatever order, whatever the sampler).
+
+    >>> r = Recording([1, 2, 3]); [b for b in r][:2], r.take(), r.take()
+    ([1, 2], [1, 2, 3], [])
+    """
+
+    def __init__(self, loader: Iterable[Batch]):
+        self.loader, self.drawn = loader, []  # type: ignore[var-annotated]
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch in self.loader:
+            self.drawn.append(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def take(self) -> list[Batch]:
+        """The batches drawn since the last ``take``, forgotten here."""
+        out, self.drawn = self.drawn, []
+        return out

@@ -18,7 +18,7 @@ from ._batch import resolve_device
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .check import check_reference_loops
+    from .reference import check_reference_loops
 
     if args.target:  # a user's own loop: FILE.py:FUNCTION
         from ._verify.cli import run_target
@@ -39,28 +39,6 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"Reference loops against the true large-batch gradient (device: {device})\n")
         print(table)
     return 0 if table.ok else 1
-
-
-def _ddp(args: argparse.Namespace) -> int:
-    import os
-
-    from .distributed import ddp_experiment, init_from_env
-
-    try:
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun: join its group
-            init_from_env()
-        report = ddp_experiment(world_size=args.world_size, accum_steps=args.accum_steps, task=args.task, timeout=args.timeout,
-                                port=args.port)
-    except ValueError as err:
-        print(f"accumlib ddp: error: {err}", file=sys.stderr)
-        return 2
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(report.to_json() if args.json else report)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0 if report.ok else 1
 
 
 def _survey(args: argparse.Namespace) -> int:
@@ -94,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help="check the reference loops, or your own loop (FILE.py:FUNCTION), against the large batch",
         description="Without a target: run every reference loop on every built-in task, compare each optimizer step "
-        "with the true large-batch gradient, and check the verdict each loop's docstring promises. With a target "
+        "with the true large-batch gradient, and check the verdict each loop's contract promises. With a target "
         "FILE.py:FUNCTION: run FUNCTION(model, optimizer, loader) once on --task NAME, or on a task the file defines "
         "(item_losses, make_model, make_dataset or dataset; optional collate_fn, make_optimizer, ACCUM_STEPS, "
         "BATCH_SIZE), and name what is wrong with its accumulation. Exit 0 when correct, 1 when not, 2 on bad usage.",
@@ -108,20 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print the results as JSON")
     v.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
     v.set_defaults(func=_verify)
+    from .distributed import cli as ddp_cli  # starts no process and no process group
+
     d = sub.add_parser(
         "ddp",
         help="DDP accumulation on local processes: error vs the large batch, all-reduce counts, per-rank counts",
-        description="Spawn --world-size processes on 127.0.0.1 (gloo on CPU), accumulate with DistributedDataParallel "
-        "and compare every step with the large-batch gradient over all ranks' windows; count all-reduce calls and bytes "
-        "with and without no_sync. Under torchrun it joins torchrun's process group instead.",
+        description=ddp_cli.DESCRIPTION,
     )
-    d.add_argument("--world-size", type=int, default=2, help="processes to spawn (default: 2; ignored under torchrun)")
-    d.add_argument("--accum-steps", type=int, default=4, help="micro-batches per optimizer step (default: 4)")
-    d.add_argument("--task", default="lm-tokens", help="built-in task (default: lm-tokens, variable token counts)")
-    d.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are stopped (default: 300)")
-    d.add_argument("--port", type=int, default=None, help="rendezvous port on 127.0.0.1 (default: a free one)")
-    d.add_argument("--json", action="store_true", help="print the results as JSON")
-    d.set_defaults(func=_ddp)
+    ddp_cli.add_arguments(d)
+    d.set_defaults(func=ddp_cli.run)
     s = sub.add_parser(
         "survey",
         help="which causal-LM classes of transformers accumulate exactly under its own Trainer",

@@ -17,7 +17,7 @@ import torch
 from ._batch import Batch, ItemLosses, to_device
 
 
-def activation_bytes(model: torch.nn.Module, batch: Batch, item_losses: ItemLosses, device: Any = None) -> int:
+def activation_bytes(model: torch.nn.Module, batch: Batch, item_losses: ItemLosses, *, device: Any = None) -> int:
     """Bytes of activations saved for backward by one forward of ``batch`` (no backward runs).
 
     >>> from accumlib import get_task
@@ -42,8 +42,13 @@ def activation_bytes(model: torch.nn.Module, batch: Batch, item_losses: ItemLoss
     return sum(seen.values())
 
 
-def cuda_peak_bytes(fn: Callable[[], Any], device: Any = "cuda") -> int:
-    """Peak CUDA memory allocated while ``fn()`` runs (needs a GPU)."""
+def cuda_peak_bytes(fn: Callable[[], Any], *, device: Any = "cuda") -> int:
+    """Peak CUDA memory allocated while ``fn()`` runs (needs a GPU; untested here, no GPU is lent to CI).
+
+    >>> x = torch.zeros(1024, device="cuda")  # doctest: +SKIP
+    >>> cuda_peak_bytes(lambda: x * 2)  # doctest: +SKIP
+    4096
+    """
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_peak_bytes needs a CUDA device and none is present")
     torch.cuda.synchronize(device)

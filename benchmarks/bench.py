@@ -159,11 +159,11 @@ def bench_memory(quick: bool = False, ks: tuple[int, ...] = (1, 2, 4, 8, 16)) ->
         task = accumlib.get_task(task_name)
         model = task.make_model(0)
         full = next(iter(task.loader(batch_size=effective, dataset=dataset)))
-        full_bytes = accumlib.activation_bytes(model, full, task.item_losses)
+        full_bytes = accumlib.memory.activation_bytes(model, full, task.item_losses)
         full_peak = _cuda_peak(model, full, task) if cuda else None
         for k in ks:
             micro = list(task.loader(batch_size=effective // k, dataset=torch.utils.data.Subset(dataset, range(effective))))
-            per_micro = [accumlib.activation_bytes(model, b, task.item_losses) for b in micro]
+            per_micro = [accumlib.memory.activation_bytes(model, b, task.item_losses) for b in micro]
             ratio = max(per_micro) / full_bytes  # the peak is set by the largest micro-batch
             row = {
                 "model": model_name, "task": task_name, "effective_batch": effective, "k": k,
@@ -181,7 +181,7 @@ def bench_memory(quick: bool = False, ks: tuple[int, ...] = (1, 2, 4, 8, 16)) ->
         "met": all(r["met"] for r in rows),
         "missed": [f"{r['model']} k={r['k']}: {r['ratio']:.3f} > {r['goal']:.3f}" for r in rows if not r["met"]],
     }
-    note = ("activation bytes: tensors autograd saves for backward (accumlib.activation_bytes), parameters excluded; "
+    note = ("activation bytes: tensors autograd saves for backward (accumlib.memory.activation_bytes), parameters excluded; "
             "ratio = largest micro-batch / full batch")
     if cuda:
         note += ("; CUDA: torch.cuda.max_memory_allocated over one forward+backward above the resident model and "
@@ -197,7 +197,7 @@ def _cuda_peak(model: torch.nn.Module, batch: Any, task: Any) -> int:
     b = accumlib._batch.to_device(batch, "cuda")
     task.item_losses(m, b).sum().backward()  # allocates .grad once, outside the measurement
     m.zero_grad(set_to_none=False)
-    return accumlib.cuda_peak_bytes(lambda: task.item_losses(m, b).sum().backward())
+    return accumlib.memory.cuda_peak_bytes(lambda: task.item_losses(m, b).sum().backward())
 
 
 # --- 2. overhead of the reference loops --------------------------------------------------------------

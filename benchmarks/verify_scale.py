@@ -204,7 +204,7 @@ def measure_here(spec: dict) -> dict:
         x, y = dataset[: scale.batch_size]
         out["param_count"] = sum(p.numel() for p in model.parameters())
         out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-        out["activation_bytes"] = accumlib.activation_bytes(model, (x, y), item_losses)
+        out["activation_bytes"] = accumlib.memory.activation_bytes(model, (x, y), item_losses)
     return out
 
 

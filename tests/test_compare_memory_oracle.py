@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from accumlib import (
-    TASKS, activation_bytes, compare, get_task, grads_of, true_gradient, check_reference_loops,
-)
-from accumlib.check import BF16_RTOL, FLOAT32_RTOL, OFF_BY_K_TOL
+from accumlib import TASKS, compare, get_task, grads_of, true_gradient
+from accumlib.memory import activation_bytes
+from accumlib.reference import check_reference_loops
+from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL, OFF_BY_K_TOL
 from accumlib.cli import main
 
 

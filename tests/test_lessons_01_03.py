@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.check import FLOAT32_RTOL
+from accumlib.tolerances import FLOAT32_RTOL
 from accumlib.lessons import normalizing, ragged_windows, why
 
 # The naive loop's norm ratio is exactly k for equal micro-batches, up to float32 rounding
@@ -23,7 +23,7 @@ RATIO_TOL = 1e-3
 def _verify(train_fn, dataset, accum_steps, batch_size, **kw):
     return accumlib.verify(
         train_fn, model=accumlib.get_task("mlp-digits").make_model(0), dataset=dataset,
-        item_losses=accumlib.classification_losses, accum_steps=accum_steps, batch_size=batch_size, **kw,
+        item_losses=accumlib.tasks.classification_losses, accum_steps=accum_steps, batch_size=batch_size, **kw,
     )
 
 
@@ -89,7 +89,7 @@ def test_why_training_widget_recomputes():
 
 
 def test_digits_subset_matches_accumlib_digits():
-    a, b = why.digits_subset(20, 3)[:], accumlib.digits(20, seed=3).tensors
+    a, b = why.digits_subset(20, 3)[:], accumlib.data.digits(20, seed=3).tensors
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     with pytest.raises(ValueError, match=r"n must be an integer between 1 and 1797; digits holds that many images \(got 0\)"):
         why.digits_subset(0)
@@ -173,8 +173,8 @@ def test_ragged_windows_the_stack_overflow_case():
 
 def test_step_at_end_is_accumlib_normalized():
     task = accumlib.get_task("mlp-digits")
-    a = accumlib.trace_loop(ragged_windows.step_at_end, task)
-    b = accumlib.trace_loop(accumlib.normalized, task)
+    a = accumlib.harness.trace_loop(ragged_windows.step_at_end, task)
+    b = accumlib.harness.trace_loop(accumlib.normalized, task)
     assert [round(c.rel_error, 5) for c in a.comparisons] == [round(c.rel_error, 5) for c in b.comparisons]
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.check import BF16_RTOL, FLOAT32_RTOL
+from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
 from accumlib.lessons import _style, gan, mixed_precision as mp, norms
 
 
@@ -174,7 +174,7 @@ def train_fn(model, optimizer, loader):
 FIXED_SOURCE = """
 import accumlib
 def train_fn(model, optimizer, loader):
-    accumlib.ragged(model, optimizer, loader, accumlib.classification_losses, accum_steps=4)
+    accumlib.ragged(model, optimizer, loader, accumlib.tasks.classification_losses, accum_steps=4)
 """
 
 

@@ -27,7 +27,7 @@ K = 4
 
 
 def loader(n: int = 110, **kw) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(accumlib.digits(n), batch_size=8, **kw)
+    return torch.utils.data.DataLoader(accumlib.data.digits(n), batch_size=8, **kw)
 
 
 class CallsSelf(Digits):
@@ -104,7 +104,7 @@ def test_the_users_module_and_loader_are_untouched(tmp_path, monkeypatch):
      r"trainer_kwargs must run one process on one device .*\(got devices=2, num_nodes=1\)"),
     (lambda: verify_fit(Digits(), loader(), item_losses=item_losses, max_steps=-1), ValueError,
      r"max_steps must be None or an integer >= 1 \(got -1\)"),
-    (lambda: verify_fit(Digits(), torch.utils.data.DataLoader(accumlib.digits(16), batch_sampler=[[0, 1], [2, 3]]),
+    (lambda: verify_fit(Digits(), torch.utils.data.DataLoader(accumlib.data.digits(16), batch_sampler=[[0, 1], [2, 3]]),
                         item_losses=item_losses), ValueError, r"train_dataloaders must batch with batch_size.*\(got batch_size=None"),
 ])
 def test_bad_input_is_refused_by_name(call, error, message):

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
-from accumlib import (
-    LOOPS, MLP, TinyLM, TokenSequences, amp, compare, count_tokens, get_task, grad_divided, grads_of, large_batch, naive,
-    normalized, pad_collate, ragged, synthetic_classification, token_losses, true_gradient, classification_losses,
-)
+from accumlib import LOOPS, amp, compare, get_task, grad_divided, grads_of, large_batch, naive, normalized, ragged, true_gradient
+from accumlib.data import TokenSequences, count_tokens, pad_collate, synthetic_classification
+from accumlib.models import MLP, TinyLM
+from accumlib.tasks import token_losses, classification_losses
 from accumlib._batch import cat_batches
 from accumlib.data import IGNORE_INDEX, PAD_ID
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from accumlib.check import FLOAT32_RTOL
+from accumlib.tolerances import FLOAT32_RTOL
 from accumlib.lessons import _style, report
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from accumlib import LOOPS, MLP, compare, get_task, resolve_device, true_gradient
+from accumlib import LOOPS, compare, get_task, true_gradient
+from accumlib import resolve_device
+from accumlib.models import MLP
 from accumlib.data import TokenSequences, digits, synthetic_classification
 
 

@@ -10,15 +10,16 @@ import torch.nn.functional as F
 
 import accumlib
 from accumlib import LOOPS, TASKS, compare, get_task, true_gradient
-from accumlib.check import BF16_RTOL, FLOAT32_RTOL
-from accumlib import CODES, Finding, Report
+from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
+from accumlib import Finding, Report
+from accumlib import CODES
 
 K = 4
 TASK = get_task("mlp-digits")  # 110 items, batch 8: 14 micro-batches, windows 4, 4, 4, 2 (8 + 6 items)
 
 
 def run(fn, *, n: int | None = None, task=TASK, **kw) -> Report:
-    data = task.make_dataset() if n is None else accumlib.digits(n)
+    data = task.make_dataset() if n is None else accumlib.data.digits(n)
     kw = {"accum_steps": K, "batch_size": task.batch_size, "collate_fn": task.collate_fn} | kw
     return accumlib.verify(fn, model=task.make_model(0), dataset=data, item_losses=task.item_losses, **kw)
 
@@ -239,7 +240,7 @@ def test_model_optimizer_and_data_are_untouched():
 
 
 def test_dropout_stays_in_the_users_model():
-    model = accumlib.MLP(dropout=0.3)
+    model = accumlib.models.MLP(dropout=0.3)
     accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
     assert model.net[2].p == 0.3
 
@@ -393,7 +394,7 @@ def _textbook(k):
     return loop
 
 
-DIGITS_50 = accumlib.digits(50)  # loaded once: sklearn parses its CSV on every call
+DIGITS_50 = accumlib.data.digits(50)  # loaded once: sklearn parses its CSV on every call
 
 
 @settings(max_examples=10, deadline=None, derandomize=True)  # the same examples every run: no flaky kills

@@ -20,7 +20,7 @@ TASK = get_task("mlp-digits")  # batch 8
 
 def run(fn, *, n: int = 128, k: int = K, **kw):
     kw = {"accum_steps": k, "batch_size": 8} | kw
-    return accumlib.verify(fn, model=TASK.make_model(0), dataset=accumlib.digits(n), item_losses=TASK.item_losses, **kw)
+    return accumlib.verify(fn, model=TASK.make_model(0), dataset=accumlib.data.digits(n), item_losses=TASK.item_losses, **kw)
 
 
 def windows(loader, k=K):
@@ -268,10 +268,10 @@ def test_oracle_leaves_the_loops_random_stream_alone():
 
     with_verify, alone = [], []
     torch.manual_seed(7)
-    report = accumlib.verify(lambda m, o, l: loop(m, o, l, with_verify), model=Noisy(), dataset=accumlib.digits(128),
+    report = accumlib.verify(lambda m, o, l: loop(m, o, l, with_verify), model=Noisy(), dataset=accumlib.data.digits(128),
                              item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
     torch.manual_seed(7)
     model = Noisy()
-    loop(model, torch.optim.SGD(model.parameters(), lr=0.05), TASK.loader(8, accumlib.digits(128)), alone)
+    loop(model, torch.optim.SGD(model.parameters(), lr=0.05), TASK.loader(8, accumlib.data.digits(128)), alone)
     assert report.ok
     assert with_verify == alone and len(alone) == 4

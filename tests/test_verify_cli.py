@@ -13,7 +13,8 @@ LOOPS = textwrap.dedent('''
     import torch
     import torch.nn.functional as F
 
-    from accumlib import MLP, synthetic_classification
+    from accumlib.data import synthetic_classification
+    from accumlib.models import MLP
 
     def item_losses(model, batch):
         x, y = batch

@@ -19,7 +19,7 @@ TASK = get_task("mlp-digits")
 
 def run(fn, *, n: int = 110, dataset=None, **kw):
     kw = {"accum_steps": K, "batch_size": 8} | kw
-    data = accumlib.digits(n) if dataset is None else dataset
+    data = accumlib.data.digits(n) if dataset is None else dataset
     return accumlib.verify(fn, model=TASK.make_model(0), dataset=data, item_losses=TASK.item_losses, **kw)
 
 
@@ -117,7 +117,7 @@ class Stream(IterableDataset):
     """The first n digits, as a stream (no len, no indices)."""
 
     def __init__(self, n: int):
-        self.data = accumlib.digits(n)
+        self.data = accumlib.data.digits(n)
 
     def __iter__(self):
         for i in range(len(self.data)):
@@ -154,7 +154,7 @@ def test_own_dataloader_over_loader_dataset_is_followed():
 
 def test_data_verify_never_handed_out_is_said_not_misnamed():
     """v1 told a correct loop over its own data early-step + tail-dropped, and a naive one the same."""
-    own = accumlib.digits(110)
+    own = accumlib.data.digits(110)
 
     def correct(model, opt, loader):
         train_windows(model, opt, DataLoader(own, batch_size=8))

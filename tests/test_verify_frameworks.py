@@ -17,7 +17,7 @@ K = 4
 
 
 def run(fn, n: int):
-    return accumlib.verify(fn, model=TASK.make_model(0), dataset=accumlib.digits(n), item_losses=TASK.item_losses,
+    return accumlib.verify(fn, model=TASK.make_model(0), dataset=accumlib.data.digits(n), item_losses=TASK.item_losses,
                            accum_steps=K, batch_size=8)
 
 
@@ -51,7 +51,7 @@ def test_accelerate_mixed_precision(fresh_accelerate, n, codes):
     assert report.codes == codes, str(report)
     # bf16 forward: the steps are close, not exact (so the bf16 tolerance was applied, and needed)
     full = [r.rel_error for r in report.steps if r.micro_batches == K]
-    assert max(full) <= accumlib.check.BF16_RTOL and max(full) > accumlib.check.FLOAT32_RTOL
+    assert max(full) <= accumlib.tolerances.BF16_RTOL and max(full) > accumlib.tolerances.FLOAT32_RTOL
 
 
 def lightning_own_adam_bf16(model, optimizer, loader):

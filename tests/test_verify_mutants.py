@@ -24,7 +24,7 @@ TASK = get_task("mlp-digits")
 
 def run(fn, *, n: int = 128, k: int = K, **kw):
     kw = {"accum_steps": k, "batch_size": 8} | kw
-    return accumlib.verify(fn, model=kw.pop("model", None) or TASK.make_model(0), dataset=kw.pop("dataset", None) or accumlib.digits(n),
+    return accumlib.verify(fn, model=kw.pop("model", None) or TASK.make_model(0), dataset=kw.pop("dataset", None) or accumlib.data.digits(n),
                            item_losses=TASK.item_losses, **kw)
 
 
@@ -312,7 +312,7 @@ def test_R2_R3_R4_eval_mode_batchnorm_after_a_training_epoch_is_exact():
 
 
 def test_R7_verifys_collate_in_a_worker_is_refused():
-    own = accumlib.digits(64)
+    own = accumlib.data.digits(64)
 
     def loop(model, opt, loader):
         for x, y in DataLoader(own, batch_size=8, num_workers=1, collate_fn=loader.collate_fn):
@@ -324,7 +324,7 @@ def test_R7_verifys_collate_in_a_worker_is_refused():
 
 class Stream(IterableDataset):
     def __init__(self, n):
-        self.data = accumlib.digits(n)
+        self.data = accumlib.data.digits(n)
 
     def __iter__(self):
         for i in range(len(self.data)):
@@ -399,7 +399,7 @@ def test_BUG_float16_gradscaler_at_the_default_scale_is_ok():
 
 
 def test_R15_a_view_into_the_batch_is_matched_by_its_storage():
-    x, y = accumlib.digits(128).tensors
+    x, y = accumlib.data.digits(128).tensors
     rows = torch.utils.data.TensorDataset(torch.cat([y[:, None].float(), x], 1))  # one tensor: label, then features
 
     def losses(model, batch):

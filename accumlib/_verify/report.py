@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._text import text_table
 from .codes import CODES
 
 
@@ -125,9 +126,7 @@ class Report:
 
     def __str__(self) -> str:
         head, body = self._columns()
-        widths = [max(len(x) for x in col) for col in zip(head, *body)]
-        fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-        lines = [fmt(head), fmt(tuple("-" * w for w in widths))] + [fmt(b) for b in body]
+        lines = text_table(head, body)
         total = "?" if self.items_total is None else str(self.items_total)
         lines.append(f"\nitems that reached an optimizer step: {self.items_stepped}/{total}")
         if self.logged_loss is not None and self.true_loss is not None:

@@ -5,7 +5,7 @@
 
 import sys
 
-from ..cli import main
+from .cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["ddp", *sys.argv[1:]]))
+    sys.exit(main())

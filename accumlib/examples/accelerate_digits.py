@@ -9,7 +9,7 @@ about half the true gradient, its two micro-batches weighted alike.
     >>> import accumlib
     >>> from accumlib.examples import accelerate_digits as ex
     >>> task = accumlib.get_task("mlp-digits")
-    >>> report = accumlib.verify(ex.train, model=task.make_model(0), dataset=accumlib.digits(110),
+    >>> report = accumlib.verify(ex.train, model=task.make_model(0), dataset=accumlib.data.digits(110),
     ...                          item_losses=task.item_losses, accum_steps=4, batch_size=8)  # doctest: +SKIP
     >>> sorted(report.codes)  # doctest: +SKIP
     ['mean-of-means', 'tail-misscaled']

@@ -21,11 +21,11 @@ k   ratio
 from __future__ import annotations
 
 import functools
-import html
 import numbers
 from collections.abc import Sequence
 from typing import Any
 
+from .._text import html_table, text_table
 from ..tolerances import FLOAT32_RTOL
 
 N_DIGITS = 1797  # scikit-learn's digits
@@ -84,19 +84,12 @@ class Table:
             raise ValueError(f"rows must have {len(self.header)} cells like the header (got {len(bad[0])}: {bad[0]!r})")
 
     def __str__(self) -> str:
-        cells = [self.header, *self.rows]
-        widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
-        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-        body = [line(self.header), line(tuple("-" * w for w in widths))] + [line(r) for r in self.rows]
-        return "\n".join(([self.caption] if self.caption else []) + body)
+        return "\n".join(([self.caption] if self.caption else []) + text_table(self.header, self.rows))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        cap = f"<caption style='text-align:left'>{html.escape(self.caption)}</caption>" if self.caption else ""
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in self.rows)
-        return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return html_table(self.header, self.rows, self.caption)
 
 
 # --- data and numbers every lesson uses ---------------------------------------------------------
@@ -110,7 +103,7 @@ def _all_digits(seed: int) -> Any:
 
 
 def digits_subset(n: int | None = None, seed: int = 0) -> Any:
-    """``accumlib.digits(n, seed=seed)`` (the same items in the same order), read from disk once per seed."""
+    """``accumlib.data.digits(n, seed=seed)`` (the same items in the same order), read from disk once per seed."""
     from torch.utils.data import Subset
 
     data = _all_digits(seed)
@@ -135,8 +128,8 @@ def fmt_error(rel_error: float) -> str:
 
 
 def gallery_rows(names: list[str]) -> list[tuple[str, str, str, bool]]:
-    """Verify ``accumlib.GALLERY[name]`` on its own dataset: (name, what it is, codes found, codes as expected)."""
-    from .. import GALLERY
+    """Verify ``accumlib.gallery.GALLERY[name]`` on its own dataset: (name, what it is, codes found, codes as expected)."""
+    from ..gallery import GALLERY
 
     rows = []
     for name in names:

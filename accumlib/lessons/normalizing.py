@@ -26,7 +26,9 @@ from matplotlib.figure import Figure
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .. import get_task, grad_divided, naive, normalized, resolve_device, trace_loop
+from .. import get_task, grad_divided, naive, normalized
+from .._batch import resolve_device
+from ..harness import trace_loop
 from ..gallery import bert_train_one_epoch  # the seed's loop, ported once
 
 from . import _style

@@ -27,7 +27,10 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import count_tokens, get_task, normalized, ragged, resolve_device, trace_loop
+from .. import get_task, normalized, ragged
+from .._batch import resolve_device
+from ..data import count_tokens
+from ..harness import trace_loop
 from .._batch import to_device
 from ..gallery import divide_by_window_batches, step_at_end, step_every_k
 from ..tolerances import FLOAT32_RTOL

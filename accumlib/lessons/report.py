@@ -26,9 +26,11 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-from .. import (
-    LOOPS, SmallCNN, TASKS, Task, activation_bytes, amp, classify, get_task, ragged, resolve_device, trace_loop, verify,
-)
+from .. import LOOPS, TASKS, Task, amp, get_task, ragged, verify
+from .._batch import resolve_device
+from ..harness import classify, trace_loop
+from ..memory import activation_bytes
+from ..models import SmallCNN
 from .._batch import expected_steps
 from ..tasks import classification_losses
 from ..tolerances import FLOAT32_RTOL
@@ -39,7 +41,7 @@ from ._common import digits_subset, fmt_error
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NORMS = ("batch", "group", "none")
 TASK_NAMES = ("cnn", *sorted(TASKS))
-LR = 0.05  # plain SGD, as accumlib.trace_loop and verify use: every gradient error shows 1:1 in the update
+LR = 0.05  # plain SGD, as accumlib.harness.trace_loop and verify use: every gradient error shows 1:1 in the update
 N_IMAGES = 128  # digit images for the norm-layer section: 128 / (3 x 8) windows, enough to see BatchNorm drift
 # Three steps at every k: a per-step figure then draws a line, not a dot, and the largest k
 # still has a full window before its tail.

@@ -1,6 +1,6 @@
 """Lesson 7: verify your own loop with ``accumlib.verify``.
 
-``gallery(...)`` runs ``accumlib.verify`` on loops of ``accumlib.GALLERY`` (the seed
+``gallery(...)`` runs ``accumlib.verify`` on loops of ``accumlib.gallery.GALLERY`` (the seed
 documents' loops among them) and sets what it finds beside what each loop is known to
 do; ``check(train_fn)`` verifies a loop on a built-in task; ``paste_box()`` does the
 same for a loop pasted as text.
@@ -48,7 +48,7 @@ class GalleryTable:
     @property
     def codes(self) -> list[str]:
         """Every code found or expected in the table, in ``accumlib.verify``'s order."""
-        from accumlib import CODES
+        from accumlib._verify import CODES
 
         seen = set().union(*(r.found | r.expected for r in self.rows))
         return [c for c in CODES if c in seen]
@@ -79,15 +79,15 @@ def gallery(names: list[str] | None = None, skip: tuple[str, ...] = SLOW) -> Gal
     >>> gallery(["no-such-loop"])
     Traceback (most recent call last):
     ...
-    ValueError: names must be keys of accumlib.GALLERY (got 'no-such-loop')
+    ValueError: names must be keys of accumlib.gallery.GALLERY (got 'no-such-loop')
     """
-    names = names if names is not None else [n for n in accumlib.GALLERY if n not in skip]
+    names = names if names is not None else [n for n in accumlib.gallery.GALLERY if n not in skip]
     for name in names:
-        if name not in accumlib.GALLERY:
-            raise ValueError(f"names must be keys of accumlib.GALLERY (got {name!r})")
+        if name not in accumlib.gallery.GALLERY:
+            raise ValueError(f"names must be keys of accumlib.gallery.GALLERY (got {name!r})")
     rows = []
     for name in names:
-        loop = accumlib.GALLERY[name]
+        loop = accumlib.gallery.GALLERY[name]
         report = loop.run()
         rows.append(Row(name, loop.source_note, frozenset(loop.expected_codes), frozenset(report.codes), report.ok))
     return GalleryTable(rows)
@@ -155,9 +155,9 @@ class Verified:
 
 
 def run_gallery_loop(name: str) -> Verified:
-    if name not in accumlib.GALLERY:
-        raise ValueError(f"name must be a key of accumlib.GALLERY (got {name!r})")
-    loop = accumlib.GALLERY[name]
+    if name not in accumlib.gallery.GALLERY:
+        raise ValueError(f"name must be a key of accumlib.gallery.GALLERY (got {name!r})")
+    loop = accumlib.gallery.GALLERY[name]
     return Verified(f"{name}: {loop.source_note}", inspect.getsource(loop.fn), loop.run())
 
 
@@ -169,7 +169,7 @@ def gallery_explorer(initial: Verified | None = None, value: str = "seed-002-las
 
     return Explorer(
         _run_gallery_loop_cached, lambda v: v, initial=initial,
-        name=w.Dropdown(options=list(accumlib.GALLERY), value=value, description="loop", layout=w.Layout(width="420px")),
+        name=w.Dropdown(options=list(accumlib.gallery.GALLERY), value=value, description="loop", layout=w.Layout(width="420px")),
     )
 
 

@@ -1,10 +1,33 @@
-"""Reference accumulation loops, one file each; see each module's docstring for its identity.
+"""Reference accumulation loops, one file each; each module's docstring states its identity.
 
-``LOOPS`` holds the five that ``accumlib verify`` tabulates. ``grad_divided`` is the seed
-documents' equivalent of ``normalized`` (divide ``.grad`` after the window instead of the
-loss), kept beside it so the lesson can run both.
+Every loop has the same signature::
+
+    loop(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, **takes)
+
+It runs one epoch, steps once per window of ``accum_steps`` micro-batches (the last, partial
+window too) and returns each step's logged loss: the window's true mean item loss. ``device``
+is where micro-batches go (``None``: the model's own device; ``"auto"`` accepted). ``takes``
+are the task fields the loop's ``CONTRACT`` names: ``count_items`` (``ragged``, ``amp``) or
+``merge`` (``large_batch``). ``amp`` adds its own ``dtype``, ``scaler``, ``max_norm``, ``enabled``.
+
+The registry is built from the files: every module here with a ``CONTRACT`` is a loop, so adding
+one touches its own file (and its test). ``LOOPS`` holds those the reference table tabulates, in
+their contract's order; ``CONTRACTS`` every loop's promise, ``grad_divided`` included (the seed
+documents' form of ``normalized``, which stands for both in the table).
+
+>>> list(LOOPS)
+['naive', 'normalized', 'ragged', 'amp', 'large_batch']
+>>> CONTRACTS["normalized"].expected(("ragged-tail",))
+'not exact'
 """
 
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+from ._contract import CLOSE, EXACT, OFF_BY_K, VERDICTS, WRONG, Contract
 from .amp import amp
 from .grad_divided import grad_divided
 from .large_batch import large_batch
@@ -12,6 +35,27 @@ from .naive import naive
 from .normalized import normalized
 from .ragged import ragged
 
-LOOPS = {"naive": naive, "normalized": normalized, "ragged": ragged, "amp": amp, "large_batch": large_batch}
 
-__all__ = ["LOOPS", "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged"]
+def _discover() -> dict[str, tuple[Callable[..., list[float]], Contract]]:
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        contract = getattr(module, "CONTRACT", None)
+        if not isinstance(contract, Contract):
+            raise TypeError(f"accumlib/loops/{info.name}.py must end with CONTRACT = Contract(...) (got {contract!r})")
+        found[info.name] = (getattr(module, info.name), contract)
+    return found
+
+
+_FOUND = _discover()
+CONTRACTS: dict[str, Contract] = {name: c for name, (_, c) in _FOUND.items()}
+LOOPS: dict[str, Callable[..., list[float]]] = {
+    name: fn for name, (fn, c) in sorted(_FOUND.items(), key=lambda kv: kv[1][1].order or 0) if c.order is not None
+}
+
+__all__ = [
+    "CLOSE", "CONTRACTS", "Contract", "EXACT", "LOOPS", "OFF_BY_K", "VERDICTS", "WRONG",
+    "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
+]

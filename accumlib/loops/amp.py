@@ -23,6 +23,7 @@ from .._batch import (
     check_accum_steps, check_device, check_model, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, window_mean, windows,
 )
+from ._contract import Contract, CLOSE, WRONG
 
 
 def amp(
@@ -43,19 +44,19 @@ def amp(
     one code path for both, as autocast and GradScaler themselves do.
     """
     accum_steps = check_accum_steps(accum_steps)
-    model, device = check_model(model), check_device(device)
+    model = check_model(model)
+    device = check_device(device, model)  # None: the model's own device
     if max_norm is not None and not max_norm > 0:
         raise ValueError(f"max_norm must be > 0 or None (got {max_norm!r})")
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
-    dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.bfloat16)
-    scaler = scaler or torch.amp.GradScaler(dev.type)
+    dtype = dtype or (torch.float16 if device.type == "cuda" else torch.bfloat16)
+    scaler = scaler or torch.amp.GradScaler(device.type)
     bar = progress_bar(progress, loader, "amp")
     logged = []
     for window in windows(loader, accum_steps):
         n = window_items(window, count_items)
         total = 0.0
         for batch in window:
-            with torch.autocast(dev.type, dtype=dtype, enabled=enabled):
+            with torch.autocast(device.type, dtype=dtype, enabled=enabled):
                 losses = checked_losses(item_losses, model, to_device(batch, device), check_finite=False)
             check_count(count_items(batch), losses)
             scaler.scale(losses.float().sum() / n).backward()  # scaled so float16 grads do not underflow
@@ -72,3 +73,9 @@ def amp(
         bar.set_postfix(loss=logged[-1])
     bar.close()
     return logged
+
+
+# ragged's weights under autocast: exact up to bfloat16 rounding of the forward, no closer.
+CONTRACT = Contract(
+    full_windows=CLOSE, ragged_tail=CLOSE, token_counts=CLOSE, batchnorm=WRONG, order=4, takes=("count_items",), low_precision=True,
+)

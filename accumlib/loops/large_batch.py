@@ -16,6 +16,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import Batch, Device, ItemLosses, cat_batches, check_accum_steps, check_device, check_model, checked_losses, progress_bar, to_device, windows
+from ._contract import Contract, EXACT
 
 
 def large_batch(
@@ -25,7 +26,8 @@ def large_batch(
 ) -> list[float]:
     """Run one epoch; each window of ``accum_steps`` micro-batches is merged and stepped once."""
     accum_steps = check_accum_steps(accum_steps)
-    model, device = check_model(model), check_device(device)
+    model = check_model(model)
+    device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "large_batch")
     logged = []
     for window in windows(loader, accum_steps):
@@ -38,3 +40,9 @@ def large_batch(
         bar.set_postfix(loss=logged[-1])
     bar.close()
     return logged
+
+
+# One forward over the merged window is the oracle itself, BatchNorm's statistics included.
+CONTRACT = Contract(
+    full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=EXACT, order=5, takes=("merge",),
+)

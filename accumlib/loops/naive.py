@@ -21,6 +21,7 @@ from torch.optim import Optimizer
 from .._batch import (
     Batch, Device, ItemLosses, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
 )
+from ._contract import Contract, OFF_BY_K
 
 
 def naive(
@@ -36,7 +37,8 @@ def naive(
     4
     """
     accum_steps = check_accum_steps(accum_steps)
-    model, device = check_model(model), check_device(device)
+    model = check_model(model)
+    device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "naive")
     logged = []
     for window in windows(loader, accum_steps):
@@ -53,3 +55,10 @@ def naive(
         bar.set_postfix(loss=logged[-1])
     bar.close()
     return logged
+
+
+# Every micro-batch mean is summed undivided: m times the truth for a window of m micro-batches,
+# whatever the task (BatchNorm's per-micro-batch statistics move the direction, not the size).
+CONTRACT = Contract(
+    full_windows=OFF_BY_K, ragged_tail=OFF_BY_K, token_counts=OFF_BY_K, batchnorm=OFF_BY_K, order=1,
+)

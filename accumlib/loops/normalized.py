@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from .._batch import (
     Batch, Device, ItemLosses, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
 )
+from ._contract import Contract, EXACT, WRONG
 
 
 def normalized(
@@ -28,7 +29,8 @@ def normalized(
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window."""
     accum_steps = check_accum_steps(accum_steps)
-    model, device = check_model(model), check_device(device)
+    model = check_model(model)
+    device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "normalized")
     logged = []
     for window in windows(loader, accum_steps):
@@ -45,3 +47,10 @@ def normalized(
         bar.set_postfix(loss=logged[-1])
     bar.close()
     return logged
+
+
+# Exact only for full windows of equal micro-batches: a partial window is still divided by k,
+# unequal token counts are weighed per micro-batch, BatchNorm sees micro-batch statistics.
+CONTRACT = Contract(
+    full_windows=EXACT, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=2,
+)

@@ -23,6 +23,7 @@ from .._batch import (
     check_accum_steps, check_device, check_model, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, window_mean, windows,
 )
+from ._contract import Contract, EXACT, WRONG
 
 
 def ragged(
@@ -32,7 +33,8 @@ def ragged(
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window."""
     accum_steps = check_accum_steps(accum_steps)
-    model, device = check_model(model), check_device(device)
+    model = check_model(model)
+    device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "ragged")
     logged = []
     for window in windows(loader, accum_steps):
@@ -51,3 +53,10 @@ def ragged(
         bar.set_postfix(loss=logged[-1])
     bar.close()
     return logged
+
+
+# Each item weighs 1/N of its own window, whatever the window holds; only BatchNorm's
+# per-micro-batch statistics are out of its reach.
+CONTRACT = Contract(
+    full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=WRONG, order=3, takes=("count_items",),
+)
