@@ -9,13 +9,24 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 Batch = Any
 ItemLosses = Callable[[torch.nn.Module, Batch], torch.Tensor]
 Device = torch.device | str | None
+
+
+class ProgressBar(Protocol):
+    """What a loop's ``progress=`` may be besides a bool: a tqdm bar, or anything with its three methods."""
+
+    def update(self, n: int = 1) -> Any: ...
+    def set_postfix(self, **kwargs: Any) -> Any: ...
+    def close(self) -> Any: ...
+
+
+Progress = bool | ProgressBar
 
 
 def to_device(batch: Batch, device: torch.device | str | None) -> Batch:
@@ -33,7 +44,13 @@ def to_device(batch: Batch, device: torch.device | str | None) -> Batch:
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
-    """``"auto"``/``None`` -> CUDA when present, else CPU; anything else is checked."""
+    """``"auto"``/``None`` -> CUDA when present, else CPU; anything else is checked.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    >>> resolve_device("tpu")
+    Traceback (most recent call last):
+    ValueError: device must be 'cpu', 'cuda', 'auto' or a torch.device (got 'tpu')"""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -211,7 +228,7 @@ class _NoBar:
         pass
 
 
-def progress_bar(progress: object, loader: Iterable[Batch], desc: str) -> Any:
+def progress_bar(progress: object, loader: Iterable[Batch], desc: str) -> ProgressBar:
     """``progress=True`` -> a tqdm bar over micro-batches; a tqdm instance is used as is."""
     if progress is False or progress is None:
         return _NoBar()

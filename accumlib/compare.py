@@ -37,6 +37,11 @@ class Comparison:
 
     ``rel_error`` = ||a - b|| / ||b|| over all parameters; ``norm_ratio`` = ||a|| / ||b||
     (about k for the naive loop); ``per_param`` maps each name to its own relative error.
+
+    >>> c = compare({"w": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0])},
+    ...             {"w": torch.tensor([3.0, 4.0]), "b": torch.tensor([2.0])})
+    >>> c.worst(1), round(c.rel_error, 3)
+    ([('b', 0.5)], 0.186)
     """
 
     rel_error: float

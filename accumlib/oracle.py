@@ -109,7 +109,13 @@ def sum_grad(
 
 
 def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of every trainable parameter's ``.grad`` by name (zeros where it is None)."""
+    """A copy of every trainable parameter's ``.grad`` by name (zeros where it is None).
+
+    >>> model = torch.nn.Linear(2, 1)
+    >>> model(torch.ones(1, 2)).sum().backward()
+    >>> g = grads_of(model); sorted(g), g["bias"]
+    (['bias', 'weight'], tensor([1.]))
+    """
     return {
         k: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
         for k, p in model.named_parameters()

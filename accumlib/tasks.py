@@ -43,6 +43,11 @@ class Task:
     ``make_model(seed)`` and ``make_dataset()`` build fresh objects every call, so
     two runs never share state. ``merge`` joins micro-batches into the large batch;
     ``count_items`` counts a micro-batch's items without a forward pass.
+
+    >>> task = get_task("mlp-digits")
+    >>> batch = next(iter(task.loader()))
+    >>> task.count_items(batch), task.item_losses(task.make_model(0), batch).shape
+    (8, torch.Size([8]))
     """
 
     name: str
@@ -126,7 +131,15 @@ TASKS: dict[str, Task] = {
 
 
 def get_task(name: str) -> Task:
-    """Look up a built-in task by name, with the list of names in the error."""
+    """Look up a built-in task by name, with the list of names in the error.
+
+    >>> task = get_task("lm-tokens")
+    >>> task.tags, task.accum_steps
+    (('token-counts',), 4)
+    >>> get_task("mnist")
+    Traceback (most recent call last):
+    ValueError: task must be one of ['cnn-batchnorm', 'cnn-groupnorm', 'lm-tokens', 'mlp-digits'] (got 'mnist')
+    """
     try:
         return TASKS[name]
     except KeyError:

@@ -23,7 +23,11 @@ def _finite(v: Any) -> Any:
 
 @dataclass(frozen=True)
 class Finding:
-    """One named problem: ``code`` (a key of ``CODES``), what was seen, how to fix it, and where."""
+    """One named problem: ``code`` (a key of ``CODES``), what was seen, how to fix it, and where.
+
+    >>> f = Finding("tail-misscaled", "the last window was divided by 4, it held 2 micro-batches", "divide by its items", (3,))
+    >>> f.code in CODES, f.steps
+    (True, (3,))"""
 
     code: str
     message: str

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .._batch import check_accum_steps, to_device
+from .._batch import Recording, check_accum_steps, to_device
 from ..compare import compare
 from ..oracle import grads_of, true_gradient
 from ..tasks import Task, get_task
@@ -116,23 +116,6 @@ def shard_loader(task: Task, rank: int, world_size: int, batch_size: int | None 
     return DataLoader(dataset, batch_size=batch_size or task.batch_size, sampler=sampler, collate_fn=task.collate_fn)
 
 
-class _Recording:
-    def __init__(self, loader):
-        self.loader, self.drawn = loader, []
-
-    def __iter__(self):
-        for batch in self.loader:
-            self.drawn.append(batch)
-            yield batch
-
-    def __len__(self):
-        return len(self.loader)
-
-    def take(self) -> list:
-        out, self.drawn = self.drawn, []
-        return out
-
-
 def _against_oracle(model: torch.nn.Module, window: list, task: Task, device: torch.device) -> tuple[float, float, float]:
     """This rank's ``.grad`` against the oracle over every rank's window, and against the mean of rank means."""
     world = dist.get_world_size()
@@ -166,7 +149,7 @@ def run_one(spec: RunSpec, device: torch.device | None = None, datasets: dict | 
     datasets = {} if datasets is None else datasets
     if spec.task not in datasets:
         datasets[spec.task] = task.make_dataset()
-    loader = _Recording(shard_loader(task, rank, world, spec.batch_size, datasets[spec.task]))
+    loader = Recording(shard_loader(task, rank, world, spec.batch_size, datasets[spec.task]))
     mine: dict[str, list] = {"rel": [], "rel_means": [], "calls": [], "bytes": [], "batches": [], "items": [], "spread": [], "loss": []}
 
     def before_step(opt, args, kwargs):

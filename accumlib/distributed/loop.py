@@ -22,12 +22,14 @@ gradient only when every rank holds the same number of items.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .._batch import (
+    Batch, Device, ItemLosses, Progress, check_device,
     check_accum_steps, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, windows,
 )
@@ -59,8 +61,10 @@ def _same_length_everywhere(loader, device: torch.device) -> None:
 
 
 def ddp_accumulate(
-    model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False, count_items=_rows,
-    no_sync="forward+backward", global_counts=True,
+    model: DDP, optimizer: torch.optim.Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
+    accum_steps: int, device: Device = None, progress: Progress = False,
+    count_items: Callable[[Batch], int] = _rows,
+    no_sync: str = "forward+backward", global_counts: bool = True,
 ) -> list[float]:
     """Run one epoch on this rank; return the true mean item loss (over all ranks) of each step's window.
 
@@ -77,6 +81,7 @@ def ddp_accumulate(
     _check_args(model, no_sync)
     world = dist.get_world_size()
     where = next(model.parameters()).device  # collectives run where the parameters live (NCCL: the GPU)
+    device = check_device(device, model)  # None: the model's own device, as in every loop
     _same_length_everywhere(loader, where)
     bar = progress_bar(progress, loader, "ddp")
     sums, counts = [], []

@@ -12,14 +12,13 @@ then stepped and the scale updated once. bfloat16 on CPU, float16 on CUDA.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses,
+    Batch, Device, ItemLosses, Progress,
     check_accum_steps, check_device, check_model, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, window_mean, windows,
 )
@@ -28,7 +27,7 @@ from ._contract import Contract, CLOSE, WRONG
 
 def amp(
     model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: bool | Any = False,
+    accum_steps: int, device: Device = None, progress: Progress = False,
     count_items: Callable[[Batch], int] = _rows,
     dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
@@ -37,11 +36,20 @@ def amp(
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
 
+    Takes the keywords every loop takes (``accum_steps``, ``device``, ``progress``; see
+    ``accumlib.loops``) and ``count_items``, plus its own ``dtype``, ``scaler``, ``max_norm``
+    and ``enabled``.
+
     ``dtype`` defaults to float16 on CUDA and bfloat16 elsewhere; ``scaler`` defaults
     to a fresh ``GradScaler`` for the model's device; ``max_norm`` clips the unscaled
     window gradient. A window whose gradient overflows is skipped by the scaler.
     ``enabled=False`` turns autocast off (float32 everywhere) and keeps the scaler,
     one code path for both, as autocast and GradScaler themselves do.
+
+    >>> from accumlib import get_task
+    >>> from accumlib.harness import classify, trace_loop
+    >>> classify(trace_loop(amp, get_task("mlp-digits")), low_precision=True)  # bfloat16 on CPU
+    'close (bf16)'
     """
     accum_steps = check_accum_steps(accum_steps)
     model = check_model(model)

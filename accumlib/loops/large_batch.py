@@ -9,22 +9,30 @@ every other loop is judged against the gradient this one takes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .._batch import Batch, Device, ItemLosses, cat_batches, check_accum_steps, check_device, check_model, checked_losses, progress_bar, to_device, windows
+from .._batch import Batch, Device, ItemLosses, Progress, cat_batches, check_accum_steps, check_device, check_model, checked_losses, progress_bar, to_device, windows
 from ._contract import Contract, EXACT
 
 
 def large_batch(
     model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: bool | Any = False,
+    accum_steps: int, device: Device = None, progress: Progress = False,
     merge: Callable[[list[Batch]], Batch] = cat_batches,
 ) -> list[float]:
-    """Run one epoch; each window of ``accum_steps`` micro-batches is merged and stepped once."""
+    """Run one epoch; each window of ``accum_steps`` micro-batches is merged and stepped once.
+
+    Takes the keywords every loop takes (``accum_steps``, ``device``, ``progress``; see
+    ``accumlib.loops``) and ``merge`` (joins a window's micro-batches into one batch).
+
+    >>> from accumlib import get_task
+    >>> from accumlib.harness import classify, trace_loop
+    >>> classify(trace_loop(large_batch, get_task("cnn-batchnorm")))  # BatchNorm too: it is the oracle
+    'exact'
+    """
     accum_steps = check_accum_steps(accum_steps)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device

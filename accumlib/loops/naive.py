@@ -12,23 +12,25 @@ the bug survives.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
+    Batch, Device, ItemLosses, Progress, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
 )
 from ._contract import Contract, OFF_BY_K
 
 
 def naive(
     model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: bool | Any = False,
+    accum_steps: int, device: Device = None, progress: Progress = False,
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
+
+    Takes the keywords every loop takes (``accum_steps``, ``device``, ``progress``; see
+    ``accumlib.loops``).
 
     >>> from accumlib import naive, get_task
     >>> task = get_task("mlp-digits"); model = task.make_model(0)

@@ -11,23 +11,32 @@ between micro-batches (every micro-batch weighs 1/k, not |b_j|/N).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
+    Batch, Device, ItemLosses, Progress, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
 )
 from ._contract import Contract, EXACT, WRONG
 
 
 def normalized(
     model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: bool | Any = False,
+    accum_steps: int, device: Device = None, progress: Progress = False,
 ) -> list[float]:
-    """Run one epoch; return the true mean item loss of each optimizer step's window."""
+    """Run one epoch; return the true mean item loss of each optimizer step's window.
+
+    Takes the keywords every loop takes (``accum_steps``, ``device``, ``progress``; see
+    ``accumlib.loops``).
+
+    >>> from accumlib import get_task
+    >>> from accumlib.harness import trace_loop
+    >>> trace = trace_loop(normalized, get_task("mlp-digits"))  # 110 items: the last window holds 2 micro-batches
+    >>> [round(c.norm_ratio, 2) for c in trace.comparisons]     # the tail divided by 4, not by 2
+    [1.0, 1.0, 1.0, 0.49]
+    """
     accum_steps = check_accum_steps(accum_steps)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device

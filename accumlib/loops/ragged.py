@@ -12,14 +12,13 @@ and the last, partial window is stepped, never dropped.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses,
+    Batch, Device, ItemLosses, Progress,
     check_accum_steps, check_device, check_model, check_count, checked_losses, count_items as _rows,
     progress_bar, to_device, window_items, window_mean, windows,
 )
@@ -28,10 +27,20 @@ from ._contract import Contract, EXACT, WRONG
 
 def ragged(
     model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: bool | Any = False,
+    accum_steps: int, device: Device = None, progress: Progress = False,
     count_items: Callable[[Batch], int] = _rows,
 ) -> list[float]:
-    """Run one epoch; return the true mean item loss of each optimizer step's window."""
+    """Run one epoch; return the true mean item loss of each optimizer step's window.
+
+    Takes the keywords every loop takes (``accum_steps``, ``device``, ``progress``; see
+    ``accumlib.loops``) and ``count_items`` (a micro-batch's item count, read without a
+    forward).
+
+    >>> from accumlib import get_task
+    >>> from accumlib.harness import classify, trace_loop
+    >>> classify(trace_loop(ragged, get_task("lm-tokens")))  # token counts differ per micro-batch
+    'exact'
+    """
     accum_steps = check_accum_steps(accum_steps)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device

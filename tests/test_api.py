@@ -1,0 +1,133 @@
+"""The package's face: a small public surface, submodules on demand, rooms a newcomer can find.
+
+These are structural promises of issue 13, checked on the code as it stands: the names
+``import accumlib`` offers, what importing it costs, that each public function has type hints
+and a runnable example, that no module grows past one screenful of rooms (400 lines) and that
+the library never calls its own command line.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+import accumlib
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 400  # about two screens: a module past it holds more than one purpose (issue 13)
+
+PUBLIC = {
+    "LOOPS", "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
+    "true_gradient", "grads_of", "compare", "Comparison", "verify", "Report", "Finding", "CODES",
+    "Task", "get_task", "TASKS", "resolve_device",
+}
+
+
+def test_the_public_surface_is_small_and_every_name_resolves():
+    assert set(accumlib.__all__) == PUBLIC
+    assert len(accumlib.__all__) <= 25
+    for name in accumlib.__all__:
+        assert getattr(accumlib, name) is not None, name
+
+
+def test_verify_is_the_function_and_nothing_else_answers_to_the_name():
+    assert inspect.isfunction(accumlib.verify)
+    assert importlib.util.find_spec("accumlib.verify") is None
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("accumlib.verify")
+
+
+def test_import_accumlib_loads_no_framework_gallery_or_lessons():
+    code = (
+        "import sys, accumlib; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('accumlib', 'transformers', 'lightning', 'accelerate', 'ipywidgets', 'matplotlib'))))"
+    )
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    heavy = {"accumlib.gallery", "accumlib.distributed", "accumlib.hf", "accumlib.lightning", "accumlib.survey",
+             "accumlib.lessons", "accumlib.report", "transformers", "lightning", "accelerate", "ipywidgets", "matplotlib"}
+    assert not loaded & heavy, sorted(loaded & heavy)
+    assert "accumlib.loops" in loaded  # the negative: the listing above really sees accumlib's modules
+
+
+def test_submodules_come_on_first_use_and_other_names_are_refused_with_a_lead():
+    assert accumlib.gallery.GALLERY  # served by the module's __getattr__
+    assert "gallery" in dir(accumlib)
+    with pytest.raises(AttributeError, match=r"'digits'.*accumlib.__all__.*data"):
+        accumlib.digits  # noqa: B018 - it moved to accumlib.data
+
+
+def _public_functions():
+    for name in sorted(accumlib.__all__):
+        obj = getattr(accumlib, name)
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            yield name, obj
+    for mod in ("harness", "reference", "memory"):
+        module = importlib.import_module(f"accumlib.{mod}")
+        for name in module.__all__ if hasattr(module, "__all__") else []:
+            obj = getattr(module, name)
+            if inspect.isfunction(obj):
+                yield f"{mod}.{name}", obj
+
+
+@pytest.mark.parametrize("name,obj", list(_public_functions()), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_public_function_has_type_hints_and_a_runnable_example(name, obj):
+    assert ">>>" in (inspect.getdoc(obj) or ""), f"{name}: no runnable example in its docstring"
+    if inspect.isfunction(obj):
+        hints = typing.get_type_hints(obj)
+        params = [p for p in inspect.signature(obj).parameters.values() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        missing = [p.name for p in params if p.name not in hints] + ([] if "return" in hints else ["return"])
+        assert not missing, f"{name}: no type hint for {missing}"
+
+
+def test_device_defaults_to_the_models_own_everywhere():
+    defaults = {}
+    for name in accumlib.LOOPS:
+        defaults[name] = inspect.signature(accumlib.LOOPS[name]).parameters["device"].default
+    from accumlib.distributed import ddp_accumulate
+    from accumlib.harness import trace_loop
+    from accumlib.reference import check_reference_loops
+
+    for fn in (ddp_accumulate, trace_loop, check_reference_loops, accumlib.true_gradient):
+        defaults[fn.__name__] = inspect.signature(fn).parameters["device"].default
+    assert set(defaults.values()) == {None}, defaults
+
+
+def _modules():
+    for folder in ("accumlib", "benchmarks"):
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_no_module_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def _imported_modules(path: Path) -> set[str]:
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            mod = ".".join(x for x in (base, node.module or "") if x)
+            out |= {mod} | {f"{mod}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_the_library_never_calls_its_own_command_line():
+    callers = [str(p.relative_to(ROOT)) for p in (ROOT / "accumlib").rglob("*.py")
+               if p.name not in ("cli.py", "__main__.py") or p.parent.name != "accumlib"
+               if "accumlib.cli" in _imported_modules(p)]
+    assert callers == []
+    # the negative: the scan does see the package's own entry point import its command line
+    assert "accumlib.cli" in _imported_modules(ROOT / "accumlib" / "__main__.py")

@@ -1,0 +1,89 @@
+"""Each loop carries its own contract, and the reference table reads it from the one registry.
+
+The oracle decides: a contract's promise holds only if ``classify`` sees it on the loop's steps
+against the true large-batch gradient. A false promise must turn the table red.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+import accumlib
+from accumlib import loops
+from accumlib.loops import CLOSE, CONTRACTS, EXACT, LOOPS, OFF_BY_K, WRONG, Contract
+from accumlib.reference import check_reference_loops
+
+LOOP_FILES = sorted(p.stem for p in Path(loops.__file__).parent.glob("[a-z]*.py"))
+
+
+def test_every_loop_file_carries_a_contract_and_the_registry_holds_them_all():
+    assert LOOP_FILES == sorted(CONTRACTS)
+    for name in LOOP_FILES:
+        module = importlib.import_module(f"accumlib.loops.{name}")
+        assert CONTRACTS[name] is module.CONTRACT  # read from the loop's own file, not restated elsewhere
+    assert list(LOOPS) == ["naive", "normalized", "ragged", "amp", "large_batch"]  # ordered by contract
+    assert "grad_divided" in CONTRACTS and "grad_divided" not in LOOPS  # a variant: out of the table
+
+
+def test_the_table_reads_each_promise_from_the_contract():
+    table = check_reference_loops(tasks=["mlp-digits", "lm-tokens"], loops=["naive", "normalized", "ragged"])
+    for row in table.rows:
+        assert row.expected == CONTRACTS[row.loop].expected(accumlib.get_task(row.task).tags)
+    assert table.ok, str(table)
+
+
+def test_a_variant_out_of_the_table_keeps_its_promise_when_named():
+    table = check_reference_loops(loops=["grad_divided"])
+    assert {r.task: r.verdict for r in table.rows} == {
+        "cnn-batchnorm": WRONG, "cnn-groupnorm": EXACT, "lm-tokens": WRONG, "mlp-digits": WRONG,
+    }
+    assert table.ok, str(table)
+
+
+def test_a_false_promise_turns_the_table_red(monkeypatch):
+    """The negative case: ragged promising 'off by ~k' on full windows is caught by the oracle."""
+    lie = dataclasses.replace(CONTRACTS["ragged"], full_windows=OFF_BY_K, ragged_tail=OFF_BY_K)
+    monkeypatch.setitem(CONTRACTS, "ragged", lie)
+    table = check_reference_loops(tasks=["mlp-digits"], loops=["ragged"])
+    assert not table.ok
+    assert table.rows[0].verdict == EXACT and table.rows[0].expected == OFF_BY_K
+
+
+@pytest.mark.parametrize("tags,verdict", [
+    ((), EXACT), (("ragged-tail",), WRONG), (("token-counts",), WRONG), (("batchnorm",), "batchnorm"),
+    (("ragged-tail", "batchnorm"), "batchnorm"),  # BatchNorm spoils every step, so it decides
+])
+def test_a_task_with_several_tags_takes_the_strongest_kind(tags, verdict):
+    c = Contract(full_windows=EXACT, ragged_tail=WRONG, token_counts=WRONG, batchnorm=CLOSE, order=None)
+    assert c.expected(tags) == (CLOSE if verdict == "batchnorm" else verdict)
+
+
+def test_a_contract_refuses_an_unknown_verdict_or_task_field():
+    with pytest.raises(ValueError, match=r"ragged_tail must be one of .* \(got 'fine'\)"):
+        Contract(full_windows=EXACT, ragged_tail="fine", token_counts=EXACT, batchnorm=WRONG, order=None)
+    with pytest.raises(ValueError, match=r"takes must name task fields among .*\['counter'\]"):
+        Contract(full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=WRONG, order=None, takes=("counter",))
+
+
+def test_adding_a_loop_is_one_file(tmp_path, monkeypatch):
+    """A new file in loops/ with a CONTRACT is registered; one without is refused by name."""
+    (tmp_path / "halved.py").write_text(
+        "from accumlib.loops.naive import naive as _naive\n"
+        "from accumlib.loops._contract import Contract, WRONG\n"
+        "def halved(*args, **kwargs):\n    return _naive(*args, **kwargs)\n"
+        "CONTRACT = Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=9)\n"
+    )
+    monkeypatch.setattr(loops, "__path__", [*loops.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "accumlib.loops.halved", raising=False)
+    found = loops._discover()
+    assert list(found)[-1] == "halved" and found["halved"][1].order == 9
+    (tmp_path / "broken.py").write_text("def broken(*args, **kwargs):\n    return []\n")
+    with pytest.raises(TypeError, match=r"loops/broken.py must end with CONTRACT = Contract"):
+        loops._discover()
+    for name in ("accumlib.loops.halved", "accumlib.loops.broken"):
+        sys.modules.pop(name, None)
