@@ -1,0 +1,118 @@
+"""A gallery of user-style training loops, each with the verdict ``accumlib.verify`` must give.
+
+Every loop is ``train_fn(model, optimizer, loader)``, written the way people write them
+(criterion means, ``loss / K``, ``(i + 1) % K``), for classification batches ``(x, y)``
+and ``K = 4``. ``GALLERY[name].run()`` verifies one on its dataset:
+
+>>> from accumlib.gallery import GALLERY
+>>> sorted(GALLERY["seed-002-last-batch"].run().codes)
+['mean-of-means', 'tail-misscaled']
+
+The seed documents' loops are ported to torch and a tiny model (``seed-*``); the rest
+trigger one finding code each (``bug-*``), or must pass (``correct-*``).
+
+One module per origin: ``seeds`` (the seed documents), ``stackoverflow`` (the thread of seed 004),
+``bugs``, ``correct`` and ``frameworks`` (Accelerate, Lightning); the registry is here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._verify import Report, verify
+from ..data import digits
+from ..models import MLP
+from ..tasks import get_task
+from ._common import CLIP, K
+from .bugs import (
+    bug_clip_before_unscale, bug_clip_per_micro_batch, bug_early_step, bug_labels_before_shift, bug_logged_loss_scaled,
+    bug_misscaled, bug_no_zero_grad, bug_scheduler_per_micro_batch, bug_tail_misscaled, bug_unscaled_sum,
+    bug_zero_grad_inside_window,
+)
+from .correct import clip_by_total_norm, correct_amp_clip_scheduler, correct_enumerate, correct_inner_for, correct_nanogpt, correct_own_clip
+from .frameworks import accelerate_loop, lightning_loop
+from .seeds import (
+    Accumulator, bert_train_one_epoch, seed_000_bert, seed_001_mindspore, seed_002_last_batch, seed_003_gan_grad_division,
+    seed_003_gan_normalized,
+)
+from .stackoverflow import (
+    divide_by_window_batches, seed_004_answer, seed_004_question, seed_004_question_last_batch, step_at_end, step_every_k,
+)
+
+
+@dataclass(frozen=True)
+class GalleryLoop:
+    """A loop, the codes ``verify`` must find on it (empty: correct), and where it comes from."""
+
+    fn: Callable[..., Any]
+    expected_codes: frozenset[str]
+    source_note: str
+    task: str = "mlp-digits"
+    n_items: int | None = None  # None: the task's own dataset; else the first n digits
+    dropout: float = 0.0
+
+    @property
+    def source(self) -> str:
+        """The loop's code, for display."""
+        return inspect.getsource(self.fn)
+
+    def run(self) -> Report:
+        """Verify this loop on its task with ``accum_steps=K``, the task's batch size and plain SGD."""
+        t = get_task(self.task)
+        model = MLP(dropout=self.dropout) if self.dropout else t.make_model(0)
+        data = t.make_dataset() if self.n_items is None else digits(self.n_items, image="cnn" in self.task)
+        return verify(self.fn, model=model, dataset=data, item_losses=t.item_losses, accum_steps=K,
+                      batch_size=t.batch_size, collate_fn=t.collate_fn)
+
+
+_E = frozenset
+GALLERY: dict[str, GalleryLoop] = {
+    "seed-000-bert": GalleryLoop(seed_000_bert, _E({"tail-dropped", "logged-loss-scaled"}),
+                                 "seed 000: BERT train_one_epoch; 110 items leave a 2-micro-batch tail it never steps"),
+    "seed-001-mindspore": GalleryLoop(seed_001_mindspore, _E({"tail-dropped"}),
+                                      "seed 001: MindSpore Accumulator ported to torch; counter % K never fires for the tail"),
+    "seed-002-last-batch": GalleryLoop(seed_002_last_batch, _E({"tail-misscaled", "mean-of-means"}),
+                                       "seed 002: the extra step for the last batch divides a 2-batch tail (8 + 6 items) by K"),
+    "seed-003-gan-normalized": GalleryLoop(seed_003_gan_normalized, _E(), "seed 003: loss / n_accumulation_steps", n_items=128),
+    "seed-003-gan-grad-division": GalleryLoop(seed_003_gan_grad_division, _E(), "seed 003: p.grad / n once per window", n_items=128),
+    "seed-004-question": GalleryLoop(seed_004_question, _E({"tail-dropped"}), "seed 004: the question's GradScaler loop"),
+    "seed-004-question-last-batch": GalleryLoop(seed_004_question_last_batch, _E({"tail-misscaled", "mean-of-means"}),
+                                                "seed 004: the asker's `or (i + 1) == len(data)`"),
+    "seed-004-answer": GalleryLoop(seed_004_answer, _E({"mean-of-means"}),
+                                   "seed 004: the answer divides by the window's micro-batch count, not its items (8 + 6)"),
+    "bug-unscaled-sum": GalleryLoop(bug_unscaled_sum, _E({"unscaled-sum"}), "loss never divided", n_items=128),
+    "bug-tail-misscaled": GalleryLoop(bug_tail_misscaled, _E({"tail-misscaled"}), "a 2 x 8-item tail divided by K", n_items=112),
+    "bug-zero-grad-inside-window": GalleryLoop(bug_zero_grad_inside_window, _E({"zero-grad-inside-window"}), "zero_grad every micro-batch", n_items=128),
+    "bug-no-zero-grad": GalleryLoop(bug_no_zero_grad, _E({"no-zero-grad"}), "zero_grad forgotten", n_items=128),
+    "bug-early-step": GalleryLoop(bug_early_step, _E({"early-step"}), "step every micro-batch", n_items=128),
+    "bug-scheduler-per-micro-batch": GalleryLoop(bug_scheduler_per_micro_batch, _E({"scheduler-per-micro-batch"}), "scheduler.step() per micro-batch", n_items=128),
+    "bug-clip-per-micro-batch": GalleryLoop(bug_clip_per_micro_batch, _E({"clip-per-micro-batch"}), "clip after every backward", n_items=128),
+    "bug-clip-before-unscale": GalleryLoop(bug_clip_before_unscale, _E({"clip-before-unscale"}), "GradScaler without unscale_ before clipping", n_items=128),
+    "bug-logged-loss-scaled": GalleryLoop(bug_logged_loss_scaled, _E({"logged-loss-scaled"}), "reports the divided loss", n_items=128),
+    "bug-misscaled": GalleryLoop(bug_misscaled, _E({"misscaled"}), "loss / (1.04 x the window's items)", n_items=128),
+    "bug-labels-before-shift": GalleryLoop(bug_labels_before_shift, _E({"misscaled"}),
+                                           "a causal LM divided by its labels counted before the shift", task="lm-tokens"),
+    "bug-batchnorm": GalleryLoop(correct_inner_for, _E({"batchnorm"}), "a correct loop on a BatchNorm CNN", task="cnn-batchnorm"),
+    "bug-dropout-unscaled": GalleryLoop(bug_unscaled_sum, _E({"unscaled-sum", "dropout"}), "a real bug under dropout", n_items=128, dropout=0.3),
+    "correct-dropout": GalleryLoop(correct_inner_for, _E({"dropout"}), "a correct loop; dropout is a note, not a bug", dropout=0.3),
+    "correct-enumerate": GalleryLoop(correct_enumerate, _E(), "enumerate, items counted, tail stepped"),
+    "correct-inner-for": GalleryLoop(correct_inner_for, _E(), "inner for over each window"),
+    "correct-nanogpt": GalleryLoop(correct_nanogpt, _E(), "nanoGPT-style prefetch, unscale then clip", n_items=128),
+    "correct-amp-clip-scheduler": GalleryLoop(correct_amp_clip_scheduler, _E(), "autocast, GradScaler, clip, scheduler, tqdm"),
+    "correct-own-clip": GalleryLoop(correct_own_clip, _E({"clip-assumed"}), "a clip of its own (fairseq, DeepSpeed): assumed, said so"),
+    "correct-groupnorm": GalleryLoop(correct_inner_for, _E(), "the BatchNorm CNN's loop with GroupNorm", task="cnn-groupnorm"),
+    "accelerate": GalleryLoop(accelerate_loop, _E(), "Accelerate accumulate(), 128 items: full windows", n_items=128),
+    "accelerate-tail": GalleryLoop(accelerate_loop, _E({"tail-misscaled", "mean-of-means"}),
+                                   "Accelerate steps the tail at the end of the loader but divides it by K"),
+    "lightning": GalleryLoop(lightning_loop, _E(), "Lightning accumulate_grad_batches, 128 items: full windows", n_items=128),
+    "lightning-tail": GalleryLoop(lightning_loop, _E({"tail-misscaled", "mean-of-means"}),
+                                  "Lightning steps on the final batch but divides it by accumulate_grad_batches"),
+}
+
+__all__ = [
+    "CLIP", "GALLERY", "GalleryLoop", "K", "Accumulator", "bert_train_one_epoch", "clip_by_total_norm",
+    "divide_by_window_batches", "step_at_end", "step_every_k",
+]

@@ -1,0 +1,120 @@
+"""One loop per bug: each makes ``accumlib.verify`` find exactly one finding code (its name).
+
+Written the way people write them (criterion means, ``loss / K``, ``(i + 1) % K``) so the
+README's table of codes and ``tests/test_gallery.py`` show every code on a loop that has it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .._batch import windows
+from ..data import count_tokens
+from ..tasks import token_losses
+from ._common import CLIP, K
+
+
+def bug_unscaled_sum(model, optimizer, loader):
+    for i, (x, y) in enumerate(loader):
+        F.cross_entropy(model(x), y).backward()  # never divided by K
+        if (i + 1) % K == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def bug_tail_misscaled(model, optimizer, loader):
+    for i, (x, y) in enumerate(loader):
+        (F.cross_entropy(model(x), y) / K).backward()
+        if (i + 1) % K == 0 or i + 1 == len(loader):  # the short tail is still divided by K
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def bug_zero_grad_inside_window(model, optimizer, loader):
+    for i, (x, y) in enumerate(loader):
+        optimizer.zero_grad()  # wipes the window's earlier micro-batches
+        (F.cross_entropy(model(x), y) / K).backward()
+        if (i + 1) % K == 0:
+            optimizer.step()
+
+
+def bug_no_zero_grad(model, optimizer, loader):
+    for i, (x, y) in enumerate(loader):
+        (F.cross_entropy(model(x), y) / K).backward()
+        if (i + 1) % K == 0:
+            optimizer.step()  # no zero_grad: every window keeps the ones before it
+
+
+def bug_early_step(model, optimizer, loader):
+    for x, y in loader:
+        (F.cross_entropy(model(x), y) / K).backward()
+        optimizer.step()  # every micro-batch
+        optimizer.zero_grad()
+
+
+def bug_scheduler_per_micro_batch(model, optimizer, loader):
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    for i, (x, y) in enumerate(loader):
+        (F.cross_entropy(model(x), y) / K).backward()
+        with warnings.catch_warnings():  # torch rightly warns (scheduler before optimizer); the bug is on show here
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
+            scheduler.step()  # per micro-batch: the schedule runs K times too fast
+        if (i + 1) % K == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def bug_clip_per_micro_batch(model, optimizer, loader):
+    for i, (x, y) in enumerate(loader):
+        (F.cross_entropy(model(x), y) / K).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # clips a partial sum
+        if (i + 1) % K == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def bug_clip_before_unscale(model, optimizer, loader):
+    scaler = torch.amp.GradScaler("cpu")
+    for i, (x, y) in enumerate(loader):
+        scaler.scale(F.cross_entropy(model(x), y) / K).backward()
+        if (i + 1) % K == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # sees S x the gradient
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+
+
+def bug_logged_loss_scaled(model, optimizer, loader):
+    total, n = 0.0, 0
+    for i, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y) / K
+        loss.backward()
+        if (i + 1) % K == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+        total, n = total + loss.item() * len(y), n + len(y)  # the divided loss
+    return total / n
+
+
+def bug_misscaled(model, optimizer, loader):
+    """Divides by 1.04 x the window's item count: every step 4% too small, nothing else wrong."""
+    for window in windows(loader, K):
+        n = sum(len(y) for _, y in window)
+        for x, y in window:
+            (F.cross_entropy(model(x), y, reduction="sum") / (1.04 * n)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def bug_labels_before_shift(model, optimizer, loader):
+    """A causal LM's window divided by its labels counted before the shift: N + S for N predicted tokens
+    in S sequences (transformers 5.23's Trainer does this for GPT2LMHeadModel): every step x N/(N+S)."""
+    for window in windows(loader, K):
+        count = sum(count_tokens(b) + b[0].shape[0] for b in window)  # one label too many per sequence
+        for batch in window:
+            (token_losses(model, batch).sum() / count).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
