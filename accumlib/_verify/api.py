@@ -20,7 +20,10 @@ from .._batch import ItemLosses, check_accum_steps
 from ..tolerances import LOGGED_RTOL
 from .codes import CODES
 from .diagnose import CAUSES, diagnose, infer_clip
-from .record import Recorder, StepNumbers, StopRun, Tracked, TrackedIterable, disable_dropout, first_layer, make_shadow
+from .numbers import StepNumbers
+from .record import Recorder, StopRun
+from .shadow import disable_dropout, first_layer, make_shadow
+from .sources import Tracked, TrackedIterable
 from .report import Finding, Report, StepRow
 
 DEFAULT_LR = 0.05  # plain SGD: every gradient error shows 1:1 in the update, unlike Adam

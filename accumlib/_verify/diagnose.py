@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from ..tolerances import (
     AUTOCAST_RTOL, CLIP_NORM_RTOL, COEF_RTOL, FIT_RTOL, FLOAT32_RTOL, SAME_FACTOR_RTOL, SCALED_CLIP_RATIO,
 )
-from .record import StepNumbers
+from .numbers import StepNumbers
 
 
 @dataclass

@@ -33,6 +33,7 @@ import torch
 
 from .._batch import ItemLosses, checked_losses, to_device
 from ..oracle import sum_grad
+from .sources import tensors
 
 Vec = list  # one tensor (or None: zero) per trainable parameter
 CHUNK = 1 << 20  # float64 dot products are taken 1M elements at a time: 8 MB of scratch per operand
@@ -288,8 +289,6 @@ def _gram_into(out: torch.Tensor, parts: list[torch.Tensor | None], scratch: tor
 
 def leading_rows(batch: Any) -> int:
     """Rows of the batch's first tensor (sequences of a token batch, images of an image batch)."""
-    from .record import tensors
-
     first = next(tensors(batch), None)
     return int(first.shape[0]) if first is not None and first.dim() else 0
 

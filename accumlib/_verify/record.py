@@ -21,26 +21,22 @@ micro-batches are released once its step is judged.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from .._batch import ItemLosses, cat_batches, checked_losses, to_device
-from .oracle import Fit, Replay, WindowOracle, clipped, exact, gram
+from .numbers import Clip, MicroBatch, StepNumbers
+from .oracle import Replay, WindowOracle, clipped, exact, gram
+from .patches import Patches, _lr
+from .shadow import sync_shadow
+from .sources import WORKERS, Tracked, TrackedIterable, tensors
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
-
-WORKERS = (
-    "accumlib.verify records each micro-batch in the main process, as it arrives; the loop iterates its data "
-    "in a DataLoader worker process (num_workers > 0), which cannot report back. Use num_workers=0 under verify: "
-    "the verdict does not depend on it"
-)
 
 
 class StopRun(BaseException):
@@ -48,111 +44,8 @@ class StopRun(BaseException):
     ``except Exception`` does not swallow it."""
 
 
-def tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, Mapping):  # dict, or a UserDict such as Hugging Face's BatchEncoding
-        for v in obj.values():
-            yield from tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from tensors(v)
-
-
-class Tracked(Dataset):
-    """The user's map-style dataset, read-only, noting which indices each micro-batch holds."""
-
-    def __init__(self, dataset: Dataset):
-        self.dataset, self.pending = dataset, []  # type: ignore[var-annotated]
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, i: int) -> Any:
-        if get_worker_info() is not None:
-            raise RuntimeError(WORKERS)
-        try:
-            item = self.dataset[i]
-        except IndexError:
-            # `for x in dataset` (Python's sequence protocol) read 0..i-1 and ends here: a sweep over
-            # the data for the loop's own purposes (item lengths), not a micro-batch
-            if i > 0 and self.pending[-i:] == list(range(i)):
-                del self.pending[-i:]
-            raise
-        self.pending.append(i)
-        return item
-
-
-class TrackedIterable(IterableDataset):
-    """The user's IterableDataset, noting where each pass over it ends."""
-
-    def __init__(self, dataset: IterableDataset):
-        self.dataset = dataset
-        self.pending = 0  # items drawn since the last collate
-        self.on_end: Callable[[bool], None] = lambda pending: None
-
-    def __iter__(self) -> Iterator[Any]:
-        if get_worker_info() is not None:
-            raise RuntimeError(WORKERS)
-        for item in self.dataset:
-            self.pending += 1
-            yield item
-        self.on_end(self.pending > 0)
-
-
 @dataclass
-class Clip:
-    seen: int  # micro-batches in the window when clipping ran
-    max_norm: float
-    total_norm: float
-
-
-@dataclass
-class MicroBatch:
-    batch: Any
-    indices: list[int] | None
-    rows: int
-    epoch_end: bool = False
-    position: int = 0  # 1-based place in its pass over the data
-    pass_id: int = 0
-
-
-@dataclass
-class StepNumbers:
-    """Everything the diagnosis and the report need about one optimizer step: numbers only."""
-
-    micro_batches: int
-    lr: float
-    lrs: list[tuple[float, ...]] = field(default_factory=list)  # per micro-batch, of the stepping optimizer
-    lr_changed: bool = False  # a scheduler changed the rate inside the window
-    epoch_end: bool = False  # the window's last micro-batch ended a pass over the data
-    pass_length: int = 0  # micro-batches in that pass (its legitimate tail holds pass_length % k)
-    clips: list[Clip] = field(default_factory=list)
-    untracked: int = 0  # forwards on data that came from no loader verify knows
-    skipped: bool = False
-    finite: bool = True
-    items: int = 0
-    sequences: int = 0
-    loss_sum: float = 0.0
-    fits: list[Fit] = field(default_factory=list)
-    weights: list[float] = field(default_factory=list)
-    leak: bool = False
-    leak_coef: float = 0.0
-    precision: str = "float32"  # the replay the verdict used: float32, or the loop's autocast dtype
-    unclip: float = 1.0  # product of the recorded complete-window clip coefficients
-    rel: float = math.nan  # ||G / unclip - r|| / ||r||, r the verdict's reference
-    scale: float = math.nan  # c fitted in G / unclip ~= c r
-    scale_resid: float = math.nan
-    gg: float = 0.0  # |G|^2, G as the optimizer saw it
-    gt: float = 0.0  # G . t, t the float32 truth the user reads (merged window under BatchNorm)
-    tt: float = 0.0  # |t|^2
-    batchnorm: bool = False
-    bn_gap: float | None = None  # ||accumulated - merged|| / ||merged||: BatchNorm's own error
-    rel_merged: float = math.nan  # ||G / unclip - merged|| / ||merged||: a loop that merges its window
-
-
-@dataclass
-class Recorder:
+class Recorder(Patches):
     net: torch.nn.Module
     shadow: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -350,78 +243,6 @@ class Recorder:
         rest = {k: v for k, v in kwargs.items() if k != "closure"}
         return args[:1], rest | {"closure": then_capture}
 
-    # -- patches of torch, undone on exit --------------------------------------------------
-    @contextlib.contextmanager
-    def patched(self) -> Iterator[None]:
-        with self._clipping(), self._scaler(), self._schedulers():
-            yield
-
-    @contextlib.contextmanager
-    def _clipping(self) -> Iterator[None]:
-        import torch.nn.utils as nn_utils
-        import torch.nn.utils.clip_grad as clip_mod
-
-        original = clip_mod.clip_grad_norm_
-
-        def recorded(parameters: Any, max_norm: float, *a: Any, **kw: Any) -> torch.Tensor:
-            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            total = original(params, max_norm, *a, **kw)
-            if any(id(p) in self.param_ids for p in params):  # not another model's clip (a GAN's other half)
-                self.clips.append(Clip(len(self.window), float(max_norm), float(total)))
-            return total
-
-        nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = recorded  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = original  # type: ignore[assignment]
-
-    @contextlib.contextmanager
-    def _scaler(self) -> Iterator[None]:
-        """GradScaler: the scale a window's losses were multiplied by (the replay uses it, so float16
-        underflows alike), and windows it skipped on inf/nan, closed so they are not merged into the next."""
-        step, scale = torch.amp.GradScaler.step, torch.amp.GradScaler.scale
-
-        def scaled(scaler: Any, outputs: Any) -> Any:
-            out = scale(scaler, outputs)  # first, so the scale exists (GradScaler makes it lazily, on its first call)
-            if scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
-                self.scale = float(scaler._scale.item()) if isinstance(scaler._scale, torch.Tensor) else float(scaler._scale)
-            return out
-
-        def stepped(scaler: Any, optimizer: Any, *a: Any, **kw: Any) -> Any:
-            before = len(self.steps)
-            out = step(scaler, optimizer, *a, **kw)
-            if len(self.steps) == before and self.window and any(
-                    id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"]):
-                self._finish(StepNumbers(len(self.window), _lr(optimizer), skipped=True))
-            return out
-
-        torch.amp.GradScaler.step, torch.amp.GradScaler.scale = stepped, scaled  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]
-
-    @contextlib.contextmanager
-    def _schedulers(self) -> Iterator[None]:
-        """A scheduler that changes the rate while a window is open changed it between micro-batches."""
-        original = torch.optim.lr_scheduler.LRScheduler.step
-
-        def step(sched: Any, *a: Any, **kw: Any) -> Any:
-            opt = getattr(sched, "optimizer", None)
-            before = _lrs(opt)
-            out = original(sched, *a, **kw)
-            ours = opt is not None and any(id(p) in self.param_ids for g in opt.param_groups for p in g["params"])
-            if ours and self.window and _lrs(opt) != before:
-                self.lr_changed = True
-            return out
-
-        torch.optim.lr_scheduler.LRScheduler.step = step  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            torch.optim.lr_scheduler.LRScheduler.step = original  # type: ignore[method-assign]
-
     # -- the step ---------------------------------------------------------------------------
     def capture(self, optimizer: torch.optim.Optimizer) -> None:
         m = len(self.window)
@@ -513,65 +334,4 @@ def _dist(aa: float, ab: float, bb: float, c: float) -> float:
     return math.sqrt(max(aa - 2 * c * ab + c * c * bb, 0.0))
 
 
-def _lrs(opt: Any) -> tuple[float, ...]:
-    return tuple(float(g["lr"]) for g in opt.param_groups) if opt is not None else ()
-
-
-def _lr(opt: torch.optim.Optimizer) -> float:
-    return float(opt.param_groups[0]["lr"]) if opt.param_groups else math.nan
-
-
-def disable_dropout(net: torch.nn.Module) -> list[float]:
-    """Set every dropout probability in verify's copy to 0; return the probabilities it had."""
-    found = []
-    for m in net.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
-            found.append(float(m.p))
-            m.p = 0.0
-        elif isinstance(m, torch.nn.MultiheadAttention) and m.dropout > 0:
-            found.append(float(m.dropout))
-            m.dropout = 0.0
-    return found
-
-
-def first_layer(net: torch.nn.Module) -> torch.nn.Module:
-    """The first module that holds parameters itself: a forward always passes through it."""
-    return next((m for m in net.modules() if any(True for _ in m.parameters(recurse=False))), net)
-
-
-def _leaf(p: torch.Tensor) -> torch.nn.Parameter:
-    """A leaf of its own over the storage of ``p``: no copy of the weights, a .grad apart."""
-    return torch.nn.Parameter(p.detach(), requires_grad=p.requires_grad)
-
-
-def make_shadow(net: torch.nn.Module) -> torch.nn.Module:
-    """A second module tree for the oracle whose parameters share the storage of ``net``'s (no copy
-    of the weights) as leaves of their own: its forwards never reach the loop's hooks or patched
-    forwards (Accelerate wraps ``forward`` in autocast), its backward never touches the loop's
-    ``.grad``, and BatchNorm's running statistics stay apart."""
-    return copy.deepcopy(net, {id(p): _leaf(p) for p in net.parameters()})
-
-
-def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    """Point the shadow at the live parameters (a loop may move, cast or replace them), copy buffers
-    and modes; return the shadow's leaf for each of ``params`` (tied parameters stay tied)."""
-    leaves: dict[int, torch.Tensor] = {}
-    for s, m in zip(shadow.modules(), net.modules()):
-        for name, p in m._parameters.items():
-            if p is None:
-                continue
-            if id(p) not in leaves:
-                mine = s._parameters.get(name)
-                same = (mine is not None and mine.data_ptr() == p.data_ptr() and mine.shape == p.shape
-                        and mine.dtype == p.dtype and mine.device == p.device and mine.requires_grad == p.requires_grad)
-                leaves[id(p)] = mine if same else _leaf(p)  # type: ignore[assignment]
-            s._parameters[name] = leaves[id(p)]  # type: ignore[assignment]
-        for name, b in m._buffers.items():
-            if b is not None:
-                s._buffers[name] = b.detach().clone()
-        s.training = m.training
-    return [leaves[id(p)] for p in params]
-
-
-__all__ = ["Clip", "Recorder", "StepNumbers", "StopRun", "Tracked", "TrackedIterable", "disable_dropout", "first_layer",
-           "make_shadow", "sync_shadow", "tensors"]
+__all__ = ["BN_TYPES", "Recorder", "StopRun"]

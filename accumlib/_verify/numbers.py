@@ -1,0 +1,67 @@
+"""What the record stage hands forward: a few floats per micro-batch and per optimizer step.
+
+``StepNumbers`` is everything the diagnose stage reads (a pure function of it); nothing here is
+parameter-sized.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .oracle import Fit
+
+@dataclass
+class Clip:
+    seen: int  # micro-batches in the window when clipping ran
+    max_norm: float
+    total_norm: float
+
+
+@dataclass
+class MicroBatch:
+    batch: Any
+    indices: list[int] | None
+    rows: int
+    epoch_end: bool = False
+    position: int = 0  # 1-based place in its pass over the data
+    pass_id: int = 0
+
+
+@dataclass
+class StepNumbers:
+    """Everything the diagnosis and the report need about one optimizer step: numbers only."""
+
+    micro_batches: int
+    lr: float
+    lrs: list[tuple[float, ...]] = field(default_factory=list)  # per micro-batch, of the stepping optimizer
+    lr_changed: bool = False  # a scheduler changed the rate inside the window
+    epoch_end: bool = False  # the window's last micro-batch ended a pass over the data
+    pass_length: int = 0  # micro-batches in that pass (its legitimate tail holds pass_length % k)
+    clips: list[Clip] = field(default_factory=list)
+    untracked: int = 0  # forwards on data that came from no loader verify knows
+    skipped: bool = False
+    finite: bool = True
+    items: int = 0
+    sequences: int = 0
+    loss_sum: float = 0.0
+    fits: list[Fit] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    leak: bool = False
+    leak_coef: float = 0.0
+    precision: str = "float32"  # the replay the verdict used: float32, or the loop's autocast dtype
+    unclip: float = 1.0  # product of the recorded complete-window clip coefficients
+    rel: float = math.nan  # ||G / unclip - r|| / ||r||, r the verdict's reference
+    scale: float = math.nan  # c fitted in G / unclip ~= c r
+    scale_resid: float = math.nan
+    gg: float = 0.0  # |G|^2, G as the optimizer saw it
+    gt: float = 0.0  # G . t, t the float32 truth the user reads (merged window under BatchNorm)
+    tt: float = 0.0  # |t|^2
+    batchnorm: bool = False
+    bn_gap: float | None = None  # ||accumulated - merged|| / ||merged||: BatchNorm's own error
+    rel_merged: float = math.nan  # ||G / unclip - merged|| / ||merged||: a loop that merges its window
+
+
+__all__ = ["Clip", "MicroBatch", "StepNumbers"]
