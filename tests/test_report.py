@@ -17,7 +17,8 @@ import nbformat
 import pytest
 
 from accumlib.tolerances import FLOAT32_RTOL
-from accumlib.lessons import _style, report
+from accumlib import report
+from accumlib.lessons import _style
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "report.ipynb"
@@ -211,21 +212,22 @@ def test_refuses_k_with_fewer_than_three_steps_and_says_what_works(task, accum_s
 
 
 def test_the_norm_section_is_held_to_the_same_rule(monkeypatch):
-    monkeypatch.setattr(report, "N_IMAGES", 16)  # 16 images in micro-batches of 3: 6 micro-batches, 2 steps at k = 4
+    monkeypatch.setattr(report.params, "N_IMAGES", 16)  # 16 images in micro-batches of 3: 6 micro-batches, 2 steps at k = 4
     with pytest.raises(ValueError, match="the norm section's 'cnn-group' has 16 examples.*so k = 4 gives 2 steps"):
         report.check_parameters(task="lm-tokens", accum_steps=[1, 2, 4], batch_size=3)
     report.check_parameters(task="lm-tokens", accum_steps=[1, 2], batch_size=3)
 
 
 @pytest.mark.parametrize("value, expected", [([1, 2], (1, 2)), ("1 2 4 8", (1, 2, 4, 8)), ("2,4", (2, 4)), ((3,), (3,)),
-                                             (4, (4,)), ("8 2 2", (2, 8))])
+                                             (4, (4,)), ("4", (4,)), ("8 2 2", (2, 8))])
 def test_parse_accum(value, expected):
     assert report.parse_accum(value) == expected
 
 
-@pytest.mark.parametrize("value", ["", "1 x", [0, 2], "-1", 0, [], [2.5], True, None, [True]])
+@pytest.mark.parametrize("value", ["", "1 x", [0, 2], "-1", 0, [], [2.5], "2.5", 2.5, True, None, [True]])
 def test_parse_accum_refuses_bad_values(value):
-    with pytest.raises(ValueError, match="accum_steps must be integers >= 1"):
+    # the value is named as given: [2.5] once ran k = 2 silently (issue 13)
+    with pytest.raises(ValueError, match=r"accum_steps must be integers >= 1.*\(got " + re.escape(repr(value)) + r"\)"):
         report.parse_accum(value)
 
 
@@ -241,6 +243,8 @@ def test_parse_accum_refuses_bad_values(value):
     (dict(device="tpu"), r"device must be .*\(got 'tpu'\)"),
     (dict(seed=-1), r"seed must be an integer >= 0 \(got -1\)"),
     (dict(seed="0"), r"seed must be an integer >= 0 \(got '0'"),
+    (dict(seed="abc"), r"seed must be an integer >= 0 \(got 'abc'"),  # once failed inside torch (issue 13)
+    (dict(accum_steps=[2.5]), r"accum_steps must be integers >= 1.*\(got \[2.5\]\)"),
     (dict(results_path="report.txt"), r"results_path must end in .json, or be '' to write no file \(got 'report.txt'\)"),
     (dict(results_path="/no/such/folder/report.json"), r"results_path must be in an existing folder \(got '/no/such/folder/report.json'"),
     (dict(results_path=3), r"results_path must be a path ending in .json, or '' to write no file \(got 3\)"),
@@ -249,7 +253,7 @@ def test_run_refuses_bad_parameters_before_any_work(monkeypatch, kwargs, message
     def no_training(*args, **kw):
         raise AssertionError("run trained before checking its parameters")
 
-    monkeypatch.setattr(report, "trace_loop", no_training)
+    monkeypatch.setattr(report.compute, "trace_loop", no_training)
     with pytest.raises(ValueError, match=message):
         report.run(**kwargs)
 

@@ -1,0 +1,231 @@
+"""The report's computation: every reference loop at every k, each step against the oracle, plus
+activation memory and the CNN's norm layer; the ``ReportResult`` that the tables and figures read.
+"""
+
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import Task, ragged, verify
+from ..loops import CONTRACTS, LOOPS
+from ..harness import classify, trace_loop
+from ..memory import activation_bytes
+from .._batch import expected_steps
+from ..tolerances import FLOAT32_RTOL
+from ..lessons._common import Table
+from ..lessons._common import fmt_error
+
+from .params import DEFAULTS, LR, MIN_STEPS, PRECISIONS, check_parameters, cnn_task
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One loop at one k: every step against the oracle, and what the epoch covered."""
+
+    loop: str
+    k: int
+    rel_errors: tuple[float, ...]  # per optimizer step, ||g - g*|| / ||g*||
+    window_batches: tuple[int, ...]  # micro-batches per optimizer step (the tail window may hold fewer than k)
+    min_cosine: float
+    max_norm_ratio: float
+    expected_steps: int
+    items_used: int
+    items: int
+    verdict: str
+    logged: tuple[float, ...]
+    # amp only: each step against verify's replay in the loop's autocast dtype, what its verdict reads
+    ref_errors: tuple[float, ...] = ()
+
+    @property
+    def max_rel_error(self) -> float:
+        return max(self.rel_errors)
+
+    @property
+    def steps(self) -> int:
+        return len(self.rel_errors)
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    task: str
+    description: str
+    ks: tuple[int, ...]
+    batch_size: int
+    norm: str
+    precision: str
+    device: str
+    seed: int
+    n_items: int
+    n_batches: int
+    cells: dict[tuple[str, int], Cell]
+    memory: dict[int, tuple[int, int]]  # k -> (activation bytes of one micro-batch, of the k-fold large batch)
+    norm_errors: dict[int, float]  # k -> worst relative error of ragged with the chosen norm layer
+
+    @property
+    def loops(self) -> list[str]:
+        return list(dict.fromkeys(name for name, _ in self.cells))
+
+    def settings(self) -> Table:
+        return Table(("setting", "value"), [
+            ("task", self.task),  # the task's own description states its default batch and k, not the report's
+            ("accumulation steps k", " ".join(map(str, self.ks))),
+            ("micro-batch size", self.batch_size),
+            ("data", f"{self.n_items} items in {self.n_batches} micro-batches"),
+            ("optimizer steps per epoch", ", ".join(f"{expected_steps(self.n_batches, k)} at k = {k}" for k in self.ks)),
+            ("norm layer (CNN section)", self.norm),
+            ("precision (amp loop)", self.precision),
+            ("device", self.device),
+            ("seed", self.seed),
+        ], caption="The report's parameters")
+
+    def loop_table(self) -> Table:
+        rows = [
+            (c.loop, c.k, fmt_error(c.max_rel_error), round(c.min_cosine, 4), round(c.max_norm_ratio, 3),
+             f"{c.steps}/{c.expected_steps}", f"{c.items_used}/{c.items}", c.verdict)
+            for c in self.cells.values()
+        ]
+        return Table(("loop", "k", "max rel. error", "min cosine", "max norm ratio", "steps", "items stepped", "verdict"), rows,
+                     caption="Every loop at every k, its worst step against the large batch")
+
+    def memory_table(self) -> Table:
+        return Table(("k", "items per step", "micro-batch KiB", "large batch KiB", "saved"), [
+            (k, k * self.batch_size, round(m / 1024, 1), round(big / 1024, 1), f"{big / m:.2f}x")
+            for k, (m, big) in self.memory.items()
+        ], caption="Activation memory of one forward pass")
+
+    def norm_table(self) -> Table:
+        return Table(("k", "max rel. error vs large batch"), [(k, fmt_error(e)) for k, e in self.norm_errors.items()],
+                     caption=f"accumlib.ragged on SmallCNN with {self.norm} norm")
+
+    def findings(self) -> list[str]:
+        """The report's conclusions, each sentence computed from the numbers above it."""
+        out = []
+        for name in self.loops:
+            by_verdict: dict[str, list[int]] = {}
+            for k in self.ks:
+                by_verdict.setdefault(self.cells[(name, k)].verdict, []).append(k)
+            parts = [f"{verdict} at k = {', '.join(map(str, ks))}" for verdict, ks in by_verdict.items()]
+            worst = max(self.ks, key=lambda k: self.cells[(name, k)].max_rel_error)
+            cell = self.cells[(name, worst)]
+            replay = [e for k in self.ks for e in self.cells[(name, k)].ref_errors]
+            judged = f"; against the {self.precision} replay that verify judges by: {max(replay):.2g}" if replay else ""
+            out.append(f"{name}: {'; '.join(parts)} (worst step: relative error {fmt_error(cell.max_rel_error)} at k = {worst}{judged}, "
+                       f"{cell.items_used}/{cell.items} items stepped).")
+        dropped = [c for c in self.cells.values() if c.items_used < c.items]
+        if dropped:
+            out.append("Items that reached no optimizer step: " + ", ".join(f"{c.loop} at k = {c.k}: {c.items - c.items_used}" for c in dropped) + ".")
+        k_max = max(self.ks)
+        m, big = self.memory[k_max]
+        out.append(f"Activation memory: one micro-batch of {self.batch_size} needs {m / 1024:.1f} KiB; "
+                   f"the large batch of k = {k_max} micro-batches would need {big / 1024:.1f} KiB ({big / m:.2f}x).")
+        norm_worst = max(self.norm_errors.values())
+        out.append(f"SmallCNN with {self.norm} norm, accumulated exactly (accumlib.ragged): worst relative error "
+                   f"{fmt_error(norm_worst)} over k = {', '.join(map(str, self.ks))}"
+                   + (" (exact: per-sample normalization does not see the micro-batching)." if norm_worst <= FLOAT32_RTOL
+                      else " (not exact: the layer's batch statistics differ between micro-batches and the large batch)."))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Everything the report states, as plain JSON: what ``make report`` writes and ``tests/test_report.py`` checks."""
+        return {
+            "task": self.task, "accum_steps": list(self.ks), "batch_size": self.batch_size, "norm": self.norm,
+            "precision": self.precision, "device": self.device, "seed": self.seed,
+            "n_items": self.n_items, "n_batches": self.n_batches, "min_steps": MIN_STEPS,
+            "loops": [
+                {"loop": c.loop, "k": c.k, "max_rel_error": c.max_rel_error, "min_cosine": c.min_cosine,
+                 "max_norm_ratio": c.max_norm_ratio, "steps": c.steps, "expected_steps": c.expected_steps,
+                 "items_used": c.items_used, "items": c.items, "verdict": c.verdict,
+                 "rel_errors": list(c.rel_errors), "window_batches": list(c.window_batches), "logged": list(c.logged),
+                 **({"replay_rel_errors": list(c.ref_errors)} if c.ref_errors else {})}
+                for c in self.cells.values()
+            ],
+            "memory": {str(k): {"micro_batch_bytes": m, "large_batch_bytes": big} for k, (m, big) in self.memory.items()},
+            "norm_max_rel_error": {str(k): e for k, e in self.norm_errors.items()},
+            "findings": self.findings(),
+        }
+
+
+def _loops(precision: str) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """Every reference loop of the registry, in its contract's order; a loop judged at low precision
+    (autocast) runs only when the report's precision asks for one, with that dtype."""
+    loops: dict[str, tuple[Any, dict[str, Any]]] = {}
+    dtype = PRECISIONS[precision]
+    for name, loop in LOOPS.items():
+        if not CONTRACTS[name].low_precision:
+            loops[name] = (loop, {})
+        elif dtype is not None:
+            loops[f"{name} ({precision})"] = (loop, {"dtype": dtype})
+    return loops
+
+
+def _autocast_verdict(loop: Any, t: Task, k: int, batch_size: int, precision: str, seed: int, dev: torch.device) -> tuple[str, tuple[float, ...]]:
+    """A low-precision loop (amp) judged as ``accumlib.verify`` judges it: each step against a replay of its window in the
+    loop's own autocast dtype, not the float32 gradient, which bf16 rounding alone misses by 1e-2 to 1e-1."""
+    dtype = PRECISIONS[precision]
+
+    def train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> Any:
+        return loop(model, optimizer, loader, t.item_losses, accum_steps=k, dtype=dtype, device=dev, **CONTRACTS[loop.__name__].kwargs_for(t))
+
+    rep = verify(train_fn, model=t.make_model(seed).to(dev), dataset=t.make_dataset(), item_losses=t.item_losses,
+                 accum_steps=k, batch_size=batch_size, optimizer=lambda ps: torch.optim.SGD(ps, lr=LR), collate_fn=t.collate_fn)
+    return (f"close ({precision})" if rep.ok else "not exact"), tuple(s.ref_error for s in rep.steps)
+
+
+def run(
+    task: str = DEFAULTS["task"], accum_steps: Any = DEFAULTS["accum_steps"], batch_size: int = DEFAULTS["batch_size"],
+    norm: str = DEFAULTS["norm"], precision: str = DEFAULTS["precision"], device: Any = DEFAULTS["device"],
+    seed: int = DEFAULTS["seed"], results_path: str = DEFAULTS["results_path"],
+) -> ReportResult:
+    """Every reference loop at every k on ``task``, judged step by step against the oracle.
+
+    ``precision`` other than float32 adds ``accumlib.amp`` with that autocast dtype. The norm
+    section runs ``accumlib.ragged`` on the CNN with ``norm`` at every k. ``results_path``
+    (``""``: none) receives ``summary()`` as JSON. Every parameter is checked before any work.
+    """
+    p = check_parameters(task, accum_steps, batch_size, norm, precision, device, seed, results_path)
+    t, dev = p.task, p.device
+    cells = {}
+    for k in p.ks:
+        for name, (loop, kwargs) in _loops(p.precision).items():
+            trace = trace_loop(loop, t, accum_steps=k, batch_size=p.batch_size, lr=LR, seed=p.seed, device=dev, **kwargs)
+            verdict, ref_errors = classify(trace), ()
+            if "dtype" in kwargs:
+                verdict, ref_errors = _autocast_verdict(loop, t, k, p.batch_size, p.precision, p.seed, dev)
+            cells[(name, k)] = Cell(
+                name, k, tuple(c.rel_error for c in trace.comparisons), tuple(trace.window_batches),
+                min(c.cosine for c in trace.comparisons), max(c.norm_ratio for c in trace.comparisons),
+                expected_steps(trace.n_batches, k), sum(trace.window_items), trace.n_items,
+                verdict, tuple(trace.logged), ref_errors,
+            )
+    n_items, n_batches = trace.n_items, trace.n_batches
+
+    model = t.make_model(p.seed).to(dev)
+    first = next(iter(t.loader(p.batch_size)))
+    memory = {}
+    for k in p.ks:
+        window = [first] * k  # activation memory depends on the batch's size, not its content
+        memory[k] = (activation_bytes(model, first, t.item_losses, device=dev),
+                     activation_bytes(model, t.merge(window), t.item_losses, device=dev))
+
+    cnn = cnn_task(p.norm, p.seed)
+    norm_errors = {
+        k: max(c.rel_error for c in trace_loop(ragged, cnn, accum_steps=k, batch_size=p.batch_size, seed=p.seed, device=dev).comparisons)
+        for k in p.ks
+    }
+    result = ReportResult(t.name, t.description, p.ks, p.batch_size, p.norm, p.precision, str(dev), p.seed, n_items, n_batches,
+                          cells, memory, norm_errors)
+    if p.results_path:
+        with open(p.results_path, "w") as f:
+            json.dump(result.summary(), f, indent=1)
+    return result
+
+
+def results_note(results_path: str) -> str:
+    """Where the machine-readable results went (the notebook's last line)."""
+    return (f"Every number of this report, as JSON: {results_path}" if results_path
+            else "results_path is '' (the default): no JSON file written; make report writes reports/report.json")
