@@ -12,7 +12,7 @@ import torch
 
 import accumlib
 from accumlib.tolerances import FLOAT32_RTOL
-from accumlib.lessons import normalizing, ragged_windows, why
+from accumlib.lessons import _why_training, normalizing, ragged_windows, why
 
 # The naive loop's norm ratio is exactly k for equal micro-batches, up to float32 rounding
 # of a sum of a few hundred terms (~1e-6 relative); 1e-3 is a wide margin that still
@@ -77,7 +77,7 @@ def test_why_train_matches_a_dataloader_shuffle():
 
     x, y = why.digits_subset()[: why.N_TRAIN]
     loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(7))
-    ours = why._batches(x, y, 32, 7)
+    ours = _why_training._batches(x, y, 32, 7)
     assert len(ours) == len(loader)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(loader, ours))
 

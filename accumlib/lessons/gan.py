@@ -21,59 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from matplotlib.figure import Figure
-from torch import nn
 
 from .. import compare, grads_of, true_gradient
 from ..tolerances import FLOAT32_RTOL
 from . import _style
 from ._common import Table, check_choice, check_int
 from ._exercise import Exercise
-
-NOISE_DIM = 4
-
-
-def make_gan(seed: int = 0, hidden: int = 16) -> tuple[nn.Module, nn.Module]:
-    """A tiny generator (noise -> 2-D point) and discriminator (2-D point -> logit)."""
-    torch.manual_seed(seed)
-    G = nn.Sequential(nn.Linear(NOISE_DIM, hidden), nn.ReLU(), nn.Linear(hidden, 2))
-    D = nn.Sequential(nn.Linear(2, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, 1))
-    return G, D
-
-
-def real_points(n: int, seed: int = 0) -> torch.Tensor:
-    """2-D toy data: 8 small Gaussian blobs on a circle of radius 2."""
-    g = torch.Generator().manual_seed(seed)
-    angle = torch.randint(0, 8, (n,), generator=g).float() * (torch.pi / 4)
-    centres = torch.stack([angle.cos(), angle.sin()], dim=1) * 2.0
-    return centres + 0.1 * torch.randn(n, 2, generator=g)
-
-
-def noise(n: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(n, NOISE_DIM, generator=torch.Generator().manual_seed(seed))
-
-
-def _bce(logits: torch.Tensor, label: float) -> torch.Tensor:
-    """Per-item binary cross-entropy on logits (the seed's BCELoss on a sigmoid, stably)."""
-    return F.binary_cross_entropy_with_logits(logits.squeeze(1), torch.full((len(logits),), label), reduction="none")
-
-
-def d_item_losses(D: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The task contract for D: items are points, labelled 1 (real) or 0 (fake)."""
-    x, y = batch
-    return F.binary_cross_entropy_with_logits(D(x).squeeze(1), y, reduction="none")
-
-
-def g_item_losses(D: nn.Module) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
-    """The task contract for G, given D: items are noise vectors, the target is "real"."""
-    return lambda G, z: _bce(D(G(z)), 1.0)
-
-
-def _d_loss(D: nn.Module, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """D's loss: the mean over all its items, fake (label 0) and real (label 1)."""
-    return torch.cat([_bce(D(fake), 0.0), _bce(D(real), 1.0)]).mean()
-
+from ._gan_exercise import (  # noqa: F401 (the notebook reads them here)
+    GanFinding, GanReport, GanSetup, _verify_gan_exercise, d_loss, exercise, g_loss, leak_share,
+)
+from ._gan_model import (  # noqa: F401 (the notebook reads them here)
+    NOISE_DIM, _bce, _d_loss, d_item_losses, g_item_losses, make_gan, noise, real_points,
+)
 
 # --- one GAN step, the seed's orderings ---------------------------------------------------------
 
@@ -369,133 +329,6 @@ def widget(initial: GanTable | None = None) -> Any:
 
 
 explorer = widget
-
-
-# --- the exercise: D's side of an accumulated GAN loop, checked by accumlib.verify -------------------
-
-
-def d_loss(D: nn.Module, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """D's mean loss over a micro-batch of fakes (label 0) and reals (label 1)."""
-    return _d_loss(D, fake, real)
-
-
-def g_loss(D: nn.Module, fake: torch.Tensor) -> torch.Tensor:
-    """G's mean loss over a micro-batch: D should call every fake real."""
-    return _bce(D(fake), 1.0).mean()
-
-
-@dataclass
-class GanSetup:
-    """What ``accumlib.verify`` needs to judge D's steps in a loop that also trains G."""
-
-    G: nn.Module
-    g_opt: torch.optim.Optimizer
-    D: nn.Module
-    dataset: torch.utils.data.Dataset
-    item_losses: Callable[[nn.Module, Any], torch.Tensor]
-
-
-def exercise(n: int = 64, seed: int = 0) -> GanSetup:
-    """A fresh G (with its optimizer), a fresh D, a dataset of (noise, real point) pairs, and D's item losses.
-
-    D's items are the fakes and the reals of a micro-batch; the fakes come from the live G,
-    which the loop steps only after D, so a window's fakes are the ones D's oracle sees.
-    """
-    G, D = make_gan(seed)
-    dataset = torch.utils.data.TensorDataset(noise(n, seed + 1), real_points(n, seed))
-
-    def item_losses(D: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        z, x = batch
-        with torch.no_grad():
-            fake = G(z)
-        return torch.cat([_bce(D(fake), 0.0), _bce(D(x), 1.0)])
-
-    return GanSetup(G, torch.optim.Adam(G.parameters(), lr=1e-3), D, dataset, item_losses)
-
-
-# --- grading the exercise: verify's verdict on D, with the GAN's own explanation of a mismatch -------
-
-EXERCISE_K, EXERCISE_BATCH, EXERCISE_N = 4, 8, 64  # 64 pairs in micro-batches of 8: two full windows of k = 4
-
-
-@dataclass(frozen=True)
-class GanFinding:
-    """A finding in the same shape as verify's (code, message, severity), for what only a GAN can do."""
-
-    code: str
-    message: str
-    severity: str = "bug"
-
-
-@dataclass(frozen=True)
-class GanReport:
-    """verify's report on D's steps, with ``unexplained`` replaced by the GAN mistake that explains it, when one does."""
-
-    ok: bool
-    findings: tuple[Any, ...]
-    verify_report: Any
-
-    @property
-    def codes(self) -> set[str]:
-        return {f.code for f in self.findings}
-
-
-class _Stop(Exception):
-    pass
-
-
-def leak_share(train_fn: Callable[..., Any], seed: int = 0) -> float | None:
-    """Run ``train_fn(G, D, g_opt, d_opt, loader)`` to D's first step; how far D's ``.grad`` is from own + leak.
-
-    Returns ``|D.grad - (own + leak)| / |own + leak|`` for the first window, where ``own`` is
-    the gradient of D's loss over the window and ``leak`` the gradient of G's loss (divided like
-    D's) with respect to D; ``None`` if D never stepped. Near 0: D stepped on the leak as well.
-    """
-    ex = exercise(EXERCISE_N, seed)
-    d_opt = torch.optim.SGD(ex.D.parameters(), lr=0.05)
-    loader = torch.utils.data.DataLoader(ex.dataset, batch_size=EXERCISE_BATCH)
-    window = [tuple(t) for t, _ in zip(loader, range(EXERCISE_K))]
-    with torch.no_grad():
-        fakes = [ex.G(z) for z, _ in window]  # G before any step: the fakes of the first window
-    seen: dict[str, Any] = {}
-
-    def at_step(opt: Any, a: Any, kw: Any) -> None:
-        seen["grad"] = grads_of(ex.D)
-        raise _Stop
-
-    d_opt.register_step_pre_hook(at_step)
-    try:
-        train_fn(ex.G, ex.D, ex.g_opt, d_opt, loader)
-    except _Stop:
-        pass
-    except Exception:  # the learner's code failing is verify's to report, not this explanation's
-        return None
-    if "grad" not in seen:
-        return None
-    D = make_gan(seed)[1]  # D before any step, as at the first window
-    batches = [(f, torch.zeros(len(f))) for f in fakes] + [(x, torch.ones(len(x))) for _, x in window]
-    own = true_gradient(D, batches, d_item_losses)
-    leak = true_gradient(D, fakes, lambda D, f: _bce(D(f), 1.0))  # G's loss, a mean over the window's fakes
-    both = {name: own[name] + leak[name] for name in own}
-    return compare(seen["grad"], both).rel_error
-
-
-def _verify_gan_exercise(train_fn: Callable[..., Any]) -> GanReport:
-    """``accumlib.verify`` on D's steps in the learner's loop; a GAN-specific finding where verify has no name for it."""
-    from .. import verify
-
-    ex = exercise(EXERCISE_N, 0)
-    report = verify(lambda D, d_opt, loader: train_fn(ex.G, D, ex.g_opt, d_opt, loader), model=ex.D, dataset=ex.dataset,
-                    item_losses=ex.item_losses, accum_steps=EXERCISE_K, batch_size=EXERCISE_BATCH)
-    findings = list(report.findings)
-    if "unexplained" in report.codes:
-        share = leak_share(train_fn)
-        if share is not None and share < FLOAT32_RTOL:
-            at = next(i for i, f in enumerate(findings) if f.code == "unexplained")
-            findings[at] = GanFinding(
-                "leak-into-D", "D stepped on its own window gradient plus the gradient of G's loss with respect to D's "
-                "parameters (the leak of section 1): D's .grad equals own + leak to float32 rounding")
-    return GanReport(bool(report.ok), tuple(findings), report)
 
 
 EXERCISE = Exercise(

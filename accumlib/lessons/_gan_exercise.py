@@ -1,0 +1,143 @@
+"""Lesson 6's exercise: D's side of an accumulated GAN loop, its setup, and how it is graded (verify's
+verdict on D, with the GAN's own explanation of a mismatch: the share of G's gradient that leaked into D).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import compare, grads_of, true_gradient
+from ..tolerances import FLOAT32_RTOL
+from ._gan_model import _bce, _d_loss, d_item_losses, make_gan, noise, real_points
+
+
+# --- the exercise: D's side of an accumulated GAN loop, checked by accumlib.verify -------------------
+
+
+def d_loss(D: nn.Module, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """D's mean loss over a micro-batch of fakes (label 0) and reals (label 1)."""
+    return _d_loss(D, fake, real)
+
+
+def g_loss(D: nn.Module, fake: torch.Tensor) -> torch.Tensor:
+    """G's mean loss over a micro-batch: D should call every fake real."""
+    return _bce(D(fake), 1.0).mean()
+
+
+@dataclass
+class GanSetup:
+    """What ``accumlib.verify`` needs to judge D's steps in a loop that also trains G."""
+
+    G: nn.Module
+    g_opt: torch.optim.Optimizer
+    D: nn.Module
+    dataset: torch.utils.data.Dataset
+    item_losses: Callable[[nn.Module, Any], torch.Tensor]
+
+
+def exercise(n: int = 64, seed: int = 0) -> GanSetup:
+    """A fresh G (with its optimizer), a fresh D, a dataset of (noise, real point) pairs, and D's item losses.
+
+    D's items are the fakes and the reals of a micro-batch; the fakes come from the live G,
+    which the loop steps only after D, so a window's fakes are the ones D's oracle sees.
+    """
+    G, D = make_gan(seed)
+    dataset = torch.utils.data.TensorDataset(noise(n, seed + 1), real_points(n, seed))
+
+    def item_losses(D: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        z, x = batch
+        with torch.no_grad():
+            fake = G(z)
+        return torch.cat([_bce(D(fake), 0.0), _bce(D(x), 1.0)])
+
+    return GanSetup(G, torch.optim.Adam(G.parameters(), lr=1e-3), D, dataset, item_losses)
+
+
+# --- grading the exercise: verify's verdict on D, with the GAN's own explanation of a mismatch -------
+
+EXERCISE_K, EXERCISE_BATCH, EXERCISE_N = 4, 8, 64  # 64 pairs in micro-batches of 8: two full windows of k = 4
+
+
+@dataclass(frozen=True)
+class GanFinding:
+    """A finding in the same shape as verify's (code, message, severity), for what only a GAN can do."""
+
+    code: str
+    message: str
+    severity: str = "bug"
+
+
+@dataclass(frozen=True)
+class GanReport:
+    """verify's report on D's steps, with ``unexplained`` replaced by the GAN mistake that explains it, when one does."""
+
+    ok: bool
+    findings: tuple[Any, ...]
+    verify_report: Any
+
+    @property
+    def codes(self) -> set[str]:
+        return {f.code for f in self.findings}
+
+
+class _Stop(Exception):
+    pass
+
+
+def leak_share(train_fn: Callable[..., Any], seed: int = 0) -> float | None:
+    """Run ``train_fn(G, D, g_opt, d_opt, loader)`` to D's first step; how far D's ``.grad`` is from own + leak.
+
+    Returns ``|D.grad - (own + leak)| / |own + leak|`` for the first window, where ``own`` is
+    the gradient of D's loss over the window and ``leak`` the gradient of G's loss (divided like
+    D's) with respect to D; ``None`` if D never stepped. Near 0: D stepped on the leak as well.
+    """
+    ex = exercise(EXERCISE_N, seed)
+    d_opt = torch.optim.SGD(ex.D.parameters(), lr=0.05)
+    loader = torch.utils.data.DataLoader(ex.dataset, batch_size=EXERCISE_BATCH)
+    window = [tuple(t) for t, _ in zip(loader, range(EXERCISE_K))]
+    with torch.no_grad():
+        fakes = [ex.G(z) for z, _ in window]  # G before any step: the fakes of the first window
+    seen: dict[str, Any] = {}
+
+    def at_step(opt: Any, a: Any, kw: Any) -> None:
+        seen["grad"] = grads_of(ex.D)
+        raise _Stop
+
+    d_opt.register_step_pre_hook(at_step)
+    try:
+        train_fn(ex.G, ex.D, ex.g_opt, d_opt, loader)
+    except _Stop:
+        pass
+    except Exception:  # the learner's code failing is verify's to report, not this explanation's
+        return None
+    if "grad" not in seen:
+        return None
+    D = make_gan(seed)[1]  # D before any step, as at the first window
+    batches = [(f, torch.zeros(len(f))) for f in fakes] + [(x, torch.ones(len(x))) for _, x in window]
+    own = true_gradient(D, batches, d_item_losses)
+    leak = true_gradient(D, fakes, lambda D, f: _bce(D(f), 1.0))  # G's loss, a mean over the window's fakes
+    both = {name: own[name] + leak[name] for name in own}
+    return compare(seen["grad"], both).rel_error
+
+
+def _verify_gan_exercise(train_fn: Callable[..., Any]) -> GanReport:
+    """``accumlib.verify`` on D's steps in the learner's loop; a GAN-specific finding where verify has no name for it."""
+    from .. import verify
+
+    ex = exercise(EXERCISE_N, 0)
+    report = verify(lambda D, d_opt, loader: train_fn(ex.G, D, ex.g_opt, d_opt, loader), model=ex.D, dataset=ex.dataset,
+                    item_losses=ex.item_losses, accum_steps=EXERCISE_K, batch_size=EXERCISE_BATCH)
+    findings = list(report.findings)
+    if "unexplained" in report.codes:
+        share = leak_share(train_fn)
+        if share is not None and share < FLOAT32_RTOL:
+            at = next(i for i, f in enumerate(findings) if f.code == "unexplained")
+            findings[at] = GanFinding(
+                "leak-into-D", "D stepped on its own window gradient plus the gradient of G's loss with respect to D's "
+                "parameters (the leak of section 1): D's .grad equals own + leak to float32 rounding")
+    return GanReport(bool(report.ok), tuple(findings), report)
