@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
 import math
 import os
@@ -36,7 +35,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,12 +43,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also when run as --child
+from _peak import Peak, default_guard  # noqa: E402
+from _render import md_table  # noqa: E402
+
 K = 8  # the issue's accumulation
 THREADS = 1  # the issue measured on one CPU thread
 MEMORY_MAX_PARAMS = 4.0  # verify's extra peak, in parameter bytes (plus one micro-batch's activations)
 TIME_MAX = 3.0
-GUARD_BYTES = 12 * 2**30  # the most address space one run may take: a run past it fails, never swaps
 
+NAME = "verify_scale"
+TITLE = "8. Verify at scale: 39.4M-parameter MLP, k = 8"
+LIMIT = TIME_MAX
 GOALS = {
     "verify_scale_memory": "verify's extra peak memory over the loop alone <= 4x parameter bytes + one micro-batch's activations "
                            "(39.4M-parameter MLP, k = 8, correct and never-divided loops)",
@@ -128,45 +132,6 @@ LOOPS = {
 # --- one run, in a fresh process -----------------------------------------------------------------------
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.M).group(1))
-
-
-class Peak:
-    """Peak resident bytes of this process over a with-block, above its resident bytes at entry.
-
-    The kernel's high-water mark (VmHWM), reset at entry through /proc/self/clear_refs; where that
-    reset is refused, a thread samples VmRSS every 2 ms instead (and may miss a short spike).
-    """
-
-    def __enter__(self) -> Peak:
-        gc.collect()
-        self.base = _status_kib("VmRSS") * 1024
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # 5: reset the peak resident set size to the current one
-            self.exact = _status_kib("VmHWM") * 1024 <= self.base + 2**20
-        except OSError:
-            self.exact = False
-        self.sampled, self._stop = self.base, threading.Event()
-        if not self.exact:
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self.sampled = max(self.sampled, _status_kib("VmRSS") * 1024)
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if not self.exact:
-            self._thread.join()
-        self.peak = _status_kib("VmHWM") * 1024 if self.exact else max(self.sampled, _status_kib("VmRSS") * 1024)
-        self.extra = self.peak - self.base
-
-
 def prepare(mode: str, fn: Any, model: torch.nn.Module, dataset: Any, batch_size: int) -> Any:
     """The run to measure, as a zero-argument call; what the loop alone needs is built here, outside it."""
     import accumlib
@@ -232,20 +197,6 @@ def measure(specs: list[dict], guard_bytes: int, timeout_s: float) -> list[dict]
         why = f"an allocation of {_gb(int(size.group(1)))} was refused" if size else memory[-1].strip()[:120]
         return [{"error": f"over the {guard_bytes / 2**30:.1f} GiB guard: {why}", "over_guard": True}] * len(specs)
     return [{"error": err[-240:]}] * len(specs)
-
-
-def default_guard() -> int:
-    """12 GiB, or 3/4 of the memory free now where that is less: a machine shared with other work."""
-    try:
-        available = _meminfo("MemAvailable")
-    except (OSError, AttributeError):
-        return GUARD_BYTES
-    return min(GUARD_BYTES, int(available * 0.75))
-
-
-def _meminfo(field: str) -> int:
-    with open("/proc/meminfo") as f:
-        return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.M).group(1)) * 1024
 
 
 def run(quick: bool = False, cases: tuple[str, ...] = tuple(LOOPS), steps: int | None = None, repeats: int | None = None,
@@ -351,7 +302,7 @@ def line_of(row: dict, facts: dict) -> list[str]:
             f"time {row['time_ratio']:.2f}x", f"verdict {'ok' if row['ok'] else ', '.join(row['codes'])}"]
 
 
-def section_lines(res: dict) -> list[str]:
+def lines(res: dict, short: bool = False) -> list[str]:
     """The section as markdown: one row per loop, both goals per row."""
     head = ["loop", "verdict", "loop alone: extra peak, time", "verify's extra peak", "x parameter bytes",
             "goal <= 4x + activations", "verify / loop time", "goal <= 3x"]
@@ -368,7 +319,7 @@ def section_lines(res: dict) -> list[str]:
             why = r.get("verify_error", "")
             body.append([r["loop"], "", alone, f"not available: {why}", "",
                          "MISSED" if r.get("memory_met") is False else "not measured", "not measured", "not measured"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"] + ["| " + " | ".join(map(str, b)) + " |" for b in body]
+    lines = md_table(head, body)
     if not all(r.get("exact_peak", True) for r in res["rows"]):
         lines += ["", "peaks sampled every 2 ms (the kernel's high-water mark could not be reset here): a short spike may be missed"]
     return lines
@@ -398,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"verify at scale{' (--quick: a tiny MLP, figures only)' if args.quick else ''}: {torch.__version__}, {THREADS} thread{load}", flush=True)
     res = run(args.quick, cases, args.steps, args.repeats, int(args.guard_gb * 2**30) if args.guard_gb else None)
     print(f"accumlib from {res.get('accumlib', '?')}\n")
-    print("\n".join(section_lines(res)))
+    print("\n".join(lines(res)))
     print(f"\n{res['note']}\n")
     for key, g in res["goals"].items():
         status = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]

@@ -28,14 +28,14 @@
 
     python benchmarks/bench.py --only widgets --merge   # this section into benchmarks/results/latest.*
     python benchmarks/widgets.py 01 04                  # print the table for some notebooks only
+
+Discovery is in widget_discovery.py, the driver that runs inside the kernel in widget_driver.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
-import math
 import os
 import re
 import statistics
@@ -46,8 +46,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, wherever it is loaded from
+
+from _render import md_table  # noqa: E402
+from widget_discovery import Found, discover  # noqa: E402
+from widget_driver import _DEVICE, _MARK, _VARIABLE, _controls, _values  # noqa: E402, F401 (tests read them here)
+
 ROOT = Path(__file__).resolve().parent.parent
+NAME = "widgets"
+TITLE = "6. Widget response"
 WIDGET_MAX_S = 0.5  # the issue's goal, per control (median)
+LIMIT = WIDGET_MAX_S
 GOALS = {
     "widget": "every lesson widget, each control: change -> recomputed figure <= 0.5 s on CPU (median); "
               "controls that start processes are exempt (behind a Run button) and their time is stated",
@@ -57,312 +66,6 @@ BUDGET_S = 12.0  # a slow control stops after this many seconds of changes (with
 MIN_CHANGES = 2  # a first change and one repeat: the repeat shows whether a cache serves a value seen before
 SLOW_CHANGE_S = 60.0  # a single change slower than this is not repeated
 REQUEST_TIMEOUT_S = 600.0  # building a widget or one change that takes longer is reported, never waited on
-_BUILDER_NAME = re.compile(r"widget|explorer|box", re.IGNORECASE)
-_MARK = "@@widget-bench "  # the Driver's result line on the kernel's stdout
-
-
-# --- 1. discovery, from the notebooks' code cells ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Found:
-    """One widget a notebook builds: ``module.builder(*args, **kwargs)`` in code cell ``cell``."""
-
-    notebook: str
-    cell: int
-    module: str
-    builder: str
-    args: tuple = ()  # literal positional arguments, "<device>" or "<notebook variable>"
-    kwargs: tuple = ()  # (name, literal or marker) pairs, as written in the cell
-    main: bool = False  # the notebook's first widget
-
-    @property
-    def name(self) -> str:
-        return f"{self.module.rsplit('.', 1)[-1]}.{self.builder}"
-
-
-_DEVICE, _VARIABLE = "<device>", "<notebook variable>"
-
-
-def _argument(node: ast.AST, name: str | None = None) -> Any:
-    """A literal stays; a device argument becomes the CPU marker; anything else is a notebook variable."""
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, SyntaxError, TypeError):
-        pass
-    if name == "device" or (isinstance(node, ast.Name) and node.id in ("device", "dev")):
-        return _DEVICE
-    return _VARIABLE
-
-
-def _code(source: str) -> ast.Module | None:
-    """A cell's Python, with IPython magics and shell lines blanked; None where it does not parse."""
-    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
-    try:
-        return ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
-
-
-def _aliases(tree: ast.Module) -> dict[str, str]:
-    """Names bound to accumlib by the cell's imports: ``why`` -> ``accumlib.lessons.why``."""
-    names = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("accumlib"):
-            for a in node.names:
-                names[a.asname or a.name] = f"{node.module}.{a.name}"
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.startswith("accumlib") and a.asname:
-                    names[a.asname] = a.name
-    return names
-
-
-def _target(call: ast.Call, aliases: dict[str, str]) -> tuple[str, str] | None:
-    """(module, function) of ``alias.fn(...)`` or of ``fn(...)`` imported from an accumlib module."""
-    f = call.func
-    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in aliases:
-        return aliases[f.value.id], f.attr
-    if isinstance(f, ast.Name) and f.id in aliases and "." in aliases[f.id]:
-        module, fn = aliases[f.id].rsplit(".", 1)
-        return module, fn
-    return None
-
-
-def _shown_calls(tree: ast.Module) -> list[ast.Call]:
-    """The calls whose value a cell shows: its last expression, ``display(...)``'s arguments, and the calls that bound them.
-
-    ``box = vl.paste_box()`` then ``box`` shows paste_box's value; ``r = compute()`` then ``widget(initial=r)``
-    shows widget's value only (r is an argument, not what is shown).
-    """
-    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
-        return []
-    last = tree.body[-1].value
-    shown = [last]
-    if isinstance(last, ast.Call) and isinstance(last.func, ast.Name) and last.func.id == "display":
-        shown = list(last.args)
-    calls = [n for n in shown if isinstance(n, ast.Call)] + ([last] if last not in shown else [])
-    names = {n.id for n in shown if isinstance(n, ast.Name)}
-    for stmt in tree.body[:-1]:
-        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
-            if any(isinstance(t, ast.Name) and t.id in names for t in stmt.targets):
-                calls.append(stmt.value)
-    return calls
-
-
-def _shows_widget(cell: dict) -> bool:
-    """The cell's saved outputs hold a widget a learner operates (a progress bar's text is not a widget's repr)."""
-    return any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
-               and re.match(r"\w+\(", "".join(o["data"].get("text/plain", ""))) for o in cell.get("outputs", []))
-
-
-def discover(paths: list[Path]) -> tuple[list[Found], list[str]]:
-    """Every widget the notebooks build, in notebook order; and the cells that show one discovery cannot name.
-
-    A builder is a call into accumlib that a cell shows and whose saved output is a widget, or
-    any accumlib call named like a builder (so a notebook saved without outputs still counts).
-    Imports anywhere above a cell are in scope, as in a kernel.
-    """
-    found: list[Found] = []
-    unnamed: list[str] = []
-    for nb in paths:
-        cells = json.loads(Path(nb).read_text())["cells"]
-        aliases: dict[str, str] = {}
-        first = True
-        seen: set[tuple] = set()
-        for i, cell in enumerate(cells):
-            if cell["cell_type"] != "code":
-                continue
-            tree = _code("".join(cell["source"]))
-            if tree is None:
-                continue
-            aliases |= _aliases(tree)
-            shown = set(map(id, _shown_calls(tree))) if _shows_widget(cell) else set()
-            named = 0
-            for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
-                target = _target(call, aliases)
-                if target is None or not (id(call) in shown or _BUILDER_NAME.search(target[1])):
-                    continue
-                args = tuple(_argument(a) for a in call.args)
-                kwargs = tuple((k.arg, _argument(k.value, k.arg)) for k in call.keywords if k.arg)
-                key = (target, args, kwargs)
-                named += 1
-                if key in seen:
-                    continue
-                seen.add(key)
-                found.append(Found(Path(nb).name, i, *target, args, kwargs, main=first))
-                first = False
-            if _shows_widget(cell) and not named:
-                unnamed.append(f"{Path(nb).name} cell {i}")
-    return found, unnamed
-
-
-# --- 2. the driver, run inside the kernel -----------------------------------------------------------------
-
-
-def _controls(obj: Any) -> list[tuple[str, Any]]:
-    """(name, control) for every control a user can operate in the widget, in display order, buttons last."""
-    import ipywidgets as w
-
-    root = obj if isinstance(obj, w.Widget) else getattr(obj, "widget", None)
-    named = {id(c): n for n, c in (getattr(obj, "controls", None) or {}).items()}
-    found: list[Any] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, w.Widget) and x.has_trait("disabled") and not x.disabled and x not in found:
-            found.append(x)  # every control a user operates has ``disabled``; labels, outputs, images do not
-        for child in getattr(x, "children", ()):
-            walk(child)
-
-    if root is not None:
-        walk(root)
-    for c in (getattr(obj, "controls", None) or {}).values():  # controls kept outside the tree, if any
-        if isinstance(c, w.Widget) and c not in found:
-            found.append(c)
-    found.sort(key=lambda c: isinstance(c, w.Button))
-    out = []
-    for i, c in enumerate(found):
-        label = named.get(id(c)) or getattr(c, "description", "") or f"{type(c).__name__} {i}"
-        out.append((label, c))
-    return out
-
-
-def _values(control: Any) -> tuple[str, Any, Any] | None:
-    """(what changes, start value A, neighbour B) for a control; None for one this driver cannot move."""
-    import ipywidgets as w
-
-    if isinstance(control, w.Button):
-        return "press", None, None
-    if control.has_trait("index") and control.has_trait("options"):  # Dropdown, RadioButtons, ToggleButtons, SelectionSlider
-        n, a = len(control.options), control.index
-        if n < 2 or a is None or isinstance(a, tuple):
-            return None
-        return "index", a, a + 1 if a + 1 < n else a - 1
-    value = control.value
-    if isinstance(value, bool):  # Checkbox, ToggleButton
-        return "value", value, not value
-    if isinstance(value, str):  # Text, Textarea: a neutral edit, as a learner's typing would trigger
-        return "value", value, value + ("\n" if isinstance(control, w.Textarea) else " ")
-    if isinstance(value, tuple) and len(value) == 2 and control.has_trait("step"):  # range sliders: move the upper end
-        lo, hi = value
-        up = hi + control.step if hi + control.step <= control.max else hi - control.step
-        return "value", value, (lo, max(lo, up))
-    if isinstance(value, (int, float)):
-        step = control.step if control.has_trait("step") and control.step else 1
-        if control.has_trait("base"):  # FloatLogSlider: min, max and step are exponents
-            e = math.log(value, control.base)
-            e_new = e + step if e + step <= control.max + 1e-9 else e - step
-            return "value", value, control.base ** e_new
-        if control.has_trait("max") and value + step > control.max:
-            return "value", value, value - step
-        return "value", value, value + step
-    return None
-
-
-class Driver:
-    """The widget ``module.builder(...)``, built in the kernel; ``change(i)`` moves control i once and times it."""
-
-    def __init__(self, module: str, builder: str, args: list, kwargs: dict):
-        import importlib
-        import inspect
-
-        fn = getattr(importlib.import_module(module), builder)
-        params = inspect.signature(fn).parameters
-        names = list(params)
-        given = dict(zip(names, args)) | kwargs
-        call, left_out = {}, []
-        for name, value in given.items():
-            if value == _DEVICE or (name == "device" and value == _VARIABLE):
-                call[name] = "cpu"  # the goal is on CPU
-            elif value == _VARIABLE:
-                left_out.append(name)  # a notebook variable (``initial=result``): the widget computes it
-                if params[name].default is inspect.Parameter.empty:
-                    raise ValueError(f"{module}.{builder} needs {name}, a notebook variable the benchmark cannot rebuild")
-            else:
-                call[name] = value
-        if "device" in params and "device" not in call:
-            call["device"] = "cpu"
-        self._processes = _count_processes()
-        t0 = time.perf_counter()
-        self.widget = fn(**call)
-        self.build_s = time.perf_counter() - t0
-        import ipywidgets as w
-
-        if not isinstance(self.widget, w.Widget) and not isinstance(getattr(self.widget, "widget", None), w.Widget):
-            raise TypeError(f"{module}.{builder} returned {type(self.widget).__name__}, not a widget")
-        self.built_with = {k: repr(v) for k, v in call.items()} | {k: "left out: a notebook variable" for k in left_out}
-        self.controls = []
-        self.skipped = []
-        for label, control in _controls(self.widget):
-            values = _values(control)
-            if values is None:
-                self.skipped.append(f"{label} ({type(control).__name__})")
-            else:
-                self.controls.append((label, control, *values))
-        self.changes = [0] * len(self.controls)
-
-    def describe(self) -> None:
-        print(_MARK + json.dumps({
-            "build_s": self.build_s, "built_with": self.built_with, "skipped": self.skipped,
-            "controls": [{"control": label, "class": type(c).__name__, "how": how,
-                          "values": [] if how == "press" else [_shown(c, how, a), _shown(c, how, b)]}
-                         for label, c, how, a, b in self.controls],
-        }))
-
-    def change(self, i: int) -> None:
-        """Move control i to B on even changes and back to A on odd ones (or press it); print the seconds."""
-        label, control, how, a, b = self.controls[i]
-        n = self.changes[i]
-        self.changes[i] += 1
-        started = self._processes[0]
-        error = None
-        t0 = time.perf_counter()
-        try:
-            if how == "press":
-                control.click()
-            else:
-                setattr(control, how, b if n % 2 == 0 else a)
-        except Exception as e:  # a callback that raises: in JupyterLab it lands in the log and nothing redraws
-            error = f"{type(e).__name__}: {e}"
-        seconds = time.perf_counter() - t0
-        print(_MARK + json.dumps({"seconds": seconds, "first": n == 0, "processes": self._processes[0] - started, "error": error}))
-
-    def restore(self, i: int) -> None:
-        """Put control i back at its start value, untimed (after an odd number of changes)."""
-        label, control, how, a, b = self.controls[i]
-        if how != "press" and self.changes[i] % 2 == 1:
-            setattr(control, how, a)
-            self.changes[i] += 1
-
-
-def _shown(control: Any, how: str, value: Any) -> str:
-    """A value as the learner reads it: the option, not its index; floats to four digits."""
-    value = control.options[value] if how == "index" else value
-    value = value[0] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) else value  # (label, value) options
-    return f"{value:.4g}" if isinstance(value, float) else repr(value)[:40]
-
-
-def _count_processes() -> list[int]:
-    """A counter of the processes started in this kernel from now on (subprocess, multiprocessing, fork)."""
-    import multiprocessing.process
-    import subprocess
-
-    counter = [0]
-    if getattr(subprocess.Popen, "_bench_counter", None) is None:
-        def counted(original: Any) -> Any:
-            def wrapper(*a: Any, **kw: Any) -> Any:
-                for c in wrapper._bench_counters:
-                    c[0] += 1
-                return original(*a, **kw)
-            wrapper._bench_counters = []
-            return wrapper
-
-        subprocess.Popen.__init__ = counted(subprocess.Popen.__init__)
-        multiprocessing.process.BaseProcess.start = counted(multiprocessing.process.BaseProcess.start)
-        subprocess.Popen._bench_counter = True
-    subprocess.Popen.__init__._bench_counters.append(counter)
-    multiprocessing.process.BaseProcess.start._bench_counters.append(counter)
-    return counter
 
 
 # --- the client: one kernel per notebook --------------------------------------------------------------------
@@ -454,7 +157,7 @@ def _kernel(threads: int) -> tuple[Any, Any]:
     setup = (
         "%matplotlib inline\n"
         "import importlib.util, sys\n"  # torch takes its thread count from OMP_NUM_THREADS when a lesson imports it
-        f"_spec = importlib.util.spec_from_file_location('accumlib_bench_widgets', {str(Path(__file__).resolve())!r})\n"
+        f"_spec = importlib.util.spec_from_file_location('accumlib_bench_widgets', {str(Path(__file__).resolve().with_name('widget_driver.py'))!r})\n"
         "_bench = importlib.util.module_from_spec(_spec); sys.modules[_spec.name] = _bench; _spec.loader.exec_module(_bench)\n"
     )
     r = _request(kc, km, setup, 120)
@@ -617,18 +320,14 @@ def run(quick: bool = False, paths: list[Path] | None = None, threads: int | Non
             "goals": {"widget": goal}, "note": note}
 
 
-def _md_table(head: list[str], rows: list[list[Any]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-
-
-def section_lines(res: dict) -> list[str]:
+def lines(res: dict, short: bool = False) -> list[str]:
     """The per-control table (goal controls), then the exempt and no-redraw controls, then what could not be driven."""
     rows = res["rows"]
     if rows and "control" not in rows[0]:
         return ["results in the format before per-control rows: run `bench.py --only widgets --merge` again"]
     s = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
     judged = [r for r in rows if r["status"] in ("met", "MISSED", "ERROR")]
-    lines = _md_table(
+    lines = md_table(
         ["notebook", "widget", "control", "change", "median s", "quartiles s", "n", "first change s", "repeats median s", "shows", "goal <= 0.5 s"],
         [[r["notebook"][:2], r["widget"], f"{r['control']} ({r['class']})", r["change"], s(r.get("median_s")),
           f"{s(r['quartiles_s'][0])}-{s(r['quartiles_s'][1])}" if "quartiles_s" in r else "", r.get("n", 0), s(r["first_s"]),
@@ -638,7 +337,7 @@ def section_lines(res: dict) -> list[str]:
     exempt = [r for r in rows if r["status"] == "exempt"]
     if exempt:
         lines += ["", "Exempt from the 0.5 s goal: these start processes (behind a Run button), time as measured:", ""]
-        lines += _md_table(["notebook", "widget", "control", "processes the kernel started", "time s", "n"],
+        lines += md_table(["notebook", "widget", "control", "processes the kernel started", "time s", "n"],
                            [[r["notebook"][:2], r["widget"], f"{r['control']} ({r['class']})", r["processes"], s(r["median_s"]), r["n"]] for r in exempt])
     quiet = [r for r in rows if r["status"] == "no redraw"]
     if quiet:
@@ -664,7 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not paths:
             p.error(f"notebooks must name prefixes of notebooks/[0-9]*.ipynb (got {' '.join(args.notebooks)})")
     res = run(quick=args.quick, paths=paths, threads=args.threads)
-    print("\n".join(section_lines(res)))
+    print("\n".join(lines(res)))
     print(f"\n{res['goals']['widget']['measured']}")
     return res
 

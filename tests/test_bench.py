@@ -276,7 +276,7 @@ def test_widget_section_gives_one_row_per_control_with_a_median(scratch_run):
 
 
 def test_widget_section_table_states_each_control(scratch_run):
-    md = "\n".join(widgets.section_lines(scratch_run))
+    md = "\n".join(widgets.lines(scratch_run))
     for control in ("k (IntSlider)", "option (Dropdown)", "broken (Checkbox)"):
         assert f"| {control} |" in md
     assert "**ERROR**" in md and "Exempt from the 0.5 s goal" in md and "Run (Button)" in md
