@@ -9,6 +9,7 @@ the library never calls its own command line.
 from __future__ import annotations
 
 import ast
+import re
 import importlib
 import importlib.util
 import inspect
@@ -131,3 +132,14 @@ def test_the_library_never_calls_its_own_command_line():
     assert callers == []
     # the negative: the scan does see the package's own entry point import its command line
     assert "accumlib.cli" in _imported_modules(ROOT / "accumlib" / "__main__.py")
+
+
+def test_contributing_names_only_files_that_exist():
+    """CONTRIBUTING.md is the map of where to make a change: every file it names must be there."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    named = set(re.findall(r"`((?:accumlib|benchmarks|notebooks|tests)/[\w/.-]+\.(?:py|ipynb))`", text))
+    assert len(named) >= 15  # the negative: the pattern does find the map's files
+    missing = sorted(p for p in named if not (ROOT / p).exists() and "NN_" not in p)  # NN_name: a pattern
+    assert not missing, missing
+    for module in ("_contract.py", "harness.py", "reference.py", "_render.py", "_timing.py"):
+        assert module in text  # the rooms issue 13 made are on the map
