@@ -123,3 +123,6 @@ def compare(a: Grads, b: Grads) -> Comparison:
         norm_ratio=_rel(math.sqrt(a2), math.sqrt(ref2)),
         per_param=per_param,
     )
+
+
+__all__ = ["Comparison", "compare"]

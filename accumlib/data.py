@@ -16,7 +16,12 @@ IGNORE_INDEX = -100  # target id that cross_entropy skips (PyTorch's default)
 
 
 def synthetic_classification(n: int = 256, n_features: int = 20, n_classes: int = 4, seed: int = 0) -> TensorDataset:
-    """Gaussian blobs around random class centres: (x float32 [n, n_features], y int64 [n])."""
+    """Gaussian blobs around random class centres: (x float32 [n, n_features], y int64 [n]).
+
+    >>> x, y = synthetic_classification(8)[:]
+    >>> tuple(x.shape), y.dtype
+    ((8, 20), torch.int64)
+    """
     if n < 1:
         raise ValueError(f"n must be >= 1 (got {n})")
     g = torch.Generator().manual_seed(seed)
@@ -41,6 +46,9 @@ def digits(n: int | None = None, *, image: bool = False, seed: int = 0) -> Tenso
 
     ``image=False`` gives flat 64-feature rows for the MLP; ``image=True`` gives
     ``[n, 1, 8, 8]`` images for the CNN. ``n`` takes the first n after shuffling.
+
+    >>> tuple(digits(110)[0][0].shape), tuple(digits(4, image=True)[:][0].shape)
+    ((64,), (4, 1, 8, 8))
     """
     data, target = _digits_arrays()
     x = torch.tensor(data, dtype=torch.float32) / 16.0
@@ -63,6 +71,9 @@ class TokenSequences(Dataset):
     Each item is a 1-D LongTensor; ``pad_collate`` turns a list of them into
     ``(inputs, targets)`` where targets are the next tokens and padding is ignored.
     A Markov chain gives the tiny LM something learnable, unlike uniform noise.
+
+    >>> [len(s) for s in TokenSequences(5)]  # 4 to 40 tokens each
+    [40, 28, 14, 18, 33]
     """
 
     def __init__(self, n: int = 96, vocab: int = 32, min_len: int = 4, max_len: int = 40, seed: int = 0):
@@ -90,7 +101,12 @@ class TokenSequences(Dataset):
 
 
 def pad_collate(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad sequences; targets are inputs shifted by one, ``IGNORE_INDEX`` on padding."""
+    """Right-pad sequences; targets are inputs shifted by one, ``IGNORE_INDEX`` on padding.
+
+    >>> inputs, targets = pad_collate([torch.tensor([5, 6, 7]), torch.tensor([8, 9])])
+    >>> inputs.tolist(), targets.tolist()
+    ([[5, 6], [8, 0]], [[6, 7], [9, -100]])
+    """
     longest = max(len(s) for s in seqs)
     inputs = torch.full((len(seqs), longest - 1), PAD_ID, dtype=torch.long)
     targets = torch.full((len(seqs), longest - 1), IGNORE_INDEX, dtype=torch.long)
@@ -101,5 +117,12 @@ def pad_collate(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def count_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
-    """Items of a language-model batch: the targets that are not ignored."""
+    """Items of a language-model batch: the targets that are not ignored.
+
+    >>> count_tokens(pad_collate([torch.tensor([5, 6, 7]), torch.tensor([8, 9])]))
+    3
+    """
     return int((batch[1] != IGNORE_INDEX).sum())
+
+
+__all__ = ["IGNORE_INDEX", "PAD_ID", "TokenSequences", "count_tokens", "digits", "pad_collate", "synthetic_classification"]

@@ -30,7 +30,13 @@ __all__ = ["CLOSE", "EXACT", "OFF_BY_K", "WRONG", "Trace", "classify", "trace_lo
 
 @dataclass
 class Trace:
-    """Per optimizer step: the comparison with the oracle and the window's micro-batch count."""
+    """Per optimizer step: the comparison with the oracle and the window's micro-batch count.
+
+    >>> from accumlib import get_task, normalized
+    >>> trace = trace_loop(normalized, get_task("mlp-digits"))
+    >>> trace.window_batches, trace.window_items, trace.n_items  # the tail: 2 micro-batches, 8 + 6 items
+    ([4, 4, 4, 2], [32, 32, 32, 14], 110)
+    """
 
     comparisons: list[Comparison] = field(default_factory=list)
     window_batches: list[int] = field(default_factory=list)

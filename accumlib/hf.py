@@ -89,6 +89,14 @@ def sequence_classification_losses(model: torch.nn.Module, batch: Mapping[str, A
     ``ForSequenceClassificationLoss`` computes it (``config.problem_type``, else inferred the same
     way): cross-entropy (labels of -100 skipped), squared error for regression, and binary
     cross-entropy averaged over the labels for multi-label.
+
+    >>> import torch
+    >>> class Even(torch.nn.Linear):  # logits over 2 classes, all equal
+    ...     def forward(self, input_ids, attention_mask=None):
+    ...         return {"logits": torch.zeros(input_ids.shape[0], 2)}
+    >>> batch = {"input_ids": torch.ones(3, 5, dtype=torch.long), "labels": torch.tensor([0, 1, 1])}
+    >>> sequence_classification_losses(Even(1, 1), batch)  # each -log(1/2)
+    tensor([0.6931, 0.6931, 0.6931])
     """
     logits, labels = _logits(model, batch), batch["labels"].to(_device(model))
     config = getattr(model, "config", None)
@@ -122,7 +130,15 @@ def _class_names(mapping: Mapping[str, Any]) -> set[str]:
 def default_item_losses(model: torch.nn.Module, label_smoothing: float = 0.0) -> ItemLosses:
     """``causal_lm_losses`` for a causal LM, ``sequence_classification_losses`` for sequence
     classification (by the model's class, as transformers' auto classes list them); anything else
-    has no default, and the error says to pass ``item_losses``."""
+    has no default, and the error says to pass ``item_losses``.
+
+    >>> from accumlib.survey import tiny_model
+    >>> default_item_losses(tiny_model("gpt2")).__name__
+    'causal_lm_losses'
+    >>> default_item_losses(torch.nn.Linear(2, 1))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: item_losses must be given ...
+    """
     from transformers.models.auto import modeling_auto as auto
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper

@@ -57,3 +57,6 @@ def cuda_peak_bytes(fn: Callable[[], Any], *, device: Any = "cuda") -> int:
     fn()
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - base
+
+
+__all__ = ["activation_bytes", "cuda_peak_bytes"]

@@ -12,7 +12,11 @@ from .data import PAD_ID
 
 
 class MLP(nn.Module):
-    """Two hidden layers with ReLU; ``dropout`` > 0 adds stochastic layers."""
+    """Two hidden layers with ReLU; ``dropout`` > 0 adds stochastic layers.
+
+    >>> MLP()(torch.zeros(3, 64)).shape
+    torch.Size([3, 10])
+    """
 
     def __init__(self, in_features: int = 64, hidden: int = 64, n_classes: int = 10, dropout: float = 0.0):
         super().__init__()
@@ -38,7 +42,11 @@ def _norm(kind: str | None, channels: int) -> nn.Module:
 
 
 class SmallCNN(nn.Module):
-    """Two conv blocks for 8x8 single-channel images; ``norm`` picks BatchNorm, GroupNorm or none."""
+    """Two conv blocks for 8x8 single-channel images; ``norm`` picks BatchNorm, GroupNorm or none.
+
+    >>> SmallCNN(norm="group")(torch.zeros(2, 1, 8, 8)).shape
+    torch.Size([2, 10])
+    """
 
     def __init__(self, n_classes: int = 10, channels: int = 16, norm: str | None = "group"):
         super().__init__()
@@ -59,6 +67,9 @@ class TinyLM(nn.Module):
 
     Right padding never changes the logits of real tokens (attention is causal), so
     re-padding micro-batches into one large batch leaves every item loss unchanged.
+
+    >>> TinyLM()(torch.zeros(2, 7, dtype=torch.long)).shape  # logits over the 32-token vocabulary
+    torch.Size([2, 7, 32])
     """
 
     def __init__(self, vocab: int = 32, d_model: int = 32, n_heads: int = 2, max_len: int = 64):
@@ -82,3 +93,6 @@ class TinyLM(nn.Module):
         h = h + self.attn(a, a, a, attn_mask=mask, need_weights=False)[0]
         h = h + self.mlp(self.ln2(h))
         return self.head(h)
+
+
+__all__ = ["MLP", "SmallCNN", "TinyLM"]

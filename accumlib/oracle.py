@@ -121,3 +121,6 @@ def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         for k, p in model.named_parameters()
         if p.requires_grad
     }
+
+
+__all__ = ["grads_of", "sum_grad", "true_gradient"]

@@ -23,13 +23,23 @@ from .models import MLP, SmallCNN, TinyLM
 
 
 def classification_losses(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy of every sample: ``[batch_size]``."""
+    """Cross-entropy of every sample: ``[batch_size]``.
+
+    >>> classification_losses(torch.nn.Linear(4, 2), (torch.zeros(3, 4), torch.tensor([0, 1, 1]))).shape
+    torch.Size([3])
+    """
     x, y = batch
     return F.cross_entropy(model(x), y, reduction="none")
 
 
 def token_losses(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy of every non-ignored target token: ``[n_tokens]``, padding dropped."""
+    """Cross-entropy of every non-ignored target token: ``[n_tokens]``, padding dropped.
+
+    >>> from accumlib.data import pad_collate
+    >>> from accumlib.models import TinyLM
+    >>> token_losses(TinyLM(), pad_collate([torch.tensor([5, 6, 7]), torch.tensor([8, 9])])).shape  # 2 + 1 targets
+    torch.Size([3])
+    """
     inputs, targets = batch
     logits = model(inputs)
     keep = targets != _data.IGNORE_INDEX
@@ -144,3 +154,6 @@ def get_task(name: str) -> Task:
         return TASKS[name]
     except KeyError:
         raise ValueError(f"task must be one of {sorted(TASKS)} (got {name!r})") from None
+
+
+__all__ = ["TASKS", "Task", "classification_losses", "get_task", "token_losses"]

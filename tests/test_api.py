@@ -71,11 +71,14 @@ def _public_functions():
         obj = getattr(accumlib, name)
         if inspect.isfunction(obj) or inspect.isclass(obj):
             yield name, obj
-    for mod in ("harness", "reference", "memory"):
+    # the submodules a user of the library calls into (the lessons, the report, the survey and the
+    # launcher are reached through notebooks and command lines)
+    for mod in ("data", "models", "tasks", "oracle", "compare", "harness", "reference", "memory", "hf", "lightning"):
         module = importlib.import_module(f"accumlib.{mod}")
-        for name in module.__all__ if hasattr(module, "__all__") else []:
+        assert hasattr(module, "__all__"), f"accumlib.{mod} must say what is public with __all__"
+        for name in module.__all__:
             obj = getattr(module, name)
-            if inspect.isfunction(obj):
+            if inspect.isfunction(obj) or inspect.isclass(obj):
                 yield f"{mod}.{name}", obj
 
 
