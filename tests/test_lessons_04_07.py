@@ -2,7 +2,7 @@
 
 Each widget test sets a control's value and asserts that the recomputed result moved the
 way the lesson says it should. Tolerances: FLOAT32_RTOL (1e-4, float32 rounding, see
-accumlib/check.py) for exact claims, BF16_RTOL (0.1) for autocast; every bug shown in
+accumlib/tolerances.py) for exact claims, BF16_RTOL (0.1) for autocast; every bug shown in
 these lessons is at least 0.1 off, most about 1.
 """
 
