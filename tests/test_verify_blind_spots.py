@@ -146,6 +146,10 @@ def test_clip_verify_did_not_see_is_stated_as_an_assumption():
     assert all(r.clip < 1 for r in report.steps)
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL  # like with like, at the assumed norm
     assert "max_norm ~= 0.1" in str(report)
+    # the verdict's own column reads the clipped comparison too: it once showed 0.79-0.89, the unclipped oracle's
+    # distance, next to "ok"; the unclipped figure is still the |g|/|g*| a reader can recompute from clip
+    assert all(r.reference == "float32 clipped to 0.1 (assumed)" for r in report.steps), str(report)
+    assert max(r.ref_error for r in report.steps) <= FLOAT32_RTOL, str(report)
 
 
 def test_scales_that_do_not_end_at_one_norm_are_not_a_clip():

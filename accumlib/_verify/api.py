@@ -155,11 +155,14 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
         ratio, rel = _rel_like(s, clip_to)
         coef = s.scale if t in converted else s.unclip
         reference = s.precision + (" replay" if s.precision != "float32" else "") + ("; BatchNorm: accumulated" if s.batchnorm else "")
+        ref_error = s.rel
+        if t in converted:  # judged against the truth clipped to the assumed norm, so show that error, not the unclipped one
+            reference, ref_error = f"float32 clipped to {assumed:.3g} (assumed)", rel
         rows.append(StepRow(
             step=t, micro_batches=s.micro_batches, items=s.items, lr=s.lr, norm_ratio=ratio, rel_error=rel,
             codes=("skipped by GradScaler",) if s.skipped else tuple(v.codes), reference=reference,
             scale=s.scale / coef if t in converted else s.scale,
-            clip=coef, ref_error=s.rel,
+            clip=coef, ref_error=ref_error,
         ))
     if "misscaled" in by_code:  # one line for all its steps: the range of c, and the causes it matches
         cs = [verdicts[t].factor for t in by_code["misscaled"] if verdicts[t].factor is not None]
