@@ -20,7 +20,7 @@ import torch
 
 from ._batch import Recording, resolve_device
 from .compare import Comparison, compare
-from .loops import CLOSE, CONTRACTS, EXACT, LOOPS, OFF_BY_K, WRONG
+from .loops import CLOSE, EXACT, OFF_BY_K, WRONG, contract_of
 from .oracle import grads_of, true_gradient
 from .tasks import Task
 from .tolerances import BF16_RTOL, FLOAT32_RTOL, OFF_BY_K_TOL
@@ -82,9 +82,9 @@ def trace_loop(
         trace.window_batches.append(len(window))
         trace.window_items.append(sum(task.count_items(b) for b in window))
 
-    name = next((n for n, fn in LOOPS.items() if fn is loop), None) or getattr(loop, "__name__", "")
-    if name in CONTRACTS:
-        loop_kwargs = CONTRACTS[name].kwargs_for(task) | loop_kwargs
+    contract = contract_of(loop)
+    if contract is not None:
+        loop_kwargs = contract.kwargs_for(task) | loop_kwargs
     handle = optimizer.register_step_pre_hook(before_step)
     try:
         trace.logged = loop(model, optimizer, loader, task.item_losses, accum_steps=k, device=device, **loop_kwargs)

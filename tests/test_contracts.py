@@ -87,3 +87,14 @@ def test_adding_a_loop_is_one_file(tmp_path, monkeypatch):
         loops._discover()
     for name in ("accumlib.loops.halved", "accumlib.loops.broken"):
         sys.modules.pop(name, None)
+
+
+def test_a_function_of_ones_own_named_like_a_loop_gets_no_contract():
+    """The harness hands a loop its contract's task fields only when it is the registered loop itself."""
+    from accumlib.loops import contract_of
+
+    def ragged(model, optimizer, loader, item_losses, *, accum_steps, device=None):  # noqa: ARG001 - a user's own
+        return []
+
+    assert contract_of(ragged) is None
+    assert contract_of(accumlib.ragged) is CONTRACTS["ragged"]

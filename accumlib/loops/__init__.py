@@ -12,7 +12,7 @@ are the task fields the loop's ``CONTRACT`` names: ``count_items`` (``ragged``, 
 
 The registry is built from the files: every module here with a ``CONTRACT`` is a loop, so adding
 one touches its own file (and its test). ``LOOPS`` holds those the reference table tabulates, in
-their contract's order; ``CONTRACTS`` every loop's promise, ``grad_divided`` included (the seed
+their contract's order; ``ALL`` and ``CONTRACTS`` every loop and its promise, ``grad_divided`` included (the seed
 documents' form of ``normalized``, which stands for both in the table).
 
 >>> list(LOOPS)
@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
+from typing import Any
 
 from ._contract import CLOSE, EXACT, OFF_BY_K, VERDICTS, WRONG, Contract
 from .amp import amp
@@ -51,11 +52,23 @@ def _discover() -> dict[str, tuple[Callable[..., list[float]], Contract]]:
 
 _FOUND = _discover()
 CONTRACTS: dict[str, Contract] = {name: c for name, (_, c) in _FOUND.items()}
+ALL: dict[str, Callable[..., list[float]]] = {name: fn for name, (fn, _) in _FOUND.items()}
 LOOPS: dict[str, Callable[..., list[float]]] = {
     name: fn for name, (fn, c) in sorted(_FOUND.items(), key=lambda kv: kv[1][1].order or 0) if c.order is not None
 }
 
+
+def contract_of(loop: Callable[..., Any]) -> Contract | None:
+    """The contract of a registered loop, found by identity: a function of one's own that shares a
+    loop's name gets none.
+
+    >>> contract_of(ragged).takes, contract_of(lambda *a, **k: []) is None
+    (('count_items',), True)
+    """
+    name = getattr(loop, "__name__", "")
+    return CONTRACTS[name] if ALL.get(name) is loop else None
+
 __all__ = [
-    "CLOSE", "CONTRACTS", "Contract", "EXACT", "LOOPS", "OFF_BY_K", "VERDICTS", "WRONG",
+    "ALL", "CLOSE", "CONTRACTS", "Contract", "EXACT", "LOOPS", "OFF_BY_K", "VERDICTS", "WRONG", "contract_of",
     "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
 ]

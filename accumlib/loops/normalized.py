@@ -10,9 +10,8 @@ between micro-batches (every micro-batch weighs 1/k, not |b_j|/N).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-import torch
 from torch import nn
 from torch.optim import Optimizer
 

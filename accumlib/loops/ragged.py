@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import torch
 from torch import nn
 from torch.optim import Optimizer
 

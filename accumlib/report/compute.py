@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .. import Task, ragged, verify
-from ..loops import CONTRACTS, LOOPS
+from ..loops import CONTRACTS, LOOPS, contract_of
 from ..harness import classify, trace_loop
 from ..memory import activation_bytes
 from .._batch import expected_steps
@@ -169,7 +169,7 @@ def _autocast_verdict(loop: Any, t: Task, k: int, batch_size: int, precision: st
     dtype = PRECISIONS[precision]
 
     def train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> Any:
-        return loop(model, optimizer, loader, t.item_losses, accum_steps=k, dtype=dtype, device=dev, **CONTRACTS[loop.__name__].kwargs_for(t))
+        return loop(model, optimizer, loader, t.item_losses, accum_steps=k, dtype=dtype, device=dev, **contract_of(loop).kwargs_for(t))
 
     rep = verify(train_fn, model=t.make_model(seed).to(dev), dataset=t.make_dataset(), item_losses=t.item_losses,
                  accum_steps=k, batch_size=batch_size, optimizer=lambda ps: torch.optim.SGD(ps, lr=LR), collate_fn=t.collate_fn)
