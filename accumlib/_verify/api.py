@@ -6,7 +6,6 @@ micro-batch boundary) -> ``StepNumbers`` per step -> ``diagnose`` (a pure functi
 
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 from collections.abc import Callable, Iterable
@@ -19,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from .._batch import ItemLosses, check_accum_steps
 from ..tolerances import LOGGED_RTOL
 from .codes import CODES
-from .diagnose import CAUSES, diagnose, infer_clip
+from .copying import copy_model
+from .diagnose import CAUSES, diagnose_run, like_for_like
 from .numbers import StepNumbers
 from .record import Recorder, StopRun
 from .shadow import disable_dropout, first_layer, make_shadow
@@ -92,7 +92,7 @@ def verify(
     """
     check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn, max_steps)
     k = check_accum_steps(accum_steps)
-    net = copy.deepcopy(model)  # the caller's model is never touched
+    net = copy_model(model)  # the caller's model is never touched, nor reached through a patched forward
     dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
     opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
     if not isinstance(opt, torch.optim.Optimizer):
@@ -123,27 +123,9 @@ def verify(
     return _report(rec, k, batch_size, returned, dropout, stopped)
 
 
-def _rel_like(s: StepNumbers, clip_to: list[float]) -> tuple[float, float]:
-    """(|G|/|t'|, |G - t'|/|t'|) with t' the float32 truth clipped as the loop clipped."""
-    if s.tt <= 0:
-        return math.nan, math.nan
-    lam = 1.0
-    for max_norm in clip_to:
-        lam *= min(1.0, max_norm / (lam * math.sqrt(s.tt) + 1e-6))
-    ref = lam * math.sqrt(s.tt)
-    diff2 = s.gg - 2 * lam * s.gt + lam * lam * s.tt
-    return math.sqrt(s.gg) / ref, math.sqrt(max(diff2, 0.0)) / ref
-
-
 def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list[float], stopped: bool) -> Report:
-    verdicts = [diagnose(s, k=k) for s in rec.steps]
-    assumed = infer_clip(rec.steps, verdicts)
-    converted = set()
-    if assumed is not None:
-        for t, (s, v) in enumerate(zip(rec.steps, verdicts)):
-            if v.codes == ["misscaled"] and not s.clips:
-                v.codes, v.factor = [], None
-                converted.add(t)
+    verdicts, assumed = diagnose_run(rec.steps, k=k)
+    converted = {t for t, v in enumerate(verdicts) if v.clip_assumed}
     rows, by_code, details = [], {}, {}  # type: ignore[var-annotated]
     for t, (s, v) in enumerate(zip(rec.steps, verdicts)):
         for c in v.codes:
@@ -152,7 +134,7 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
             if v.detail and v.detail not in details[c]:
                 details[c].append(v.detail)
         clip_to = [c.max_norm for c in s.clips if c.seen >= s.micro_batches] or ([assumed] if assumed else [])
-        ratio, rel = _rel_like(s, clip_to)
+        ratio, rel = like_for_like(s, clip_to)
         coef = s.scale if t in converted else s.unclip
         reference = s.precision + (" replay" if s.precision != "float32" else "") + ("; BatchNorm: accumulated" if s.batchnorm else "")
         ref_error = s.rel
@@ -168,7 +150,15 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
         cs = [verdicts[t].factor for t in by_code["misscaled"] if verdicts[t].factor is not None]
         found = sorted({verdicts[t].cause for t in by_code["misscaled"] if verdicts[t].cause})
         span = f"c = {min(cs):.4f}" + (f" to {max(cs):.4f}" if max(cs) - min(cs) >= 5e-5 else "") if cs else ""
+        divisor = next((s.items / v.factor for s, v in zip(rec.steps, verdicts) if v.cause == "constant"), None)
+        span += f" (D = {divisor:.4g})" if divisor else ""
         details["misscaled"] = [span + "".join(f"; {CAUSES[c][0]}" for c in found)]
+        masked = [t for t in by_code["misscaled"] if verdicts[t].masked]
+        if masked:
+            details["misscaled"].append(
+                f"masked by clipping at step(s) {', '.join(map(str, masked))}: clip_grad_norm_ cut both the loop's "
+                "gradient and the true one to max_norm, so the update there equals the correct one; the bug is real "
+                "and shows at any step where the clip does not act")
     findings = [_finding(code, steps, details[code], k) for code, steps in by_code.items()]
     if "misscaled" in by_code and found:  # the fix of the cause found, not the generic one
         at = next(i for i, f in enumerate(findings) if f.code == "misscaled")

@@ -26,7 +26,8 @@ CODES: dict[str, Code] = {
         "bug", "micro-batches with different item counts were weighted per micro-batch, not per item",
         "weigh items, not micro-batches: count the window's items N first, then backward losses.sum() / N"),
     "misscaled": Code(
-        "bug", "every micro-batch's share of the gradient is scaled by one factor c != 1",
+        "bug", "at each of these steps every micro-batch's share of the gradient is scaled by one factor c != 1 "
+        "(the c column gives each step's)",
         "divide the window's summed item losses by exactly the number of items item_losses counts (N), nothing else"),
     "tail-dropped": Code(
         "bug", "items reached no optimizer step",

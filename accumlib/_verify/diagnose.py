@@ -32,6 +32,8 @@ class StepVerdict:
     factor: float | None = None  # misscaled: the one factor c
     cause: str = ""  # misscaled: the known cause c matches, if any
     batchnorm_limit: bool = False  # right as an accumulation; BatchNorm keeps it from the large batch
+    clip_assumed: bool = False  # ok against the truth clipped at the run's assumed max_norm (``infer_clip``)
+    masked: bool = False  # misscaled, but a recorded clip made the update equal the correct one
 
 
 def step_tol(precision: str) -> float:
@@ -53,6 +55,9 @@ CAUSES = {
     "1/k": ("c = 1/k: the loss was divided by k once too often", "divide by the window's item count N once, not by k as well"),
     "k": ("c = k: the loss was multiplied by k, or a mean was taken over 1/k of the items", "divide by the window's item count N"),
     "1/m": ("c = 1/m: the window's mean was divided by its micro-batch count again", "divide by the window's item count N once"),
+    "constant": ("c = N/D at every step with one divisor D for the whole run: the loss was divided by a constant "
+                 "(a fixed token budget, a max length times the batch), not by each window's own item count N",
+                 "divide each window's summed item losses by that window's own item count N (count it before the backward)"),
     "1/b": ("c = m/N = 1/b: each micro-batch's mean was divided by its item count b again (and by k), as if it were a sum",
             "a mean is already divided by its b items: divide the mean by k, or the sum by N, not the mean by k x b"),
 }
@@ -186,18 +191,62 @@ def _misscaled(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, to
     out.detail = f"c = {c:.4f}"
 
 
+def like_for_like(n: StepNumbers, clip_to: list[float]) -> tuple[float, float]:
+    """(|G|/|t'|, |G - t'|/|t'|) with t' the float32 truth clipped as the loop clipped: each
+    ``max_norm`` in ``clip_to`` scales it by min(1, max_norm / (norm + 1e-6)), as torch does."""
+    if n.tt <= 0:
+        return math.nan, math.nan
+    lam = 1.0
+    for max_norm in clip_to:
+        lam *= min(1.0, max_norm / (lam * math.sqrt(n.tt) + 1e-6))
+    ref = lam * math.sqrt(n.tt)
+    diff2 = n.gg - 2 * lam * n.gt + lam * lam * n.tt
+    return math.sqrt(n.gg) / ref, math.sqrt(max(diff2, 0.0)) / ref
+
+
 def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float | None:
-    """A clip by norm verify did not see (fairseq's, DeepSpeed's own): every step scaled by one
-    factor c < 1 ends at one norm C, and every step judged ok has a norm of at most C. Returns C."""
-    scaled = [math.sqrt(s.gg) for s, v in zip(numbers, verdicts)
-              if v.codes == ["misscaled"] and v.factor is not None and v.factor < 1 and not s.clips]
-    if not scaled:
+    """A clip by norm verify did not see (fairseq's, DeepSpeed's own), or None.
+
+    The hypothesis "the loop is right and clips at C" predicts G = min(1, C/|g*|) g* at every
+    step, and it stands only where it predicts every step it is used for:
+      - a clip only shrinks: every step scaled by one factor has c < 1 (one with c >= 1 refutes it);
+      - every scaled step ends at the one norm C (a factor leaves norms that vary with the data);
+      - every step judged ok has a norm of at most C (a clip at C would have acted on it);
+      - at least two scaled steps land on C: one step alone cannot tell a clip from a factor
+        (a loss divided by 2N on a one-window run), so it stays ``misscaled``.
+    """
+    scaled = [(s, v) for s, v in zip(numbers, verdicts) if v.codes == ["misscaled"] and not s.clips]
+    if len(scaled) < 2 or any(v.factor is None or v.factor >= 1 for _, v in scaled):
         return None
-    c = max(scaled)
+    norms = [math.sqrt(s.gg) for s, _ in scaled]
+    c = max(norms)
     fine = [math.sqrt(s.gg) for s, v in zip(numbers, verdicts) if not v.codes and s.items]
-    if all(_near(x, c, CLIP_NORM_RTOL) for x in scaled) and all(x <= c * (1 + CLIP_NORM_RTOL) for x in fine):
+    if all(_near(x, c, CLIP_NORM_RTOL) for x in norms) and all(x <= c * (1 + CLIP_NORM_RTOL) for x in fine):
         return c
     return None
 
 
-__all__ = ["CAUSES", "StepVerdict", "causes", "diagnose", "infer_clip", "step_tol"]
+def diagnose_run(numbers: list[StepNumbers], *, k: int) -> tuple[list[StepVerdict], float | None]:
+    """Every step's verdict, with the run-level rules applied: a clip verify did not see is
+    assumed only where it explains every step (``infer_clip``), and a misscale that a recorded
+    clip hid from the update is marked ``masked``. Returns the verdicts and the assumed max_norm."""
+    verdicts = [diagnose(s, k=k) for s in numbers]
+    assumed = infer_clip(numbers, verdicts)
+    scaled = [(s, v) for s, v in zip(numbers, verdicts) if "misscaled" in v.codes and v.factor and not v.cause]
+    if assumed is None and len({s.items for s, _ in scaled}) > 1:  # a run-level cause: c_t N_t-proportional
+        divisors = [s.items / v.factor for s, v in scaled]
+        if all(_near(d, divisors[0], SAME_FACTOR_RTOL) for d in divisors):
+            for _, v in scaled:
+                v.cause = "constant"
+    for s, v in zip(numbers, verdicts):
+        if assumed is not None and v.codes == ["misscaled"] and not s.clips:
+            v.codes, v.factor, v.cause, v.clip_assumed = [], None, "", True
+        elif "misscaled" in v.codes and s.clips:
+            # clip_grad_norm_ acted on the loop's c g* and would have on g* too: both end at max_norm,
+            # so the update equals the correct one; the bug is real and shows wherever the clip does not act
+            done = [c.max_norm for c in s.clips if c.seen >= s.micro_batches]
+            v.masked = like_for_like(s, done)[1] <= step_tol(s.precision)
+    return verdicts, assumed
+
+
+__all__ = ["CAUSES", "StepVerdict", "causes", "diagnose", "diagnose_run", "infer_clip", "like_for_like", "step_tol"]
