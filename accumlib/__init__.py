@@ -29,7 +29,7 @@ import importlib
 from typing import Any
 
 from ._batch import resolve_device
-from ._verify import CODES, Finding, Report, verify
+from ._verify import CODES, Finding, Report, VerifyError, verify
 from .compare import Comparison, compare
 from .loops import LOOPS, amp, grad_divided, large_batch, naive, normalized, ragged
 from .oracle import grads_of, true_gradient
@@ -40,7 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LOOPS", "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
     "true_gradient", "grads_of", "compare", "Comparison",
-    "verify", "Report", "Finding", "CODES",
+    "verify", "Report", "Finding", "CODES", "VerifyError",
     "Task", "get_task", "TASKS", "resolve_device",
 ]
 

@@ -5,8 +5,9 @@
     accumlib ddp --world-size 2 ...        DDP accumulation on local processes
     accumlib survey transformers           every causal-LM class of transformers under its Trainer
 
-Exit status: 0 when every verdict holds (the loop is correct), 1 when one does not,
-2 on bad usage.
+Exit status: 0 when every verdict holds (the loop is correct), 1 when one does not (a bug),
+2 on bad usage; ``verify FILE.py:FUNCTION`` also exits 3 when the loop itself raised and 4 when
+verify could not judge it (``accumlib._verify.report.EXIT_STATUS``).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "with the true large-batch gradient, and check the verdict each loop's contract promises. With a target "
         "FILE.py:FUNCTION: run FUNCTION(model, optimizer, loader) once on --task NAME, or on a task the file defines "
         "(item_losses, make_model, make_dataset or dataset; optional collate_fn, make_optimizer, ACCUM_STEPS, "
-        "BATCH_SIZE), and name what is wrong with its accumulation. Exit 0 when correct, 1 when not, 2 on bad usage.",
+        "BATCH_SIZE), and name what is wrong with its accumulation. Exit 0: correct; 1: a bug was found; 2: usage "
+        "error; 3: the loop raised; 4: verify could not judge (a limit such as data it did not hand out).",
     )
     v.add_argument("target", nargs="?", metavar="FILE.py:FUNCTION", help="your training loop (optional)")
     v.add_argument("--task", action="append", metavar="NAME", help="only this built-in task (repeatable); with a target, the task to run it on")

@@ -27,7 +27,7 @@ MAX_LINES = 400  # about two screens: a module past it holds more than one purpo
 
 PUBLIC = {
     "LOOPS", "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
-    "true_gradient", "grads_of", "compare", "Comparison", "verify", "Report", "Finding", "CODES",
+    "true_gradient", "grads_of", "compare", "Comparison", "verify", "Report", "Finding", "CODES", "VerifyError",
     "Task", "get_task", "TASKS", "resolve_device",
 }
 

@@ -11,8 +11,8 @@ One pipeline, data passed forward only, a module per stage:
 - ``codes``: the one table of finding codes (kind, message, fix); ``api``: ``verify`` itself.
 """
 
-from .api import verify
+from .api import VerifyError, verify
 from .codes import CODES, Code
-from .report import Finding, Report, StepRow
+from .report import EXIT_STATUS, Finding, Report, StepRow
 
-__all__ = ["CODES", "Code", "Finding", "Report", "StepRow", "verify"]
+__all__ = ["CODES", "EXIT_STATUS", "Code", "Finding", "Report", "StepRow", "VerifyError", "verify"]

@@ -8,7 +8,12 @@ The loop runs on a built-in task (``--task NAME``) or on a task the same file de
     collate_fn, make_optimizer(params)           optional
     ACCUM_STEPS, BATCH_SIZE                      optional defaults for --accum-steps, --batch-size
 
-Exit status: 0 when every step saw the true gradient, 1 when not (or the loop raised), 2 on bad usage.
+Exit status (``accumlib._verify.report.EXIT_STATUS``), one CI can act on:
+  0  correct: every step saw the true large-batch gradient
+  1  a bug was found (the findings say which)
+  2  usage error: bad arguments, a target that does not import; the loop never ran
+  3  the user's code raised (its traceback is printed, with how far the loop got)
+  4  verify could not judge: a limit (data it did not hand out, BatchNorm), or verify itself failed
 """
 
 from __future__ import annotations
@@ -83,7 +88,8 @@ def _call(fn: Any, name: str) -> Any:
 
 def run_target(args: argparse.Namespace) -> int:
     from .._batch import check_accum_steps
-    from .api import check_args, verify
+    from .api import VerifyError, check_args, verify
+    from .report import EXIT_STATUS
 
     try:
         if args.loop:
@@ -103,11 +109,16 @@ def run_target(args: argparse.Namespace) -> int:
                    kw["max_steps"])
     except (UsageError, ValueError, TypeError) as err:
         print(f"accumlib verify: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_STATUS["usage"]
     try:
         report = verify(fn, **kw)
+    except VerifyError as err:  # not the loop's fault: say so, and how
+        traceback.print_exc()
+        print(f"accumlib verify: cannot judge: {err}", file=sys.stderr)
+        return EXIT_STATUS["cannot-judge"]
     except Exception:  # the user's loop raised: its traceback, with verify's note of how far it got
         traceback.print_exc()
-        return 1
+        print("accumlib verify: the loop raised (exit 3); nothing was judged", file=sys.stderr)
+        return EXIT_STATUS["raised"]
     print(report.to_json() if args.json else report)
-    return 0 if report.ok else 1
+    return report.exit_status

@@ -2,6 +2,10 @@
 
 ``Report.ok`` is True only when no finding is a bug or a limit; a ``note`` (dropout handled
 by the comparison, a clip verify assumed, a run ended by ``max_steps``) does not make a loop wrong.
+``Report.status`` tells the three outcomes apart, as the command line's exit status does:
+``ok`` (0), ``bug`` (1: a finding of kind bug), ``cannot-judge`` (4: no bug in what was judged,
+but a limit kept verify from judging all of it). Exit 2 (usage) and 3 (the user's code raised)
+have no Report: nothing was judged.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from .codes import CODES
 def _finite(v: Any) -> Any:
     """JSON has no NaN: a step without a reference (no items, inf/nan) reports null."""
     return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+# what `accumlib verify` exits with, one CI can act on
+EXIT_STATUS = {"ok": 0, "bug": 1, "usage": 2, "raised": 3, "cannot-judge": 4}
 
 
 @dataclass(frozen=True)
@@ -90,12 +98,24 @@ class Report:
         return all(f.severity == "note" for f in self.findings)
 
     @property
+    def status(self) -> str:
+        """``ok``, ``bug`` or ``cannot-judge`` (see ``EXIT_STATUS`` for the command line's codes)."""
+        kinds = {f.severity for f in self.findings}
+        return "bug" if "bug" in kinds else "cannot-judge" if "limit" in kinds else "ok"
+
+    @property
+    def exit_status(self) -> int:
+        """The command line's exit status for this report: 0, 1 or 4."""
+        return EXIT_STATUS[self.status]
+
+    @property
     def codes(self) -> set[str]:
         return {f.code for f in self.findings}
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "status": self.status,
             "accum_steps": self.accum_steps,
             "items_stepped": self.items_stepped,
             "items_total": self.items_total,
@@ -123,6 +143,9 @@ class Report:
         return head, rows
 
     def _verdict(self) -> str:
+        if self.status == "cannot-judge":
+            limits = sorted({f.code for f in self.findings if f.severity == "limit"})
+            return f"CANNOT JUDGE ({', '.join(limits)}): no bug found, but the run could not be judged in full (see below)"
         if not self.ok:
             return "NOT OK"
         return "OK, every judged step saw the true large-batch gradient" + (
@@ -154,4 +177,4 @@ class Report:
         )
 
 
-__all__ = ["Finding", "Report", "StepRow"]
+__all__ = ["EXIT_STATUS", "Finding", "Report", "StepRow"]
