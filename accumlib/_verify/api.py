@@ -6,7 +6,6 @@ micro-batch boundary) -> ``StepNumbers`` per step -> ``diagnose`` (a pure functi
 
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 import traceback
@@ -21,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from .._batch import ItemLosses, check_accum_steps
 from ..tolerances import LOGGED_RTOL
 from .codes import CODES
+from .copying import copy_model
 from .diagnose import CAUSES, diagnose_run, like_for_like
 from .numbers import StepNumbers
 from .record import Recorder, StopRun
@@ -114,7 +114,7 @@ def verify(
     """
     check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn, max_steps)
     k = check_accum_steps(accum_steps)
-    net = copy.deepcopy(model)  # the caller's model is never touched
+    net = copy_model(model)  # the caller's model is never touched, nor reached through a patched forward
     dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
     opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
     if not isinstance(opt, torch.optim.Optimizer):

@@ -6,9 +6,9 @@ oracle's forwards and backwards never touch the loop's hooks or ``.grad``.
 
 from __future__ import annotations
 
-import copy
-
 import torch
+
+from .copying import copy_model
 
 
 def disable_dropout(net: torch.nn.Module) -> list[float]:
@@ -38,8 +38,9 @@ def make_shadow(net: torch.nn.Module) -> torch.nn.Module:
     """A second module tree for the oracle whose parameters share the storage of ``net``'s (no copy
     of the weights) as leaves of their own: its forwards never reach the loop's hooks or patched
     forwards (Accelerate wraps ``forward`` in autocast), its backward never touches the loop's
-    ``.grad``, and BatchNorm's running statistics stay apart."""
-    return copy.deepcopy(net, {id(p): _leaf(p) for p in net.parameters()})
+    ``.grad``, and BatchNorm's running statistics stay apart. A forward patched on the instance
+    (TRL's fused LM head) is rebound to the shadow, so it never runs ``net``'s own weights."""
+    return copy_model(net, {id(p): _leaf(p) for p in net.parameters()})
 
 
 def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:

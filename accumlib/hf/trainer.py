@@ -1,21 +1,9 @@
-"""``verify_trainer``: ``accumlib.verify`` on a Hugging Face Transformers ``Trainer``, in one line.
+"""``verify_trainer``: the Trainer's own training loop run on a copy under ``accumlib.verify``.
 
-The Trainer's own training loop runs on a copy of the model: its arguments, the optimizer and
-scheduler it builds (or a copy of the ones it was given), its data collator, sampler,
-``gradient_accumulation_steps``, ``max_grad_norm`` and mixed precision. Every optimizer step is
-judged against the true gradient of the mean item loss over the step's micro-batches, where an
-item is what ``item_losses`` returns one loss for: a predicted token for a causal LM
-(``causal_lm_losses``), a sample for sequence classification (``sequence_classification_losses``).
-
-    >>> from accumlib.hf import verify_trainer
-    >>> report = verify_trainer(trainer)  # your configured Trainer, untouched  # doctest: +SKIP
-    >>> print(report)  # one row per optimizer step, then the findings  # doctest: +SKIP
-
-What runs differs from ``trainer.train()`` only where a comparison needs it: one epoch (unless
-``args.max_steps`` is set), output in a temporary folder, no checkpoints, no evaluation, no
-reporting integrations, data loading in the main process (verify records each micro-batch as it
-arrives), and dropout, NEFTune noise and MoE router jitter off (random, so no gradient could be
-compared exactly). Needs ``pip install accumlib[hf]`` (transformers, accelerate).
+The copy is a Trainer of the user's class built from copies of what the user configured (its
+arguments, optimizer, scheduler, callbacks), on verify's copy of the model; the recording dataset
+and collate function are swapped in after it is built, so a subclass that checks their types
+(TRL's trainers want a ``datasets.Dataset``) takes the user's own.
 """
 
 from __future__ import annotations
@@ -28,18 +16,16 @@ import inspect
 import numbers
 import random
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ._batch import ItemLosses
-from ._verify import CODES, Finding, Report, verify
+from .._batch import ItemLosses
+from .._verify import CODES, Finding, Report, verify
+from .losses import default_item_losses
+from .trl import check_trl, trl_changes, trl_kwargs
 
-IGNORE_INDEX = -100  # the label transformers' losses skip (padding, prompt tokens)
-# keys of a Trainer batch that are targets or loss arguments, not inputs of the forward
-NOT_INPUTS = ("labels", "shift_labels", "num_items_in_batch")
 # float attributes that make a training-mode forward random: switched off in verify's copy
 RANDOM_IN_TRAINING = ("dropout", "pdrop", "layerdrop", "jitter")
 
@@ -50,108 +36,6 @@ def _transformers() -> Any:
     except ImportError as err:  # accumlib itself never needs it
         raise ImportError("accumlib.hf needs transformers and accelerate: pip install accumlib[hf]") from err
     return transformers
-
-
-def _logits(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
-    out = model(**{k: v for k, v in batch.items() if k not in NOT_INPUTS})
-    return (out["logits"] if isinstance(out, Mapping) else out[0]).float()
-
-
-def causal_lm_losses(model: torch.nn.Module, batch: Mapping[str, Any], *, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Cross-entropy of every predicted token of a causal LM batch: ``[n_tokens]``.
-
-    Position t predicts label t + 1 (the shift transformers' ``ForCausalLMLoss`` makes), so a
-    sequence of L labelled tokens has L - 1 items; labels of -100 (padding) are none. A batch with
-    ``shift_labels`` (padding-free collators) is taken as already shifted.
-    ``label_smoothing`` is ``TrainingArguments.label_smoothing_factor``.
-
-    >>> import torch
-    >>> class Uniform(torch.nn.Module):  # logits over 4 tokens, all equal
-    ...     def forward(self, input_ids, attention_mask=None):
-    ...         return {"logits": torch.zeros(*input_ids.shape, 4)}
-    >>> batch = {"input_ids": torch.tensor([[1, 2, 3], [1, 2, 0]]), "labels": torch.tensor([[1, 2, 3], [1, 2, -100]])}
-    >>> causal_lm_losses(Uniform(), batch)  # 2 + 1 predicted tokens, each -log(1/4)
-    tensor([1.3863, 1.3863, 1.3863])
-    """
-    logits = _logits(model, batch)
-    if "shift_labels" in batch:
-        targets = batch["shift_labels"]
-    else:
-        logits, targets = logits[:, :-1], batch["labels"][:, 1:]
-    targets = targets.reshape(-1).to(logits.device)
-    ce = F.cross_entropy(logits.reshape(targets.numel(), -1), targets, reduction="none",
-                         ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
-    return ce[targets != IGNORE_INDEX]
-
-
-def sequence_classification_losses(model: torch.nn.Module, batch: Mapping[str, Any], *, label_smoothing: float = 0.0) -> torch.Tensor:
-    """One loss per sample of a sequence-classification batch: ``[n_samples]``, as transformers'
-    ``ForSequenceClassificationLoss`` computes it (``config.problem_type``, else inferred the same
-    way): cross-entropy (labels of -100 skipped), squared error for regression, and binary
-    cross-entropy averaged over the labels for multi-label.
-
-    >>> import torch
-    >>> class Even(torch.nn.Linear):  # logits over 2 classes, all equal
-    ...     def forward(self, input_ids, attention_mask=None):
-    ...         return {"logits": torch.zeros(input_ids.shape[0], 2)}
-    >>> batch = {"input_ids": torch.ones(3, 5, dtype=torch.long), "labels": torch.tensor([0, 1, 1])}
-    >>> sequence_classification_losses(Even(1, 1), batch)  # each -log(1/2)
-    tensor([0.6931, 0.6931, 0.6931])
-    """
-    logits, labels = _logits(model, batch), batch["labels"].to(_device(model))
-    config = getattr(model, "config", None)
-    n_labels = logits.shape[-1]
-    problem = getattr(config, "problem_type", None)
-    if problem is None:  # the rule of ForSequenceClassificationLoss, without writing it into the config
-        problem = ("regression" if n_labels == 1 else
-                   "single_label_classification" if labels.dtype in (torch.long, torch.int) else "multi_label_classification")
-    if problem == "regression":
-        diff = (logits.squeeze(-1) - labels.float()) if n_labels == 1 else (logits - labels.float())
-        return diff.pow(2) if n_labels == 1 else diff.pow(2).mean(-1)
-    if problem == "multi_label_classification":
-        return F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="none").mean(-1)
-    labels = labels.reshape(-1)
-    ce = F.cross_entropy(logits.reshape(labels.numel(), n_labels), labels, reduction="none",
-                         ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
-    return ce[labels != IGNORE_INDEX]
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _class_names(mapping: Mapping[str, Any]) -> set[str]:
-    names: set[str] = set()
-    for v in mapping.values():
-        names |= {v} if isinstance(v, str) else set(v)
-    return names
-
-
-def default_item_losses(model: torch.nn.Module, label_smoothing: float = 0.0) -> ItemLosses:
-    """``causal_lm_losses`` for a causal LM, ``sequence_classification_losses`` for sequence
-    classification (by the model's class, as transformers' auto classes list them); anything else
-    has no default, and the error says to pass ``item_losses``.
-
-    >>> from accumlib.survey import tiny_model
-    >>> default_item_losses(tiny_model("gpt2")).__name__
-    'causal_lm_losses'
-    >>> default_item_losses(torch.nn.Linear(2, 1))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ValueError: item_losses must be given ...
-    """
-    from transformers.models.auto import modeling_auto as auto
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
-    name = type(base).__name__
-    for names, suffix, losses in ((auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "ForCausalLM", causal_lm_losses),
-                                  (auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "ForSequenceClassification",
-                                   sequence_classification_losses)):
-        if name in _class_names(names) or name.endswith(suffix):
-            return functools.partial(losses, label_smoothing=label_smoothing) if label_smoothing else losses
-    raise ValueError(
-        "item_losses must be given for a model that is neither a causal LM nor a sequence classifier "
-        f"(got {name}): item_losses(model, batch) returns one loss per item the Trainer's loss averages over, "
-        "e.g. accumlib.hf.causal_lm_losses")
 
 
 # --- copies of what the user configured -----------------------------------------------------
@@ -216,6 +100,7 @@ def _training_args(args: Any, output_dir: str, max_steps: int | None) -> Any:
         changes["num_train_epochs"] = 1  # every window of a pass is judged in the first pass
     if max_steps is not None:
         changes["max_steps"] = max_steps
+    changes |= trl_changes(args)
     fields = {f.name for f in dataclasses.fields(args)}
     return dataclasses.replace(args, **{k: v for k, v in changes.items() if k in fields})
 
@@ -312,6 +197,7 @@ def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: I
     {'misscaled'}
     """
     _check_trainer(trainer, max_steps, item_losses)
+    check_trl(trainer, item_losses)
     model, args = trainer.model, trainer.args
     losses = item_losses or default_item_losses(model, args.label_smoothing_factor)
     cap = min([n for n in (max_steps, args.max_steps if args.max_steps and args.max_steps > 0 else None) if n], default=None)
@@ -323,20 +209,26 @@ def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: I
 
     def train_fn(net: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> float:
         with tempfile.TemporaryDirectory(prefix="accumlib-trainer-") as out:
+            kwargs = dict(
+                model=net, args=_training_args(args, out, cap),
+                # the user's own dataset and collator, for a subclass that checks their types; verify's
+                # recording wrappers around them are swapped in below, before any batch is drawn
+                data_collator=trainer.data_collator, train_dataset=trainer.train_dataset,
+                processing_class=trainer.processing_class, callbacks=callbacks,
+                compute_loss_func=getattr(trainer, "compute_loss_func", None),
+                optimizers=(opt, _copied_scheduler(user_sched, user_opt, opt)) if user_opt is not None else (None, None),
+                optimizer_cls_and_kwargs=getattr(trainer, "optimizer_cls_and_kwargs", None),
+            ) | trl_kwargs(trainer)
+            takes = inspect.signature(type(trainer).__init__).parameters
+            if not any(p.kind == p.VAR_KEYWORD for p in takes.values()):  # DPOTrainer takes no compute_loss_func
+                kwargs = {k: v for k, v in kwargs.items() if k in takes or v is not None}
             try:
-                copy_of = type(trainer)(
-                    model=net, args=_training_args(args, out, cap),
-                    # the loader's dataset and collate_fn are verify's recording wrappers around the user's
-                    data_collator=loader.collate_fn, train_dataset=loader.dataset,
-                    processing_class=trainer.processing_class, callbacks=callbacks,
-                    compute_loss_func=getattr(trainer, "compute_loss_func", None),
-                    optimizers=(opt, _copied_scheduler(user_sched, user_opt, opt)) if user_opt is not None else (None, None),
-                    optimizer_cls_and_kwargs=getattr(trainer, "optimizer_cls_and_kwargs", None),
-                )
+                copy_of = type(trainer)(**kwargs)
             except TypeError as err:
                 err.add_note(f"accumlib.hf.verify_trainer builds a new {type(trainer).__name__} with the arguments of "
                              "transformers.Trainer.__init__; a subclass whose __init__ takes others is not supported")
                 raise
+            copy_of.train_dataset, copy_of.data_collator = loader.dataset, loader.collate_fn
             copy_of.remove_callback(PrinterCallback)  # its end-of-training metrics line is not verify's to print
             # the sampler draws indices only: built on the user's dataset, a length-grouped sampler
             # reads lengths from it, not through verify's recording wrapper
