@@ -29,7 +29,8 @@ from .sources import Tracked, TrackedIterable
 from .report import Finding, Report, StepRow
 
 DEFAULT_LR = 0.05  # plain SGD: every gradient error shows 1:1 in the update, unlike Adam
-_HERE = str(Path(__file__).resolve().parent)
+# verify's own stages: this package and the oracle's shared gradient (accumlib/oracle.py)
+_OWN = (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "oracle.py"))
 _TORCH = str(Path(torch.__file__).resolve().parent)
 
 
@@ -48,7 +49,7 @@ def _raised_by_verify(err: BaseException) -> bool:
     raising inside the oracle is verify's failure, torch raising inside the user's forward is theirs."""
     frames = [f.filename for f in traceback.extract_tb(err.__traceback__)]
     ours = [f for f in frames if not str(Path(f).resolve()).startswith(_TORCH)]
-    return bool(ours) and str(Path(ours[-1]).resolve()).startswith(_HERE)
+    return bool(ours) and str(Path(ours[-1]).resolve()).startswith(_OWN)
 
 
 def check_args(train_fn: Any, model: Any, dataset: Any, item_losses: Any, batch_size: Any, optimizer: Any,
@@ -126,7 +127,6 @@ def verify(
     hooks = [net.register_forward_pre_hook(rec.on_forward, with_kwargs=True),
              first_layer(net).register_forward_pre_hook(rec.inside_forward),
              register_optimizer_step_pre_hook(rec.on_step)]
-    hooks += [p.register_post_accumulate_grad_hook(rec.on_backward) for p in rec.params]
     returned, stopped = None, False
     try:
         with rec.patched():
@@ -145,6 +145,7 @@ def verify(
     finally:
         for h in hooks:
             h.remove()
+        rec.unwatch()
     return _report(rec, k, batch_size, returned, dropout, stopped)
 
 

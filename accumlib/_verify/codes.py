@@ -49,6 +49,10 @@ CODES: dict[str, Code] = {
     "scheduler-per-micro-batch": Code(
         "bug", "the learning rate changed between micro-batches of one window (a scheduler stepped per micro-batch)",
         "call scheduler.step() next to optimizer.step(), once per window"),
+    "frozen-inside-window": Code(
+        "bug", "a parameter was frozen or unfrozen (requires_grad) between micro-batches of one window, so its gradient "
+        "covers only part of the window's items while the rest of the model's covers all of them",
+        "change requires_grad only between optimizer steps (right after optimizer.zero_grad()), never inside a window"),
     "clip-per-micro-batch": Code(
         "bug", "gradients were clipped before the window's gradient was complete",
         "clip once, after the window's last backward and right before optimizer.step()"),

@@ -99,6 +99,8 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
     if n.lr_changed or len(set(n.lrs)) > 1:
         out.codes.append("scheduler-per-micro-batch")
         out.detail = f"learning rates seen by the window's micro-batches: {[round(x[0], 6) for x in n.lrs]}"
+    if n.frozen_changed:  # judged per micro-batch as the loop ran it, but no large batch does this
+        out.codes.append("frozen-inside-window")
     # a short window is legitimate only as the tail of a pass: it ends the pass and holds what is
     # left of the pass's micro-batches once full windows are taken (by its place, not by dataset index)
     early = m < k and not (n.epoch_end and m == n.pass_length % k)
@@ -143,7 +145,7 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
 
 def _explains(out: StepVerdict) -> bool:
     """True when a code names why the gradient itself is off (not just a schedule problem)."""
-    return any(c not in ("scheduler-per-micro-batch",) for c in out.codes)
+    return any(c not in ("scheduler-per-micro-batch", "frozen-inside-window") for c in out.codes)
 
 
 def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> None:

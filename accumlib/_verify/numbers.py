@@ -38,6 +38,7 @@ class StepNumbers:
     lr: float
     lrs: list[tuple[float, ...]] = field(default_factory=list)  # per micro-batch, of the stepping optimizer
     lr_changed: bool = False  # a scheduler changed the rate inside the window
+    frozen_changed: bool = False  # a parameter was frozen or unfrozen between micro-batches of the window
     epoch_end: bool = False  # the window's last micro-batch ended a pass over the data
     pass_length: int = 0  # micro-batches in that pass (its legitimate tail holds pass_length % k)
     clips: list[Clip] = field(default_factory=list)

@@ -182,14 +182,20 @@ class WindowOracle:
             return seen
 
         small = sum(leaf.numel() for leaf in self.leaves) <= SMALL
+        # only what the loop's forward differentiated (a frozen parameter has no gradient to add)
+        live = [i for i, leaf in enumerate(self.leaves) if leaf.requires_grad]
         with exact(how):
             if small:  # a small model: one gradient vector and one product cost less than a hook per tensor
+                s = [None] * len(self.leaves)
                 try:
-                    s, losses = sum_grad(self.shadow, batches, self.item_losses, self.leaves, scale=scale, check_finite=False)
+                    got, losses = sum_grad(self.shadow, batches, self.item_losses, [self.leaves[i] for i in live],
+                                           scale=scale, check_finite=False)
+                    for i, g in zip(live, got):
+                        s[i] = g
                 except ValueError:
                     if any(x.numel() for x in _losses(self, batches)):
                         raise
-                    s, losses = [None] * len(self.leaves), []
+                    losses = []
                 s = [g / scale if g is not None and scale != 1.0 else g for g in s]  # type: ignore[union-attr]
                 if dots is not None:
                     grads, prev, _ = watch  # type: ignore[misc]
@@ -198,9 +204,9 @@ class WindowOracle:
                     if g is not None:
                         leaf.grad.add_(g)  # type: ignore[union-attr]
                 return sum(x.numel() for x in losses), sum(float(x.double().sum()) for x in losses), rows, dots
-            handles = [leaf.register_hook(hook(i)) for i, leaf in enumerate(self.leaves)] if (watch or scale != 1.0) else []
+            handles = [self.leaves[i].register_hook(hook(i)) for i in live] if (watch or scale != 1.0) else []
             try:  # one backward for the group: s is the group's, as the loop's .grad saw it
-                _, losses = sum_grad(self.shadow, batches, self.item_losses, self.leaves, scale=scale,
+                _, losses = sum_grad(self.shadow, batches, self.item_losses, [self.leaves[i] for i in live], scale=scale,
                                      check_finite=False, accumulate=True)
             except ValueError:
                 if any(x.numel() for x in _losses(self, batches)):

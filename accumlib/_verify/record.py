@@ -9,7 +9,8 @@ What is recorded, and why it is enough to judge a step:
   content, else by the indices the loop just drew, so prefetching loaders (Accelerate, nanoGPT),
   device copies and casts do not shift windows; with the autocast state and learning rates;
 - every backward (a post-accumulate-grad hook counts them): the end of a micro-batch, where the
-  oracle stage reads ``.grad``;
+  oracle stage reads ``.grad``; every parameter is watched, and ``requires_grad`` is read at each
+  micro-batch's forward (gradual unfreezing), so the oracle differentiates what the loop did;
 - at every step of any optimizer over the model's parameters (a global hook: frameworks build
   their own), the gradient it sees: before the step, or right after the closure when the step
   gets one (Lightning runs the last micro-batch inside it);
@@ -77,13 +78,29 @@ class Recorder(Patches):
     position: int = 0  # place of the last micro-batch drawn in its pass over the data
     passes: int = 0  # passes over the data that ended so far
     passes_used: set[int] = field(default_factory=set)  # passes the loop trained on (not a sweep for sizes)
+    grad_hooks: dict[int, Any] = field(default_factory=dict)  # post-accumulate-grad hook per parameter id
+    trainable: tuple[bool, ...] = ()  # requires_grad of each parameter at the current group's first forward
+    frozen_changed: bool = False  # requires_grad changed between micro-batches of the window being recorded
 
     def __post_init__(self) -> None:
-        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        # every parameter, frozen or not: a loop may unfreeze some later (and freeze others)
+        self.params = list(self.net.parameters())
         self.param_ids = {id(p) for p in self.params}
         self.oracle = WindowOracle(self.shadow, sync_shadow(self.shadow, self.net, self.params), self.item_losses)
+        self.watch_grads()
         if isinstance(self.dataset, TrackedIterable):
             self.dataset.on_end = self._pass_ended
+
+    def watch_grads(self) -> None:
+        """Count backwards on every parameter that requires grad now (a hook cannot sit on one that does not)."""
+        for p in self.params:
+            if p.requires_grad and id(p) not in self.grad_hooks:
+                self.grad_hooks[id(p)] = p.register_post_accumulate_grad_hook(self.on_backward)
+
+    def unwatch(self) -> None:
+        for h in self.grad_hooks.values():
+            h.remove()
+        self.grad_hooks.clear()
 
     # -- data -----------------------------------------------------------------------------
     def collate_fn(self, samples: list) -> Any:
@@ -200,6 +217,11 @@ class Recorder(Patches):
             self.mark = self.backwards
         elif self.backwards != self.mark:  # the micro-batches before this one went through backward
             self._close_group()
+        if not self.group:  # what this forward differentiates: the oracle's replay of the group follows it
+            now = tuple(p.requires_grad for p in self.params)
+            self.frozen_changed |= len(self.window) > 0 and now != self.trainable  # inside one window
+            self.trainable = now
+            self.watch_grads()
         for b in new:
             self.fresh.remove(b)
             self.consumed.add(b)
@@ -222,6 +244,8 @@ class Recorder(Patches):
 
     def _close_group(self, *, last: bool = False, unclip: float = 1.0) -> None:
         batches = [self.mbs[b].batch for b in self.group]
+        for leaf, on in zip(self.oracle.leaves, self.trainable):
+            leaf.requires_grad_(on)  # as the loop's forward of these micro-batches had it
         self.oracle.close_group([p.grad for p in self.params], batches, Replay(self.how.autocast, self.scale),
                                 unclip=unclip, last=last)
         self.group, self.mark = [], self.backwards
@@ -259,6 +283,7 @@ class Recorder(Patches):
         numbers.epoch_end, numbers.pass_length = last.epoch_end, last.position
         numbers.leak, numbers.finite = o.leak, o.finite
         numbers.lrs = [lrs for opt, lrs in self.lrs if opt == id(optimizer)]
+        numbers.frozen_changed = self.frozen_changed
         grads = [p.grad for p in self.params]
         if o.finite and o.items > 0:
             self._judge(numbers, grads)
@@ -310,7 +335,7 @@ class Recorder(Patches):
             self.used_indices.update(self.mbs[b].indices or ())
         self._release(self.window)
         self.window, self.group, self.lrs, self.clips = [], [], [], []
-        self.how, self.lr_changed, self.untracked = Replay(), False, 0
+        self.how, self.lr_changed, self.untracked, self.frozen_changed = Replay(), False, 0, False
         if self.max_steps is not None and len(self.steps) >= self.max_steps:
             raise StopRun
 

@@ -54,7 +54,9 @@ def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torc
             if id(p) not in leaves:
                 mine = s._parameters.get(name)
                 same = (mine is not None and mine.data_ptr() == p.data_ptr() and mine.shape == p.shape
-                        and mine.dtype == p.dtype and mine.device == p.device and mine.requires_grad == p.requires_grad)
+                        and mine.dtype == p.dtype and mine.device == p.device)
+                if same:  # kept, with its .grad; whether it is differentiated follows the loop's parameter
+                    mine.requires_grad_(p.requires_grad)  # type: ignore[union-attr]
                 leaves[id(p)] = mine if same else _leaf(p)  # type: ignore[assignment]
             s._parameters[name] = leaves[id(p)]  # type: ignore[assignment]
         for name, b in m._buffers.items():

@@ -28,11 +28,14 @@ from ..models import MLP
 from ..tasks import get_task
 from ._common import CLIP, K
 from .bugs import (
-    bug_clip_before_unscale, bug_clip_per_micro_batch, bug_early_step, bug_labels_before_shift, bug_logged_loss_scaled,
-    bug_misscaled, bug_no_zero_grad, bug_scheduler_per_micro_batch, bug_tail_misscaled, bug_unscaled_sum,
-    bug_zero_grad_inside_window,
+    bug_clip_before_unscale, bug_clip_per_micro_batch, bug_constant_divisor, bug_early_step, bug_frozen_inside_window,
+    bug_labels_before_shift, bug_logged_loss_scaled, bug_misscaled, bug_no_zero_grad, bug_scheduler_per_micro_batch,
+    bug_tail_misscaled, bug_unscaled_sum, bug_zero_grad_inside_window,
 )
-from .correct import clip_by_total_norm, correct_amp_clip_scheduler, correct_enumerate, correct_inner_for, correct_nanogpt, correct_own_clip
+from .correct import (
+    clip_by_total_norm, correct_amp_clip_scheduler, correct_enumerate, correct_gradual_unfreezing, correct_inner_for,
+    correct_nanogpt, correct_own_clip,
+)
 from .frameworks import accelerate_loop, lightning_loop
 from .seeds import (
     Accumulator, bert_train_one_epoch, seed_000_bert, seed_001_mindspore, seed_002_last_batch, seed_003_gan_grad_division,
@@ -95,6 +98,10 @@ GALLERY: dict[str, GalleryLoop] = {
     "bug-misscaled": GalleryLoop(bug_misscaled, _E({"misscaled"}), "loss / (1.04 x the window's items)", n_items=128),
     "bug-labels-before-shift": GalleryLoop(bug_labels_before_shift, _E({"misscaled"}),
                                            "a causal LM divided by its labels counted before the shift", task="lm-tokens"),
+    "bug-constant-divisor": GalleryLoop(bug_constant_divisor, _E({"misscaled"}),
+                                        "every window divided by one fixed token budget, not its own count", task="lm-tokens"),
+    "bug-frozen-inside-window": GalleryLoop(bug_frozen_inside_window, _E({"frozen-inside-window"}),
+                                            "a layer unfrozen halfway through a window", n_items=128),
     "bug-batchnorm": GalleryLoop(correct_inner_for, _E({"batchnorm"}), "a correct loop on a BatchNorm CNN", task="cnn-batchnorm"),
     "bug-dropout-unscaled": GalleryLoop(bug_unscaled_sum, _E({"unscaled-sum", "dropout"}), "a real bug under dropout", n_items=128, dropout=0.3),
     "correct-dropout": GalleryLoop(correct_inner_for, _E({"dropout"}), "a correct loop; dropout is a note, not a bug", dropout=0.3),
@@ -103,6 +110,7 @@ GALLERY: dict[str, GalleryLoop] = {
     "correct-nanogpt": GalleryLoop(correct_nanogpt, _E(), "nanoGPT-style prefetch, unscale then clip", n_items=128),
     "correct-amp-clip-scheduler": GalleryLoop(correct_amp_clip_scheduler, _E(), "autocast, GradScaler, clip, scheduler, tqdm"),
     "correct-own-clip": GalleryLoop(correct_own_clip, _E({"clip-assumed"}), "a clip of its own (fairseq, DeepSpeed): assumed, said so"),
+    "correct-gradual-unfreezing": GalleryLoop(correct_gradual_unfreezing, _E(), "a layer unfrozen at a step", n_items=128),
     "correct-groupnorm": GalleryLoop(correct_inner_for, _E(), "the BatchNorm CNN's loop with GroupNorm", task="cnn-groupnorm"),
     "accelerate": GalleryLoop(accelerate_loop, _E(), "Accelerate accumulate(), 128 items: full windows", n_items=128),
     "accelerate-tail": GalleryLoop(accelerate_loop, _E({"tail-misscaled", "mean-of-means"}),

@@ -118,3 +118,28 @@ def bug_labels_before_shift(model, optimizer, loader):
             (token_losses(model, batch).sum() / count).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+
+def bug_constant_divisor(model, optimizer, loader):
+    """Every window divided by one fixed token budget, not its own token count N_t: step t is scaled by
+    c_t = N_t / 320 (0.934, 1.072, 1.241, 1.131 here). verify v2 took the one c < 1 for a clip and said OK."""
+    budget = 320  # e.g. max length x micro-batch size x K, fixed when the loop was written
+    for window in windows(loader, K):
+        for batch in window:
+            (token_losses(model, batch).sum() / budget).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def bug_frozen_inside_window(model, optimizer, loader):
+    """Gradual unfreezing done at a micro-batch, not at a step: the first layer joins halfway through
+    window 0, so its gradient there holds half the window's items while the rest holds all of them."""
+    first = list(model.parameters())[:2]
+    for t, window in enumerate(windows(loader, K)):
+        n = sum(len(y) for _, y in window)
+        for j, (x, y) in enumerate(window):
+            for p in first:
+                p.requires_grad_(t > 0 or j >= K // 2)
+            (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)

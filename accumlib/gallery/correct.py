@@ -99,3 +99,17 @@ def correct_own_clip(model, optimizer, loader):
         clip_by_total_norm(list(model.parameters()), CLIP)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+
+def correct_gradual_unfreezing(model, optimizer, loader):
+    """The first layer frozen for the first window, unfrozen at a step: every window's gradient is the
+    large batch's over the parameters that train in it (verify's oracle follows requires_grad)."""
+    first = list(model.parameters())[:2]
+    for t, window in enumerate(windows(loader, K)):
+        for p in first:
+            p.requires_grad_(t > 0)  # between steps, right after zero_grad: never inside a window
+        n = sum(len(y) for _, y in window)
+        for x, y in window:
+            (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
