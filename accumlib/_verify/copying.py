@@ -31,8 +31,10 @@ def copy_model(model: torch.nn.Module, memo: dict[int, Any] | None = None) -> to
 
     >>> import torch, types
     >>> net = torch.nn.Linear(2, 1)
-    >>> plain = net.forward  # a wrapper patched on the instance, closing over the original's bound forward
-    >>> net.forward = types.MethodType(lambda self, x: plain(x) * 2, net)
+    >>> def patch(model):  # as TRL does: a wrapper on the instance, closing over the original's bound forward
+    ...     original = model.forward
+    ...     model.forward = types.MethodType(lambda self, x: original(x) * 2, model)
+    >>> patch(net)
     >>> twin = copy_model(net)
     >>> twin(torch.ones(1, 2)).sum().backward()
     >>> net.weight.grad is None, twin.weight.grad is not None  # the copy's forward ran the copy's weights

@@ -7,7 +7,7 @@ different lengths, so micro-batches hold different numbers of tokens and the las
 
 >>> tok = tiny_tokenizer()
 >>> tok("w3 w7").input_ids, tok.pad_token_id, tok.eos_token_id
-([8, 12], 0, 2)
+([9, 13], 0, 2)
 >>> len(tiny_texts(n=5, seed=0)["text"])
 5
 """
