@@ -207,11 +207,20 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
         return Report(rows, findings, k, stepped, None)
     if "untracked-data" in by_code:  # the loop drew data verify never saw: what it left out is unknown
         return Report(rows, findings, k, stepped, None)
-    missing, total, seen_items, seen_loss = _coverage(rec, batch_size, stepped)
+    missing, total, seen_items, seen_loss, left_out = _coverage(rec, batch_size, stepped)
     if missing:
         what = "the loop never called optimizer.step(); " if not rec.steps else ""
         of = f" of {total}" if total is not None else ""
         findings.append(Finding("tail-dropped", f"{what}{missing}{of} items reached no optimizer step", CODES["tail-dropped"].fix))
+    passes = rec.data_passes
+    if left_out:
+        per = sorted(set(x for x in passes.left_out if x))
+        findings.append(Finding("loader-left-out", CODES["loader-left-out"].message.format(
+            n=sum(passes.left_out), passes=len(passes.left_out), per=" or ".join(map(str, per)), held=passes.held,
+            why=passes.left_out_by), CODES["loader-left-out"].fix))
+    if passes.duplicates:
+        findings.append(Finding("duplicate-items", CODES["duplicate-items"].message.format(n=passes.duplicates),
+                                CODES["duplicate-items"].fix))
     true_items = stepped + seen_items
     true_loss = (sum(s.loss_sum for s in rec.steps) + seen_loss) / true_items if true_items else None
     logged = _logged(returned, rec.steps, k, true_loss, findings)
@@ -226,8 +235,9 @@ def _finding(code: str, steps: list[int], details: list[str], k: int) -> Finding
     return Finding(code, msg, CODES[code].fix, tuple(steps))
 
 
-def _coverage(rec: Recorder, batch_size: int, stepped: int) -> tuple[int, int | None, int, float]:
-    """(items never stepped, items in all, items forwarded but never stepped, their loss sum)."""
+def _coverage(rec: Recorder, batch_size: int, stepped: int) -> tuple[int, int | None, int, float, bool]:
+    """(items never stepped, items in all, items forwarded but never stepped, their loss sum, whether
+    complete passes of the loop's loader left dataset items out by design: drop_last or its sampler)."""
     seen_items, seen_loss = 0, 0.0
     for mb in rec.leftovers():  # forwarded after the last step: the loop saw them, no step used them
         n, loss = rec.count_and_loss(mb.batch)
@@ -235,12 +245,16 @@ def _coverage(rec: Recorder, batch_size: int, stepped: int) -> tuple[int, int | 
     if not isinstance(rec.dataset, Tracked):  # no indices: what was drawn in a pass the loop trained on, never used
         missing = seen_items + sum(rec.count_and_loss(rec.mbs[b].batch)[0] for b in rec.fresh
                                    if rec.mbs[b].pass_id in rec.passes_used)
-        return missing, stepped + missing, seen_items, seen_loss
+        return missing, stepped + missing, seen_items, seen_loss, 0
     left = [i for i in range(len(rec.dataset)) if i not in rec.used_indices]  # never in a stepped window
+    passes = rec.data_passes
+    left_out = passes.complete and any(passes.left_out)  # every pass ran to its end: what it did not draw, it left out
+    if left_out:
+        left = [i for i in left if i in passes.seen]  # the rest was drawn: the loop's to step
     missing = 0
     for s in range(0, len(left), batch_size):
         missing += rec.count_and_loss(rec.collate([rec.dataset.dataset[i] for i in left[s:s + batch_size]]))[0]
-    return missing, stepped + missing, seen_items, seen_loss
+    return missing, stepped + missing, seen_items, seen_loss, left_out
 
 
 def logged_loss_off(logged: float, true: float, k: int) -> bool:

@@ -79,6 +79,16 @@ CODES: dict[str, Code] = {
         "limit", "the loop's forwards ran on data that did not come from the loader verify handed it, so those steps "
         "could not be judged",
         "iterate the `loader` argument (or a DataLoader over loader.dataset with loader.collate_fn) inside train_fn"),
+    "loader-left-out": Code(
+        "note", "the loop's DataLoader handed out fewer items than the dataset holds, by its own design ({why}): "
+        "{n} dataset item(s) left out over {passes} pass(es) ({per} of {held} per pass), so no step could use them; "
+        "every step was judged on the items it drew",
+        "nothing to fix if dropping them is intended; with drop_last=False (the default) the last, partial "
+        "micro-batch is drawn and must be stepped, divided by its own item count"),
+    "duplicate-items": Code(
+        "note", "{n} draw(s) repeated a dataset item already drawn in the same pass (a sampler with replacement, or "
+        "padding): each copy weighs as one item, in the loop and in the large batch it is judged against",
+        "nothing to fix if the sampler repeats items on purpose; a DistributedSampler pads ranks this way"),
     "dropout": Code(
         "note", "dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns "
         "accumulation alone, not dropout noise",

@@ -52,6 +52,11 @@ CAUSES = {
               "labels were counted before the shift",
               "count labels[:, 1:] != -100, after the shift; with a transformers Trainer whose model has loss_type None "
               "(GPT2LMHeadModel among others), set model.loss_type = 'ForCausalLM' (docs/transformers-label-count.md)"),
+    "virtual-tokens": ("c = N/(N-S) at every step (N items, S sequences): one item too few per sequence, i.e. a PEFT "
+                       "prompt-learning model (prompt tuning, p-tuning) scores each sequence's first token from its last "
+                       "virtual token, but the count took labels[:, 1:] of the unpadded labels",
+                       "divide by the labels the model scores (labels != -100 after PEFT prepends its virtual tokens: the "
+                       "first token counts); see docs/trl-peft-bugs.md"),
     "1/k": ("c = 1/k: the loss was divided by k once too often", "divide by the window's item count N once, not by k as well"),
     "k": ("c = k: the loss was multiplied by k, or a mean was taken over 1/k of the items", "divide by the window's item count N"),
     "1/m": ("c = 1/m: the window's mean was divided by its micro-batch count again", "divide by the window's item count N once"),
@@ -66,7 +71,7 @@ CAUSES = {
 def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float) -> str:
     """The key of the known cause a factor matches (see ``CAUSES``), or ''."""
     # a sequence adds one unpredicted label only where items are tokens: more items than sequences
-    known = [("shift", items / (items + sequences))] if 0 < sequences < items else []
+    known = [("shift", items / (items + sequences)), ("virtual-tokens", items / (items - sequences))] if 0 < sequences < items else []
     known += [("1/k", 1 / k), ("k", float(k))] + ([("1/m", 1 / m)] if m > 1 else [])
     known += [("1/b", m / items)] if items > m else []  # over-division: the mean divided by k x b
     for key, value in known:

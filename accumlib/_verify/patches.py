@@ -1,6 +1,7 @@
 """The record stage's patches of torch, each undone on exit: ``clip_grad_norm_`` (which window
 clipped, to what), ``GradScaler`` (the scale a window's losses carried, the windows it skipped)
-and ``LRScheduler.step`` (a rate changed inside a window).
+``LRScheduler.step`` (a rate changed inside a window) and ``DataLoader.__iter__`` (where a pass
+over the data ends).
 
 Patched at the class or module level, because frameworks call them from their own code
 (Accelerate's and Lightning's clipping, the Trainer's scheduler); a call for another model's
@@ -31,8 +32,29 @@ class Patches:
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
-        with self._clipping(), self._scaler(), self._schedulers():
+        with self._clipping(), self._scaler(), self._schedulers(), self._loaders():
             yield
+
+    @contextlib.contextmanager
+    def _loaders(self) -> Iterator[None]:
+        """Every DataLoader iteration over verify's dataset (its own loader, the loop's, a framework's
+        re-created one): where a pass ends, drop_last and the sampler included."""
+        from torch.utils.data import DataLoader
+
+        original = DataLoader.__iter__
+
+        def iterate(loader: Any) -> Any:
+            it = original(loader)
+            if loader.dataset is self.dataset:
+                self.iteration_began(loader)
+            return it
+
+        DataLoader.__iter__ = iterate  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            DataLoader.__iter__ = original  # type: ignore[method-assign]
+            self.data_passes.run_ended()
 
     @contextlib.contextmanager
     def _clipping(self) -> Iterator[None]:

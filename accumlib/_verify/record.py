@@ -35,7 +35,7 @@ from .numbers import Clip, MicroBatch, StepNumbers
 from .oracle import Replay, WindowOracle, clipped, exact, gram
 from .patches import Patches, _lr
 from .shadow import sync_shadow
-from .sources import WORKERS, Tracked, TrackedIterable, tensors
+from .sources import WORKERS, Passes, Tracked, TrackedIterable, tensors
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
 
@@ -71,7 +71,6 @@ class Recorder(Patches):
     mark: int = 0
     forwards: int = 0
     drawn: int = 0
-    epoch_items: int = 0
     scale: float = 1.0  # GradScaler's, at the loop's last scale() call
     end_next: bool = False  # an IterableDataset ran out while this batch was being drawn
     used_indices: set[int] = field(default_factory=set)  # dataset indices of windows that reached a step
@@ -88,6 +87,7 @@ class Recorder(Patches):
         self.param_ids = {id(p) for p in self.params}
         self.oracle = WindowOracle(self.shadow, sync_shadow(self.shadow, self.net, self.params), self.item_losses)
         self.watch_grads()
+        self.data_passes = Passes(len(self.dataset) if isinstance(self.dataset, Tracked) else 0)
         if isinstance(self.dataset, TrackedIterable):
             self.dataset.on_end = self._pass_ended
 
@@ -124,10 +124,8 @@ class Recorder(Patches):
         self.position += 1
         mb = MicroBatch(batch, idx, int(first.shape[0]) if first is not None and first.dim() else 0, self.end_next,
                         self.position, self.passes)
-        if idx is not None:  # a pass over a map-style dataset ends when it has handed out every item
-            self.epoch_items += len(idx)
-            if self.epoch_items >= len(self.dataset):  # type: ignore[arg-type]
-                mb.epoch_end, self.epoch_items = True, 0
+        if idx is not None:
+            mb.epoch_end = self.data_passes.drew(idx)
         if mb.epoch_end:
             self.position, self.passes = 0, self.passes + 1
         self.end_next = False
@@ -138,6 +136,13 @@ class Recorder(Patches):
             s = t.untyped_storage().data_ptr()
             self.storage[s] = b if self.storage.get(s, b) == b else -1  # -1: batches share one storage
         return b
+
+    def iteration_began(self, loader: Any) -> None:
+        """The loop began iterating a DataLoader over verify's dataset (see ``Passes.began``)."""
+        if isinstance(self.dataset, Tracked):
+            if self.data_passes.batches is not None and self.data_passes.drawn > 0:  # the open pass ends here
+                self.position, self.passes = 0, self.passes + 1
+            self.data_passes.began(loader)
 
     def _pass_ended(self, mid_batch: bool) -> None:
         """An IterableDataset ran out: the batch being collated (or the one before) ends the pass."""

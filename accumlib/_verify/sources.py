@@ -9,6 +9,7 @@ back, so it is refused with ``WORKERS``. Used by the record stage.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -74,4 +75,59 @@ class TrackedIterable(IterableDataset):
         self.on_end(self.pending > 0)
 
 
-__all__ = ["Tracked", "TrackedIterable", "WORKERS", "tensors"]
+@dataclass
+class Passes:
+    """Where passes over a map-style dataset end, and what each handed out.
+
+    A pass is one DataLoader iteration over the dataset: its length (``drop_last`` and the sampler
+    included) says where it ends, even when it hands out fewer items than the dataset holds. Without
+    an iteration (a sampler with no length), a pass ends once every item was handed out."""
+
+    held: int  # items in the dataset
+    batches: int | None = None  # micro-batches the current iteration yields (None: none seen)
+    drawn: int = 0  # micro-batches drawn in the current pass
+    items: int = 0  # items drawn in the current pass
+    counts: dict[int, int] = field(default_factory=dict)  # dataset index -> draws in the current pass
+    complete: bool = True  # every iteration the loop began ran to its end
+    duplicates: int = 0  # draws of an item already drawn in the same pass (a sampler with replacement)
+    seen: set[int] = field(default_factory=set)  # every dataset index the loop drew
+    left_out: list[int] = field(default_factory=list)  # per ended pass: dataset items it never drew
+    left_out_by: str = ""  # why a pass drew fewer items than the dataset holds
+
+    def began(self, loader: Any) -> None:
+        """The loop began iterating a DataLoader over the dataset. One still open is incomplete: the
+        loop stopped drawing, so items it never drew are the loop's to step, not the loader's to leave out."""
+        if self.batches is not None and self.drawn > 0:
+            self.complete = False
+            self._reset()
+        try:
+            self.batches = len(loader)
+        except TypeError:  # a sampler without a length
+            self.batches = None
+        if getattr(loader, "drop_last", False) and self.held % (loader.batch_size or 1):
+            self.left_out_by = f"drop_last=True with batch_size {loader.batch_size}"
+        elif not self.left_out_by:
+            self.left_out_by = "its sampler"
+
+    def drew(self, idx: list[int]) -> bool:
+        """A micro-batch of these dataset indices was drawn; True when it ends the pass."""
+        self.seen.update(idx)
+        for i in idx:
+            self.counts[i] = self.counts.get(i, 0) + 1
+        self.drawn, self.items = self.drawn + 1, self.items + len(idx)
+        end = self.drawn == self.batches if self.batches is not None else self.items >= self.held
+        if end:
+            self.duplicates += sum(c - 1 for c in self.counts.values())
+            self.left_out.append(self.held - len(self.counts))
+            self._reset()
+        return end
+
+    def run_ended(self) -> None:
+        if self.batches is not None and 0 < self.drawn < self.batches:
+            self.complete = False
+
+    def _reset(self) -> None:
+        self.drawn, self.items, self.counts = 0, 0, {}
+
+
+__all__ = ["Passes", "Tracked", "TrackedIterable", "WORKERS", "tensors"]

@@ -33,8 +33,8 @@ from .bugs import (
     bug_tail_misscaled, bug_unscaled_sum, bug_zero_grad_inside_window,
 )
 from .correct import (
-    clip_by_total_norm, correct_amp_clip_scheduler, correct_enumerate, correct_gradual_unfreezing, correct_inner_for,
-    correct_nanogpt, correct_own_clip,
+    clip_by_total_norm, correct_amp_clip_scheduler, correct_drop_last, correct_enumerate, correct_gradual_unfreezing,
+    correct_inner_for, correct_nanogpt, correct_own_clip, correct_with_replacement,
 )
 from .frameworks import accelerate_loop, lightning_loop
 from .seeds import (
@@ -111,6 +111,9 @@ GALLERY: dict[str, GalleryLoop] = {
     "correct-amp-clip-scheduler": GalleryLoop(correct_amp_clip_scheduler, _E(), "autocast, GradScaler, clip, scheduler, tqdm"),
     "correct-own-clip": GalleryLoop(correct_own_clip, _E({"clip-assumed"}), "a clip of its own (fairseq, DeepSpeed): assumed, said so"),
     "correct-gradual-unfreezing": GalleryLoop(correct_gradual_unfreezing, _E(), "a layer unfrozen at a step", n_items=128),
+    "correct-drop-last": GalleryLoop(correct_drop_last, _E({"loader-left-out"}), "drop_last=True: the partial micro-batch left out, said so"),
+    "correct-with-replacement": GalleryLoop(correct_with_replacement, _E({"duplicate-items", "loader-left-out"}),
+                                            "a sampler with replacement: repeats and gaps, counted"),
     "correct-groupnorm": GalleryLoop(correct_inner_for, _E(), "the BatchNorm CNN's loop with GroupNorm", task="cnn-groupnorm"),
     "accelerate": GalleryLoop(accelerate_loop, _E(), "Accelerate accumulate(), 128 items: full windows", n_items=128),
     "accelerate-tail": GalleryLoop(accelerate_loop, _E({"tail-misscaled", "mean-of-means"}),
