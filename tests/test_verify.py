@@ -297,6 +297,30 @@ def test_bad_input_names_argument_rule_and_value(change, error, words):
         accumlib.verify(fn, **kw)
 
 
+def test_an_optimizer_instance_is_refused_with_the_factory_to_write():
+    """Before: 'optimizer must be None or callable (got AdamW)', with no example of what to pass."""
+    model = TASK.make_model(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    with pytest.raises(TypeError, match=r"not an optimizer \(got a AdamW instance.*optimizer=lambda params: "
+                                        r"torch\.optim\.AdamW\(params, lr=0\.0003\)"):
+        accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K,
+                        batch_size=8, optimizer=opt)
+    # the factory it names runs, and leaves the caller's optimizer alone
+    report = accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K,
+                             batch_size=8, optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4))
+    assert report.ok and not opt.state, str(report)
+
+
+def test_items_of_different_sizes_without_collate_fn_are_refused_before_the_loop_runs():
+    """Before: torch's 'stack expects each tensor to be equal size' from inside the loop."""
+    lm = accumlib.get_task("lm-tokens")
+    ran = []
+    with pytest.raises(ValueError, match=r"collate_fn must be given when items differ in size.*got item shapes \[\(40,\)\]"):
+        accumlib.verify(lambda *a: ran.append(1), model=lm.make_model(0), dataset=lm.make_dataset(),
+                        item_losses=lm.item_losses, accum_steps=K, batch_size=4)
+    assert not ran
+
+
 def test_frozen_model_is_refused():
     model = TASK.make_model(0).requires_grad_(False)
     with pytest.raises(ValueError, match="requires_grad=True"):

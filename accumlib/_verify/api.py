@@ -25,7 +25,7 @@ from .diagnose import CAUSES, diagnose_run, like_for_like
 from .numbers import StepNumbers
 from .record import Recorder, StopRun
 from .shadow import disable_dropout, first_layer, make_shadow
-from .sources import Tracked, TrackedIterable
+from .sources import Tracked, TrackedIterable, tensors
 from .report import Finding, Report, StepRow
 
 DEFAULT_LR = 0.05  # plain SGD: every gradient error shows 1:1 in the update, unlike Adam
@@ -76,9 +76,34 @@ def check_args(train_fn: Any, model: Any, dataset: Any, item_losses: Any, batch_
         raise ValueError(f"batch_size must be an integer >= 1 (got {batch_size!r})")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1):
         raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
+    if isinstance(optimizer, torch.optim.Optimizer):  # it holds the caller's parameters, which verify never steps
+        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+        kind = type(optimizer)
+        where = "torch.optim" if kind.__module__.startswith("torch.optim") else kind.__module__
+        raise TypeError(
+            "optimizer must be a factory that builds the optimizer over verify's copy of the model, not an optimizer "
+            f"(got a {kind.__name__} instance over your model's own parameters); write optimizer=lambda params: "
+            f"{where}.{kind.__name__}(params{f', lr={lr!r}' if isinstance(lr, float) else ''}) with the same settings")
     for name, fn in (("optimizer", optimizer), ("collate_fn", collate_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be None or callable (got {type(fn).__name__})")
+    if collate_fn is None and not isinstance(dataset, IterableDataset):
+        _check_default_collate(dataset, batch_size)
+
+
+def _check_default_collate(dataset: Any, batch_size: int) -> None:
+    """Without a collate_fn, items are stacked: refuse items of different sizes now, with what to write,
+    rather than torch's 'stack expects each tensor to be equal size' from inside the loop."""
+    items = [dataset[i] for i in range(min(batch_size, len(dataset)))]
+    try:
+        default_collate(items)
+    except RuntimeError as err:
+        shapes = [tuple(t.shape) for t in tensors(items[0])], [tuple(t.shape) for t in tensors(items[-1])]
+        raise ValueError(
+            "collate_fn must be given when items differ in size: without one, verify's loader stacks them, which "
+            f"fails (got item shapes {shapes[0]} and {shapes[1]} in the first micro-batch: {err}). Pad them, e.g. "
+            "collate_fn=lambda items: torch.nn.utils.rnn.pad_sequence(items, batch_first=True, padding_value=PAD), "
+            "and let item_losses skip the padding (accumlib.data.pad_collate is one such collate_fn)") from None
 
 
 def verify(

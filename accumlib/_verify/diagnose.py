@@ -63,6 +63,12 @@ CAUSES = {
     "constant": ("c = N/D at every step with one divisor D for the whole run: the loss was divided by a constant "
                  "(a fixed token budget, a max length times the batch), not by each window's own item count N",
                  "divide each window's summed item losses by that window's own item count N (count it before the backward)"),
+    "reduction": ("c = d or 1/d for a whole number d, matching no count of the window: item_losses may reduce each item "
+                  "differently from the loop (a mean over an item's d outputs or terms where the loop sums them, or "
+                  "the reverse), in which case item_losses, not the loop, is what to fix",
+                  "first check that item_losses(model, batch) returns, per item, exactly the term the loop's loss adds "
+                  "up (same reduction over outputs, same extra terms); if it does, divide the loop's summed item "
+                  "losses by the window's item count N"),
     "1/b": ("c = m/N = 1/b: each micro-batch's mean was divided by its item count b again (and by k), as if it were a sum",
             "a mean is already divided by its b items: divide the mean by k, or the sum by N, not the mean by k x b"),
 }
@@ -77,6 +83,9 @@ def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float)
     for key, value in known:
         if _near(c, value, rtol):
             return key
+    d = round(c) if c >= 1 else round(1 / c) if c > 0 else 0
+    if d >= 2 and _near(c, d if c >= 1 else 1 / d, rtol):  # a whole ratio no count explains: a reduction
+        return "reduction"
     return ""
 
 
