@@ -165,6 +165,42 @@ def test_a_length_grouped_sampler_is_followed(tmp_path):
     assert [r.micro_batches for r in report.steps] == [4, 4, 3] and report.items_stepped == report.items_total
 
 
+@pytest.mark.parametrize("drop_last", [True, False], ids=["drop_last", "keep_last"])
+def test_dataloader_drop_last_is_a_stated_choice_not_an_early_step(tmp_path, recorded, drop_last):
+    """dataloader_drop_last=True leaves out the last, partial micro-batch of the epoch; the Trainer then
+    steps a short last window of full micro-batches. Before b6eb9ef: 'early-step' at that window (step 1)
+    and 'tail-dropped' (16 of 213 tokens, the 2 sequences never drawn). 23 sequences in micro-batches
+    of 3, on purpose: 3 does not divide 23."""
+    n, b = 23, 3
+    data = token_sequences(n=n)
+    report = verify_trainer(trainer(tiny_model("llama"), tmp_path, cls=Recording, data=data,
+                                    per_device_train_batch_size=b, dataloader_drop_last=drop_last))
+    dropped = n % b if drop_last else 0
+    trained = [len(x["labels"]) for w in recorded for x, _ in w]  # sequences per micro-batch, as the Trainer saw them
+    assert sum(trained) == n - dropped and set(trained) == ({b} if drop_last else {b, n % b})
+    assert [r.micro_batches for r in report.steps] == ([4, 3] if drop_last else [4, 4])
+    assert report.ok, str(report)
+    assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(report)
+    assert not report.codes & {"early-step", "tail-dropped"}, str(report)
+    if drop_last:
+        assert report.codes == {"loader-left-out"}, str(report)
+        (found,) = report.findings
+        assert f"{dropped} dataset item(s) left out over 1 pass(es) ({dropped} of {n} per pass)" in found.message, found.message
+    else:
+        assert not report.codes, str(report)
+        assert report.items_stepped == report.items_total
+
+
+@pytest.mark.xfail(strict=True, reason="Passes.began reads drop_last and batch_size from the DataLoader only; Accelerate's "
+                   "DataLoaderShard is built with a batch_sampler, so they sit on loader.batch_sampler and the reason "
+                   "given is 'its sampler'")
+def test_dataloader_drop_last_is_named_as_the_reason(tmp_path):
+    report = verify_trainer(trainer(tiny_model("llama"), tmp_path, data=token_sequences(n=23),
+                                    per_device_train_batch_size=3, dataloader_drop_last=True))
+    (found,) = report.findings
+    assert "drop_last=True with batch_size 3" in found.message, found.message
+
+
 def test_the_users_objects_are_untouched(tmp_path, monkeypatch):
     """Model, optimizer, scheduler, dataset, Trainer state, RNGs and Accelerate's shared state are as
     before; nothing is written outside a temporary folder; and the user's own train() afterwards
