@@ -36,6 +36,18 @@ def test_verify_example_prints_what_the_readme_shows():
     assert "[tail-dropped]" in shown  # the example is there to show this finding
 
 
+def test_every_argument_example_prints_what_the_readme_shows():
+    """optimizer as a factory, collate_fn for padded sequences, max_steps: run as written."""
+    code = _block_after("### Every argument", "python")
+    shown = _block_after("### Every argument", "text")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+    assert _mask(out.getvalue()) == _mask(shown)
+    for argument in ("optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)", "collate_fn=pad_collate", "max_steps=2"):
+        assert argument in code
+
+
 def test_reference_table_matches_a_fresh_run():
     shown = _block_after("## The idea in one table", "text")
     rows = {}
