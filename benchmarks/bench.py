@@ -13,6 +13,7 @@ any), ``run(quick) -> dict`` and ``lines(result, short) -> list[str]`` (its mark
                        (widget_discovery.py finds them, widget_driver.py runs inside the kernel)
     allreduce.py       all-reduce calls and bytes per optimizer step under DDP, with and without no_sync
     verify_scale.py    verify's extra peak memory and time on a 39.4M-parameter MLP (_peak.py: peak memory)
+    trainer_cost.py    accumlib.hf.verify_trainer against trainer.train() alone: a tiny Llama, 25 steps of k = 4
 
 Shared: ``_timing.py`` (interleaved runs, ratios, the machine and its load) and ``_render.py``
 (tables, the goals table, the README's Performance section, the figure). To add a section, write
@@ -50,7 +51,8 @@ from _render import figure, goals_table, markdown, section_lines  # noqa: E402
 from _timing import BUSY_CORES, ROOT, cpu_now, machine, other_cores  # noqa: E402
 
 # The sections, in the order of the report: the module file of each.
-SECTION_MODULES = ("memory", "overhead", "price", "verify_cost", "notebook_times", "widgets", "allreduce", "verify_scale")
+SECTION_MODULES = ("memory", "overhead", "price", "verify_cost", "notebook_times", "widgets", "allreduce", "verify_scale",
+                   "trainer_cost")
 MODULES: dict[str, Any] = {m.NAME: m for m in (importlib.import_module(name) for name in SECTION_MODULES)}
 SECTIONS = tuple(MODULES)
 GOALS = {key: text for m in MODULES.values() for key, text in m.GOALS.items()}

@@ -35,6 +35,7 @@ FIGURES = {
     "widgets": ("median_s",),
     "distributed": ("calls_per_step", "bytes_per_step", "bytes_vs_no_sync"),
     "verify_scale": ("alone_s", "verify_s", "time_ratio", "verify_extra_peak_bytes"),
+    "verify_trainer": ("alone_s", "verify_s", "ratio"),
 }
 
 
@@ -79,7 +80,7 @@ def test_goals_table_has_one_entry_per_goal(quick_run):
         assert g["status"] in ("met", "MISSED", "not measured")
         assert g["measured"]
     # --quick measures nothing for real for the notebook, widget and verify-at-scale goals: never a verdict
-    for key in ("notebook_each", "notebook_suite", "widget", "verify_scale_memory", "verify_scale_time"):
+    for key in ("notebook_each", "notebook_suite", "widget", "verify_scale_memory", "verify_scale_time", "verify_trainer"):
         assert goals[key]["met"] is None and goals[key]["status"] == "not measured"
     # the memory goal depends on sizes, not speed: it is decided even on tiny sizes
     assert goals["memory"]["met"] in (True, False)
