@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -55,6 +56,13 @@ def _raised_by_verify(err: BaseException) -> bool:
 def check_args(train_fn: Any, model: Any, dataset: Any, item_losses: Any, batch_size: Any, optimizer: Any,
                collate_fn: Any, max_steps: Any = None) -> None:
     """Refuse bad arguments to ``verify`` before anything runs, naming argument, rule and value."""
+    dist = sys.modules.get("torch.distributed")  # never imported here: no group exists unless the caller made one
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ValueError(
+            f"accumlib.verify judges one process's run: called in a process group of world size {dist.get_world_size()} "
+            f"(rank {dist.get_rank()}), each rank's oracle would see only its own items and a wrong multi-rank loop "
+            "could read as OK. Run verify in a single process (world size 1) on the loop you train with; judging a "
+            "whole multi-rank job is not supported yet")
     if not callable(train_fn):
         raise TypeError(f"train_fn must be callable as train_fn(model, optimizer, loader) (got {type(train_fn).__name__})")
     if not isinstance(model, torch.nn.Module):
