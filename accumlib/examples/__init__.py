@@ -6,4 +6,6 @@
 - ``accelerate_clm``: the loop of transformers' ``run_clm_no_trainer.py`` (Accelerate's
   ``accumulate``) on a tiny Llama, and the same loop counting its tokens per window;
 - ``lightning_digits``: a LightningModule over the digits MLP, for ``accumlib.lightning.verify_fit``.
+- ``trl_peft``: TRL's SFTTrainer on GPT-2, PEFT prompt tuning under the Trainer and TRL's DPOTrainer,
+  each with its accumulation factor and cause (``BUGS``), for lesson 9.
 """
