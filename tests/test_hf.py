@@ -191,9 +191,6 @@ def test_dataloader_drop_last_is_a_stated_choice_not_an_early_step(tmp_path, rec
         assert report.items_stepped == report.items_total
 
 
-@pytest.mark.xfail(strict=True, reason="Passes.began reads drop_last and batch_size from the DataLoader only; Accelerate's "
-                   "DataLoaderShard is built with a batch_sampler, so they sit on loader.batch_sampler and the reason "
-                   "given is 'its sampler'")
 def test_dataloader_drop_last_is_named_as_the_reason(tmp_path):
     report = verify_trainer(trainer(tiny_model("llama"), tmp_path, data=token_sequences(n=23),
                                     per_device_train_batch_size=3, dataloader_drop_last=True))

@@ -104,8 +104,12 @@ class Passes:
             self.batches = len(loader)
         except TypeError:  # a sampler without a length
             self.batches = None
-        if getattr(loader, "drop_last", False) and self.held % (loader.batch_size or 1):
-            self.left_out_by = f"drop_last=True with batch_size {loader.batch_size}"
+        # a DataLoader built with a batch_sampler (Accelerate's, the Trainer's) keeps drop_last and batch_size there
+        batches = getattr(loader, "batch_sampler", None)
+        drop = getattr(loader, "drop_last", False) or getattr(batches, "drop_last", False)
+        size = loader.batch_size or getattr(batches, "batch_size", None) or 1
+        if drop and self.held % size:
+            self.left_out_by = f"drop_last=True with batch_size {size}"
         elif not self.left_out_by:
             self.left_out_by = "its sampler"
 
