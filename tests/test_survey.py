@@ -113,3 +113,14 @@ def test_the_json_is_plain_data():
     committed("causal-lm")  # skips when there is none
     data = json.loads(path("causal-lm", ".json").read_text())
     assert set(data) == {"versions", "setup", "rows", "seconds", "task"} and data["versions"]["transformers"] == VERSION
+
+
+@pytest.mark.parametrize("task, named, expected", [
+    ("causal-lm", ["GPT2LMHeadModel", "LlamaForCausalLM"], ["gpt2", "llama"]),
+    ("causal-lm", ["gpt-sw3", "internlm3"], ["gpt-sw3", "internlm3"]),  # a model type still means itself
+    ("sequence-classification", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"], ["gpt2", "llama"]),
+])
+def test_a_class_name_resolves_to_its_own_model_type(task, named, expected):
+    """Several model types share a class: GPT2LMHeadModel served gpt-sw3 and LlamaForCausalLM internlm3
+    (the first type listed for the class), so `--models GPT2LMHeadModel` surveyed another model's config."""
+    assert survey.resolve(named, task) == expected

@@ -112,7 +112,12 @@ def resolve(models: Sequence[str] | None, task: str = "causal-lm") -> list[str]:
     names = _mapping(task)
     if not models:
         return list(names)
-    by_class = {cls.lower(): t for t, cls in reversed(list(names.items()))}
+    by_class: dict[str, str] = {}
+    for t, cls in names.items():
+        # several model types share a class (gpt-sw3 and gpt2: GPT2LMHeadModel; internlm3 and llama:
+        # LlamaForCausalLM): a class name means the type of its own config class, else the first listed
+        if cls.lower() not in by_class or t == _own_type(cls):
+            by_class[cls.lower()] = t
     out, unknown = [], []
     for m in models:
         key = m.strip()
@@ -122,6 +127,14 @@ def resolve(models: Sequence[str] | None, task: str = "causal-lm") -> list[str]:
         raise ValueError(f"models must name {TASKS[task].title} model types or classes of transformers "
                          f"{_version('transformers')} (e.g. gpt2, llama, GPT2LMHeadModel) (got unknown {', '.join(unknown)})")
     return list(dict.fromkeys(out))
+
+
+def _own_type(cls_name: str) -> str | None:
+    """The model type of the class's own config class (GPT2LMHeadModel -> gpt2), or None."""
+    import transformers
+
+    cls = getattr(transformers, cls_name, None)
+    return getattr(getattr(cls, "config_class", None), "model_type", None)
 
 
 def _version(dist: str) -> str:
