@@ -397,3 +397,26 @@ def test_accumlib_imports_without_the_frameworks():
             "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_users_optimizer_state_is_left_as_it_was(tmp_path):
+    """An optimizer that has stepped before (SGD momentum buffers): verify_trainer rebuilds it over its copy
+    with a deep copy of that state, so the copy's steps never move the user's buffers. (With a fresh
+    optimizer, whose state is empty, a shared buffer could not show.)"""
+    model = gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    batch = collate(token_sequences()[:B])
+    model(**batch).loss.backward()
+    opt.step()  # momentum buffers now hold this gradient
+    opt.zero_grad(set_to_none=True)
+    before = {i: s["momentum_buffer"].clone() for i, s in opt.state_dict()["state"].items()}
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    assert before and any(b.abs().sum() > 0 for b in before.values())
+
+    report = verify_trainer(trainer(model, tmp_path, optimizers=(opt, None)))
+
+    assert report.steps
+    after = opt.state_dict()["state"]
+    assert set(after) == set(before)
+    assert all(torch.equal(after[i]["momentum_buffer"], before[i]) for i in before), "the user's momentum buffers moved"
+    assert all(torch.equal(params[k], v) for k, v in model.state_dict().items())

@@ -116,3 +116,32 @@ def test_the_users_model_keeps_its_flags_and_weights():
                     item_losses=TASK.item_losses, accum_steps=K, batch_size=B)
     for k, v in model.named_parameters():
         assert v.requires_grad == before[k][1] and torch.equal(v, before[k][0]) and v.grad is None
+
+
+def test_batchnorm_in_eval_mode_is_no_batchnorm_finding():
+    """Frozen statistics (a common fine-tuning setup): eval-mode BatchNorm normalizes every micro-batch with
+    the same running statistics, as the large batch would, so a correct loop is exact, with no finding;
+    the same model in training mode gets its limit."""
+    cnn = accumlib.get_task("cnn-batchnorm")
+
+    def loop(model, opt, loader):
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.eval()  # the loop's own choice, inside train_fn
+        batches = list(loader)
+        for s in range(0, len(batches), K):
+            window = batches[s:s + K]
+            n = sum(len(y) for _, y in window)
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    data = accumlib.data.digits(64, image=True)
+    frozen = accumlib.verify(loop, model=cnn.make_model(0), dataset=data, item_losses=cnn.item_losses, accum_steps=K,
+                             batch_size=4)
+    assert frozen.ok and not frozen.codes, str(frozen)
+    assert max(r.rel_error for r in frozen.steps) <= FLOAT32_RTOL
+    training = accumlib.verify(accumlib.gallery.GALLERY["correct-inner-for"].fn, model=cnn.make_model(0), dataset=data,
+                               item_losses=cnn.item_losses, accum_steps=K, batch_size=4)
+    assert training.codes == {"batchnorm"} and training.status == "cannot-judge", str(training)
