@@ -142,16 +142,20 @@ class WindowOracle:
     scratch: torch.Tensor | None = None  # (3, CHUNK) float64, for the dot products
 
     def open(self, grads: Vec) -> None:
-        """A window begins: O = 0, and P remembers what .grad holds (it should be nothing)."""
-        for leaf in self.leaves:
+        """A window begins: O = 0, and P remembers what .grad holds (it should be nothing). A frozen
+        parameter with nothing in .grad gets no buffer at all (None reads as zero): a frozen base
+        model under a small adapter costs verify nothing but its copy."""
+        if self.P is None or len(self.P) != len(self.leaves):
+            self.P = [None] * len(self.leaves)
+        for i, (leaf, g) in enumerate(zip(self.leaves, grads)):
+            if not leaf.requires_grad and g is None:
+                leaf.grad, self.P[i] = None, None
+                continue
             if leaf.grad is None or leaf.grad.shape != leaf.shape or leaf.grad.device != leaf.device:
                 leaf.grad = torch.zeros_like(leaf)
             else:
                 leaf.grad.zero_()
-        if self.P is None or any(p.shape != l.shape or p.device != l.device for p, l in zip(self.P, self.leaves)):
-            self.P = [torch.empty_like(l) for l in self.leaves]
-        for p, g in zip(self.P, grads):
-            p.copy_(g) if g is not None else p.zero_()
+            self._remember(i, g)
         self.fits, self.items, self.loss_sum, self.sequences = [], 0, 0.0, 0
         self.leak = any(g is not None and bool(g.any()) for g in grads)
         self.finite = True
@@ -201,8 +205,8 @@ class WindowOracle:
                     grads, prev, _ = watch  # type: ignore[misc]
                     _gram_into(dots, [_cat(grads, self.leaves), _cat(prev, self.leaves), _cat(s, self.leaves)])
                 for leaf, g in zip(self.leaves, s):
-                    if g is not None:
-                        leaf.grad.add_(g)  # type: ignore[union-attr]
+                    if g is not None:  # a parameter unfrozen inside the window may have no buffer yet
+                        leaf.grad = g.detach().clone() if leaf.grad is None else leaf.grad.add_(g)
                 return sum(x.numel() for x in losses), sum(float(x.double().sum()) for x in losses), rows, dots
             handles = [self.leaves[i].register_hook(hook(i)) for i in live] if (watch or scale != 1.0) else []
             try:  # one backward for the group: s is the group's, as the loop's .grad saw it
@@ -232,8 +236,20 @@ class WindowOracle:
             a, beta, resid = math.nan, math.nan, math.nan
         self.fits.append(Fit(len(batches), n, rows, a, beta, resid))
         if not last:
-            for p, g in zip(self.P, grads):
-                p.copy_(g) if g is not None else p.zero_()
+            for i, g in enumerate(grads):
+                self._remember(i, g)
+
+    def _remember(self, i: int, g: torch.Tensor | None) -> None:
+        """P_i := g (.grad at this boundary); a buffer only once there is something to hold."""
+        assert self.P is not None
+        p, leaf = self.P[i], self.leaves[i]
+        if g is None:
+            if p is not None:
+                p.zero_()
+        elif p is None or p.shape != leaf.shape or p.device != leaf.device:
+            self.P[i] = g.detach().clone()
+        else:
+            p.copy_(g)
 
     def O(self) -> Vec:
         """The oracle's sum, sum_j s_j (read fresh: holding it would make autograd stop accumulating in place)."""
@@ -251,7 +267,8 @@ class WindowOracle:
         """O := sum of the gradients over ``batches`` again, computed as ``how`` says (float32 for the
         figure the user reads; the merged window under BatchNorm): the verdict has read O already."""
         for leaf in self.leaves:
-            leaf.grad.zero_()  # type: ignore[union-attr]
+            if leaf.grad is not None:
+                leaf.grad.zero_()
         n, loss, _, _ = self.backward(batches, how)
         return n, loss
 

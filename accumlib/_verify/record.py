@@ -310,8 +310,8 @@ class Recorder(Patches):
         batches = [self.mbs[b].batch for b in self.window]
         numbers.batchnorm = any(isinstance(mod, BN_TYPES) and mod.training for mod in self.net.modules())
         if numbers.batchnorm:  # the large batch differs: the merged window, in float32, into O; the accumulation kept in P
-            for p, x in zip(o.P, o.O()):
-                p.copy_(x)
+            for i, x in enumerate(o.O()):
+                o._remember(i, x)
             o.redo([self._merged(self.window)], Replay())
             t = gram([grads, o.O(), o.P], scales=[1.0 / u, 1.0 / n, 1.0 / n], scratch=o.scratch)
             mm, pp, pm = float(t[1, 1]), float(t[2, 2]), float(t[1, 2])
