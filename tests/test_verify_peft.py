@@ -14,9 +14,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
+from _trainers import recording, windows_of  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
@@ -37,20 +37,13 @@ ADAPTERS = {
 }
 
 
-class Recording(Trainer):
-    windows: list[list[torch.Tensor]] = []
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        Recording.windows[-1].append(inputs["labels"].clone())
-        return super().training_step(model, inputs, num_items_in_batch)
+Recording = recording(Trainer)
 
 
 @pytest.fixture
 def recorded():
-    Recording.windows = [[]]
-    hook = register_optimizer_step_pre_hook(lambda opt, a, kw: Recording.windows.append([]))
-    yield Recording.windows
-    hook.remove()
+    with windows_of(Recording) as windows:
+        yield windows
 
 
 def adapted(name):

@@ -15,8 +15,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: tiny mode
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
+from _trainers import recording, windows_of  # noqa: E402
 import torch  # noqa: E402
-from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 import accumlib  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
@@ -34,23 +34,13 @@ K, B = 4, 2
 SCALE_RTOL = 1e-5  # a float32 fitted scale lands within ~1e-6 of the factor; N/(N+S) neighbours differ by >= 1e-4
 
 
-class Recording(trl.SFTTrainer):
-    """SFTTrainer that notes the labels of every micro-batch it trains on (on the class, so verify's
-    copy, built as type(trainer), writes there too)."""
-
-    windows: list[list[torch.Tensor]] = []
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        Recording.windows[-1].append(inputs["labels"].clone())
-        return super().training_step(model, inputs, num_items_in_batch)
+Recording = recording(trl.SFTTrainer)
 
 
 @pytest.fixture
 def recorded():
-    Recording.windows = [[]]
-    hook = register_optimizer_step_pre_hook(lambda opt, a, kw: Recording.windows.append([]))
-    yield Recording.windows
-    hook.remove()
+    with windows_of(Recording) as windows:
+        yield windows
 
 
 def counts(windows) -> list[tuple[int, int]]:
