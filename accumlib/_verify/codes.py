@@ -1,7 +1,8 @@
 """The one table of finding codes: name, kind, message and fix.
 
 Kinds: ``bug`` (the loop is wrong), ``limit`` (no loop can match the oracle here, or verify
-could not judge), ``note`` (said for the record; the loop may well be right). ``Report.ok``
+could not judge), ``note`` (said for the record; the loop may well be right), ``cost`` (the
+gradient is right but the run pays for it: time or traffic it need not spend). ``Report.ok``
 is False when any finding is a bug or a limit. Messages are ``str.format`` templates; the
 report fills them from the step's numbers.
 """
@@ -72,6 +73,30 @@ CODES: dict[str, Code] = {
     "no-items": Code(
         "bug", "the optimizer stepped on a window with no items",
         "make sure every window holds at least one item the loss counts"),
+    "per-rank-mean": Code(
+        "bug", "each rank divided its window's loss by its own item count N_r, so the job's gradient is the mean of the "
+        "ranks' means: ranks holding fewer items weigh more than their items",
+        "count the window's items on every rank and all-reduce the count (N = sum_r N_r); backward losses.sum() * R / N "
+        "under DDP's average (with a transformers Trainer: average_tokens_across_devices=True)"),
+    "ranks-diverged": Code(
+        "bug", "the ranks applied different gradients, or held different parameters, at these steps: the gradient was "
+        "never synchronized across ranks",
+        "let the window's last backward synchronize: run it outside model.no_sync() (DDP), or with "
+        "set_requires_gradient_sync(True) (FSDP2)"),
+    "unsharded-data": Code(
+        "bug", "every rank drew the same dataset items, so R ranks did the work of one: the job's large batch is R copies "
+        "of one rank's window",
+        "give each rank its own shard: DataLoader(loader.dataset, sampler=DistributedSampler(loader.dataset), ...)"),
+    "uneven-steps": Code(
+        "bug", "the ranks stepped a different number of times: steps some ranks took alone were judged on "
+        "their own rank only",
+        "give every rank the same number of micro-batches (DistributedSampler pads to equal length; with drop_last, "
+        "all ranks drop alike), and step on the same micro-batch everywhere"),
+    "sync-every-micro-batch": Code(
+        "cost", "the gradient was synchronized across ranks after every micro-batch, not once per window: "
+        "the result is right, but it pays k all-reduces per step where one would do",
+        "run the window's other backwards inside model.no_sync() (DDP; the forward as well: DDP decides at the "
+        "forward), or set_requires_gradient_sync(False) (FSDP2); a Trainer and Accelerate's accumulate() do this"),
     "batchnorm": Code(
         "limit", "the model holds BatchNorm: per-micro-batch statistics differ from the large batch's, so no loop can match it",
         "replace BatchNorm with GroupNorm or LayerNorm, or accept per-micro-batch statistics"),
@@ -88,7 +113,8 @@ CODES: dict[str, Code] = {
     "duplicate-items": Code(
         "note", "{n} draw(s) repeated a dataset item already drawn in the same pass (a sampler with replacement, or "
         "padding): each copy weighs as one item, in the loop and in the large batch it is judged against",
-        "nothing to fix if the sampler repeats items on purpose; a DistributedSampler pads ranks this way"),
+        "nothing to fix if the sampler repeats items on purpose; a DistributedSampler pads ranks this way (with "
+        "drop_last=False it repeats up to R-1 items per pass so every rank holds as many)"),
     "dropout": Code(
         "note", "dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns "
         "accumulation alone, not dropout noise",
@@ -103,6 +129,7 @@ CODES: dict[str, Code] = {
         "nothing to fix; run without max_steps to judge the whole run"),
 }
 
-KINDS = ("bug", "limit", "note")
+KINDS = ("bug", "limit", "note", "cost")
+PASSING = ("note", "cost")  # kinds that leave a verdict ok
 
-__all__ = ["CODES", "KINDS", "Code"]
+__all__ = ["CODES", "KINDS", "PASSING", "Code"]

@@ -57,6 +57,11 @@ CAUSES = {
                        "virtual token, but the count took labels[:, 1:] of the unpadded labels",
                        "divide by the labels the model scores (labels != -100 after PEFT prepends its virtual tokens: the "
                        "first token counts); see docs/trl-peft-bugs.md"),
+    "1/R": ("c = 1/R (R ranks): the loss was divided by the rank count on top of DDP's own mean over ranks",
+            "DDP already averages the ranks' gradients: divide by the job's item count N and multiply by R once, "
+            "or divide by each window's share N / R, not by R again"),
+    "R": ("c = R (R ranks): the ranks' gradients were summed where DDP averages, or the loss was multiplied by R twice",
+          "scale each rank's summed loss by R / N once (DDP's mean over ranks divides by R)"),
     "1/k": ("c = 1/k: the loss was divided by k once too often", "divide by the window's item count N once, not by k as well"),
     "k": ("c = k: the loss was multiplied by k, or a mean was taken over 1/k of the items", "divide by the window's item count N"),
     "1/m": ("c = 1/m: the window's mean was divided by its micro-batch count again", "divide by the window's item count N once"),
@@ -74,10 +79,11 @@ CAUSES = {
 }
 
 
-def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float) -> str:
+def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float, ranks: int = 1) -> str:
     """The key of the known cause a factor matches (see ``CAUSES``), or ''."""
     # a sequence adds one unpredicted label only where items are tokens: more items than sequences
-    known = [("shift", items / (items + sequences)), ("virtual-tokens", items / (items - sequences))] if 0 < sequences < items else []
+    known = [("1/R", 1 / ranks), ("R", float(ranks))] if ranks > 1 else []
+    known += [("shift", items / (items + sequences)), ("virtual-tokens", items / (items - sequences))] if 0 < sequences < items else []
     known += [("1/k", 1 / k), ("k", float(k))] + ([("1/m", 1 / m)] if m > 1 else [])
     known += [("1/b", m / items)] if items > m else []  # over-division: the mean divided by k x b
     for key, value in known:
@@ -93,6 +99,10 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
     """Codes for one optimizer step (see the module docstring for the model)."""
     out = StepVerdict()
     m = n.micro_batches
+    if not n.all_ranks:
+        out.codes.append("uneven-steps")
+        out.detail = "another rank's run had ended before this step: no job-wide oracle to judge it against"
+        return out
     if n.skipped:
         out.detail = "GradScaler skipped this step (inf/nan in the scaled gradient), as designed"
         return out
@@ -134,6 +144,9 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
     if early:
         return out  # the window is wrong; its scale follows from that
     tol = step_tol(n.precision)
+    if n.ranks > 1:
+        _job(n, out, m=m, k=k, tol=tol)
+        return out
     if n.batchnorm and n.rel_merged <= tol:
         return out  # the loop ran the merged window itself (the large-batch loop): exact, BatchNorm included
     if n.rel <= tol:
@@ -155,6 +168,38 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
             "Is item_losses the loss the loop minimizes (same reduction, masking, label shift, no extra terms)?"
         ).lstrip("; ")
     return out
+
+
+def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> None:
+    """A step of a multi-rank job, from the job's numbers (``accumlib._verify.ranks``): the per-micro-batch
+    weights are not the job's (a sync mixes the ranks' .grad), so the names come from exact predictions."""
+    if max(n.diverged, n.params_diverged) > tol:
+        out.codes.append("ranks-diverged")
+        out.detail = (f"|G_r - G_0| / |G_0| up to {n.diverged:.2e}, parameters |p_r - p_0| / |p_0| up to "
+                      f"{n.params_diverged:.2e} (0 when every rank holds the same)")
+        return
+    if n.rel <= tol:
+        out.batchnorm_limit = n.batchnorm
+        return
+    fit_tol = max(FIT_RTOL, tol)
+    if n.leak:
+        out.codes.append("no-zero-grad")
+        out.detail = "some rank's .grad was not empty when the window began"
+    elif n.per_rank_resid <= fit_tol:
+        out.codes.append("per-rank-mean")
+        out.factor = n.per_rank_scale
+        extra = "" if _near(n.per_rank_scale, 1.0, fit_tol) else f", times c = {n.per_rank_scale:.4f}"
+        out.detail = f"window items per rank {n.rank_items}: G = (1/R) sum_r O_r / N_r{extra}"
+    elif n.scale_resid <= fit_tol:
+        if m < k and _near(n.scale, m / k, fit_tol):
+            out.codes.append("tail-misscaled")
+            return
+        _misscaled(n, out, n.scale, m=m, k=k, tol=fit_tol)
+    else:
+        out.codes.append("unexplained")
+        cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
+        out.detail = (f"window items per rank {n.rank_items}; |G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, "
+                      f"cosine {cos:.6f}; no per-rank or common factor reproduces the gradient")
 
 
 def _explains(out: StepVerdict) -> bool:
@@ -203,7 +248,7 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
 def _misscaled(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, tol: float) -> None:
     out.codes.append("misscaled")
     out.factor = c
-    out.cause = causes(c, m=m, k=k, items=n.items, sequences=n.sequences, rtol=tol)
+    out.cause = causes(c, m=m, k=k, items=n.items, sequences=n.sequences, rtol=tol, ranks=n.ranks)
     out.detail = f"c = {c:.4f}"
 
 

@@ -63,6 +63,16 @@ class StepNumbers:
     batchnorm: bool = False
     bn_gap: float | None = None  # ||accumulated - merged|| / ||merged||: BatchNorm's own error
     rel_merged: float = math.nan  # ||G / unclip - merged|| / ||merged||: a loop that merges its window
+    # a multi-rank job (``accumlib._verify.ranks``): items, loss sum and the reference above are the job's,
+    # over every rank's window; these say how the ranks relate
+    ranks: int = 1
+    rank_items: list[int] = field(default_factory=list)  # each rank's window item count N_r
+    diverged: float = 0.0  # max over ranks ||G_r - G_0|| / ||G_0||: the ranks applied different gradients
+    params_diverged: float = 0.0  # max over ranks ||p_r - p_0|| / ||p_0|| at the step: they hold different parameters
+    syncs: int = 0  # micro-batch boundaries at which .grad was the same on every rank (a gradient sync)
+    per_rank_scale: float = math.nan  # c in G ~= c H, H = (1/R) sum_r O_r / N_r: each rank divided by its own count
+    per_rank_resid: float = math.nan  # ||G - c H|| / ||G||
+    all_ranks: bool = True  # every rank stepped here (False: some had ended its run; judged on this rank alone)
 
 
 __all__ = ["Clip", "MicroBatch", "StepNumbers"]

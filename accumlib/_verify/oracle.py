@@ -74,6 +74,7 @@ class Fit:
     a: float
     beta: float
     resid: float  # ||C_j - fit|| / ||C_j||
+    norm2: float = math.nan  # |C_j|^2, .grad at the boundary: equal on every rank where a gradient sync ran
 
 
 def fit_group(g: torch.Tensor) -> tuple[float, float, float]:
@@ -234,7 +235,7 @@ class WindowOracle:
             a, beta, resid = fit_group(_scaled(dots.cpu(), [1.0 / unclip, 1.0, 1.0]))
         else:
             a, beta, resid = math.nan, math.nan, math.nan
-        self.fits.append(Fit(len(batches), n, rows, a, beta, resid))
+        self.fits.append(Fit(len(batches), n, rows, a, beta, resid, float(dots[0, 0]) if dots is not None else math.nan))
         if not last:
             for i, g in enumerate(grads):
                 self._remember(i, g)

@@ -34,6 +34,7 @@ from .._batch import ItemLosses, cat_batches, checked_losses, to_device
 from .numbers import Clip, MicroBatch, StepNumbers
 from .oracle import Replay, WindowOracle, clipped, exact, gram
 from .patches import Patches, _lr
+from .ranks import Ranks
 from .shadow import sync_shadow
 from .sources import WORKERS, Passes, Tracked, TrackedIterable, tensors
 
@@ -80,6 +81,7 @@ class Recorder(Patches):
     grad_hooks: dict[int, Any] = field(default_factory=dict)  # post-accumulate-grad hook per parameter id
     trainable: tuple[bool, ...] = ()  # requires_grad of each parameter at the current group's first forward
     frozen_changed: bool = False  # requires_grad changed between micro-batches of the window being recorded
+    ranks: Ranks | None = None  # a multi-rank job: the exchange stage makes each step's oracle the job's
 
     def __post_init__(self) -> None:
         # every parameter, frozen or not: a loop may unfreeze some later (and freeze others)
@@ -126,6 +128,8 @@ class Recorder(Patches):
                         self.position, self.passes)
         if idx is not None:
             mb.epoch_end = self.data_passes.drew(idx)
+            if self.ranks is not None:
+                self.ranks.drawn.append((self.passes, list(idx)))
         if mb.epoch_end:
             self.position, self.passes = 0, self.passes + 1
         self.end_next = False
@@ -277,6 +281,8 @@ class Recorder(Patches):
         m = len(self.window)
         numbers = StepNumbers(m, _lr(optimizer), untracked=self.untracked)
         if m == 0:
+            if self.ranks is not None:  # the other ranks' windows may hold items: this rank joins the exchange
+                self.ranks.step(numbers, self.oracle, [p.grad for p in self.params], self.params)
             self._finish(numbers)
             return
         complete = [c for c in self.clips if c.seen >= m]
@@ -290,6 +296,9 @@ class Recorder(Patches):
         numbers.lrs = [lrs for opt, lrs in self.lrs if opt == id(optimizer)]
         numbers.frozen_changed = self.frozen_changed
         grads = [p.grad for p in self.params]
+        if self.ranks is not None and not self.ranks.step(numbers, o, grads, self.params):
+            self._finish(numbers)  # another rank's run had ended: nothing to judge this step against
+            return
         if o.finite and o.items > 0:
             self._judge(numbers, grads)
         self._finish(numbers)
@@ -309,7 +318,10 @@ class Recorder(Patches):
             numbers.scale_resid = _dist(gg, gr, rr, numbers.scale) / max(math.sqrt(gg), 1e-300)
         batches = [self.mbs[b].batch for b in self.window]
         numbers.batchnorm = any(isinstance(mod, BN_TYPES) and mod.training for mod in self.net.modules())
-        if numbers.batchnorm:  # the large batch differs: the merged window, in float32, into O; the accumulation kept in P
+        if self.ranks is not None:  # a job: no second replay (each would need its own exchange); its reference is the figure
+            numbers.weights, numbers.leak_coef = [], 0.0  # fitted against this rank's share: not the job's
+            numbers.bn_gap = math.nan if numbers.batchnorm else None
+        elif numbers.batchnorm:  # the large batch differs: the merged window, in float32, into O; the accumulation kept in P
             for i, x in enumerate(o.O()):
                 o._remember(i, x)
             o.redo([self._merged(self.window)], Replay())
@@ -319,7 +331,7 @@ class Recorder(Patches):
             numbers.rel_merged = _dist(float(t[0, 0]), float(t[0, 1]), mm, 1.0) / math.sqrt(mm) if mm > 0 else math.inf
         elif self.how.autocast is not None:  # the float32 figure the user reads
             o.redo(batches, Replay())
-        if numbers.batchnorm or self.how.autocast is not None:
+        if self.ranks is None and (numbers.batchnorm or self.how.autocast is not None):
             g = gram([grads, o.O()], scales=[1.0, 1.0 / n], scratch=o.scratch)
         else:
             g = g * torch.tensor([u, 1.0], dtype=torch.float64)[:, None] * torch.tensor([u, 1.0], dtype=torch.float64)[None, :]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .._text import text_table
-from .codes import CODES
+from .codes import CODES, PASSING
 
 
 def _finite(v: Any) -> Any:
@@ -44,7 +44,7 @@ class Finding:
 
     @property
     def severity(self) -> str:
-        """``bug``, ``limit`` or ``note`` (the code's kind in ``CODES``)."""
+        """``bug``, ``limit``, ``note`` or ``cost`` (the code's kind in ``CODES``)."""
         return CODES[self.code].kind
 
     def __str__(self) -> str:
@@ -95,7 +95,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all(f.severity == "note" for f in self.findings)
+        return all(f.severity in PASSING for f in self.findings)
 
     @property
     def status(self) -> str:

@@ -36,9 +36,9 @@ class Row:
 
     @property
     def bugs(self) -> list[str]:
-        from .._verify import CODES
+        from .._verify.codes import CODES, PASSING
 
-        return [c for c in self.codes if CODES[c].kind != "note"]
+        return [c for c in self.codes if CODES[c].kind not in PASSING]
 
 
 @dataclass

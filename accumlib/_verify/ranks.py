@@ -1,0 +1,184 @@
+"""The exchange stage of a multi-rank job: what flows between ranks at each optimizer step, so that
+every rank judges the whole job against one oracle (``verify(..., ranks="all")``).
+
+Each rank r runs the user's loop on its own shard; its window holds N_r items, and the oracle stage
+leaves O_r = sum_{i in window_r} grad l_i at the window's starting parameters. The job's true
+gradient is what one process would compute on the union of the ranks' windows:
+
+    g* = (sum_r O_r) / N,    N = sum_r N_r.
+
+Under DDP every rank's ``.grad`` after the window's synchronized backward is the mean of the ranks'
+own; a correct loop makes it g*. Two bugs have exact predictions of their own:
+    each rank divided by its own count:  G = c H,  H = (1/R) sum_r O_r / N_r   (``per-rank-mean``)
+    the gradient never synchronized:     G_r differs between ranks              (``ranks-diverged``)
+
+What flows at each step (R ranks, P parameters):
+  - a few numbers per rank, gathered: items, loss sum, finiteness, the window's dataset indices,
+    and |.grad|^2 at each micro-batch boundary (equal on every rank exactly where a sync ran);
+  - sum_r O_r / N_r, all-reduced, only when the ranks' counts differ (equal counts make H = g*);
+  - sum_r O_r, all-reduced into the oracle's own buffer;
+  - rank 0's G, then rank 0's parameters, broadcast and compared on every rank.
+At most 4 P floats per rank per step, through one P-sized float32 buffer: the only memory added.
+
+Every collective runs inside the optimizer-step hook, where every rank of a well-formed job is at
+the same time. A gathered round comes first and says whether every rank is still stepping: a rank
+whose loop has ended answers ``None`` until all have, so ranks that step a different number of
+times end with ``uneven-steps``, never in a deadlock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .oracle import Vec, gram
+
+
+def _dist() -> Any:
+    import torch.distributed as dist  # only a multi-rank run gets here
+
+    return dist
+
+
+def in_group() -> tuple[int, int] | None:
+    """(rank, world size) of the process group this process is in, or None (never imports torch.distributed)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The full tensor of a DTensor (FSDP2 shards parameters and gradients; gathered one at a time)."""
+    if t is not None and hasattr(t, "full_tensor"):
+        return t.full_tensor()
+    return t
+
+
+@dataclass
+class Ranks:
+    """One rank's side of the exchange; every rank holds one and calls it at the same points."""
+
+    rank: int
+    world: int
+    group: Any  # gloo, for the gathered numbers (the default group may be NCCL)
+    buffer: torch.Tensor | None = None  # the one P-sized float32 buffer
+    drawn: list[tuple[int, list[int]]] = field(default_factory=list)  # (pass, dataset indices) of each micro-batch drawn
+
+    @classmethod
+    def join(cls) -> "Ranks":
+        dist = _dist()
+        group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        return cls(dist.get_rank(), dist.get_world_size(), group)
+
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        _dist().all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _max(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        _dist().all_reduce(t, op=_dist().ReduceOp.MAX, group=self.group)
+        return t.tolist()
+
+    # -- the buffer ---------------------------------------------------------------------------
+    def _flat(self, vec: Vec, like: list[torch.Tensor], scale: float = 1.0) -> torch.Tensor:
+        """``vec`` (None: zeros) copied into the buffer, times ``scale``; parameters in ``like`` order."""
+        numel = sum(p.numel() for p in like)
+        if self.buffer is None or self.buffer.numel() != numel or self.buffer.device != like[0].device:
+            self.buffer = torch.empty(numel, dtype=torch.float32, device=like[0].device)
+        at = 0
+        for t, p in zip(vec, like):
+            part = self.buffer[at:at + p.numel()]
+            full = _local(t)
+            if full is None:
+                part.zero_()
+            else:
+                part.copy_(full.detach().reshape(-1))
+                if scale != 1.0:
+                    part.mul_(scale)
+            at += p.numel()
+        return self.buffer
+
+    def _views(self, like: list[torch.Tensor]) -> Vec:
+        assert self.buffer is not None
+        return [v.view(p.shape) for v, p in zip(torch.split(self.buffer, [p.numel() for p in like]), like)]
+
+    # -- one step -------------------------------------------------------------------------------
+    def step(self, numbers: Any, oracle: Any, grads: Vec, params: list[torch.Tensor]) -> bool:
+        """Exchange this step's numbers; make the oracle's buffer and counts the job's. False when
+        some rank had ended its run (nothing more flows; this step is judged on this rank alone)."""
+        m = numbers.micro_batches
+        mine = dict(items=oracle.items if m else 0, loss=oracle.loss_sum if m else 0.0, rows=oracle.sequences if m else 0,
+                    finite=oracle.finite if m else True, leak=oracle.leak if m else False,
+                    norms=[f.norm2 for f in oracle.fits] if m else [])
+        every = self.gather(mine)
+        if any(e is None for e in every):
+            numbers.all_ranks = False
+            return False
+        counts = [e["items"] for e in every]
+        numbers.ranks, numbers.rank_items = self.world, counts
+        numbers.items, numbers.sequences = sum(counts), sum(e["rows"] for e in every)
+        numbers.loss_sum = sum(e["loss"] for e in every)
+        numbers.finite, numbers.leak = all(e["finite"] for e in every), any(e["leak"] for e in every)
+        norms = [e["norms"] for e in every]
+        if len({len(x) for x in norms}) == 1:
+            numbers.syncs = sum(1 for j in range(len(norms[0])) if len({x[j] for x in norms}) == 1)
+        oracle.items, oracle.finite = numbers.items, numbers.finite
+        leaves = oracle.leaves
+        if not m:  # no window here: this rank adds nothing to the job's sum
+            for leaf in leaves:
+                if leaf.grad is not None:
+                    leaf.grad.zero_()
+        if not numbers.finite or numbers.items == 0:
+            return True
+        dist = _dist()
+        if len(set(counts)) > 1 and all(counts):  # H, the per-rank-mean prediction: (1/R) sum_r O_r / N_r
+            dist.all_reduce(self._flat(oracle.O(), leaves, 1.0 / counts[self.rank]))
+            self.buffer.div_(self.world)  # type: ignore[union-attr]
+            g = gram([[_local(t) for t in grads], self._views(leaves)])
+            gg, gh, hh = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
+            if hh > 0 and gg > 0:
+                c = gh / hh
+                numbers.per_rank_scale = c
+                numbers.per_rank_resid = math.sqrt(max(gg - 2 * c * gh + c * c * hh, 0.0)) / math.sqrt(gg)
+        dist.all_reduce(self._flat(oracle.O(), leaves))  # the job's sum, into the oracle's own buffer
+        for leaf, part in zip(leaves, self._views(leaves)):
+            if leaf.grad is not None:
+                leaf.grad.copy_(part)
+            elif leaf.requires_grad:
+                leaf.grad = part.clone()
+        numbers.diverged = self._spread(grads, leaves)
+        numbers.params_diverged = self._spread(list(params), leaves)
+        numbers.diverged, numbers.params_diverged = self._max([numbers.diverged, numbers.params_diverged])
+        return True
+
+    def _spread(self, vec: Vec, leaves: list[torch.Tensor]) -> float:
+        """||v_r - v_0|| / ||v_0|| on this rank, v_0 broadcast from rank 0 (0.0: bit for bit the same)."""
+        buf = self._flat(vec, leaves)
+        _dist().broadcast(buf, src=0)
+        diff = ref = 0.0  # rank 0 too runs the loop: a DTensor's full_tensor() is a collective every rank joins
+        for t, part in zip(vec, self._views(leaves)):
+            full = _local(t)
+            a = full.detach().reshape(-1).double() if full is not None else torch.zeros(part.numel(), dtype=torch.float64,
+                                                                                       device=part.device)
+            b = part.reshape(-1).double()
+            diff += float(((a - b) ** 2).sum())
+            ref += float((b * b).sum())
+        return math.sqrt(diff / ref) if ref > 0 else (0.0 if diff == 0 else math.inf)
+
+    # -- the run's end ----------------------------------------------------------------------------
+    def finish(self, local: dict[str, Any]) -> list[dict[str, Any]]:
+        """This rank's loop ended: answer rounds as ``None`` until every rank's has, then gather what
+        each rank holds for the report (``local``); every rank gets the same list."""
+        while any(e is not None for e in self.gather(None)):
+            pass
+        return self.gather(local)
+
+
+__all__ = ["Ranks", "in_group"]
