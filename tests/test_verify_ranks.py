@@ -32,7 +32,7 @@ LAUNCH_TIMEOUT_S = 300  # 9 verify runs per rank on a loaded 2-core machine; one
 EXACT = 1e-5
 ITEMS = 63  # odd: a DistributedSampler over 2 ranks pads one item (drop_last=False) or drops one (True)
 CASES = ("correct", "per-rank-mean", "divided-by-ranks", "never-synced", "sync-every-micro-batch", "drop-last",
-         "unsharded")
+         "unsharded", "fsdp2", "fsdp2-per-rank-mean")
 
 
 class Logged(Dataset):
@@ -81,8 +81,9 @@ def _run_cases(rank, world, out):
 
         def record(opt, args, kwargs):
             ps = [p for g in opt.param_groups for p in g["params"]]
-            seen.append((list(ds.log), [p.detach().double().clone() for p in ps],
-                         torch.cat([p.grad.detach().double().reshape(-1) for p in ps])))
+            whole = [(p.full_tensor(), p.grad.full_tensor()) if hasattr(p, "full_tensor") else (p, p.grad) for p in ps]
+            seen.append((list(ds.log), [p.detach().double().clone() for p, _ in whole],
+                         torch.cat([g.detach().double().reshape(-1) for _, g in whole])))
             ds.log.clear()
 
         hook = register_optimizer_step_pre_hook(record)
@@ -216,3 +217,21 @@ def test_ranks_all_in_a_single_process_judges_that_process():
     report = accumlib.verify(accumlib.gallery.GALLERY["correct-inner-for"].fn, model=task.make_model(0), dataset=task.make_dataset(),
                              item_losses=task.item_losses, accum_steps=4, batch_size=8, ranks="all")
     assert report.ok, report
+
+
+def test_fsdp2_correct_is_ok_and_says_what_the_shadow_costs(job):
+    c = _case(job, "fsdp2")
+    assert all(s["rel"] < EXACT for s in c["steps"]) and c["steps"]
+    assert c["report"]["ok"], c["text"]
+    f = next(f for f in c["report"]["findings"] if f["code"] == "sharded-model")
+    task = accumlib.get_task("lm-tokens")
+    mib = sum(p.numel() * 4 for p in task.make_model(0).parameters()) / 2**20
+    assert f"{mib:.3g} MiB per rank" in f["message"], f["message"]
+    # the same windows as the DDP loop: the same figures, step for step
+    assert [s["items"] for s in c["report"]["steps"]] == [s["items"] for s in _case(job, "correct")["report"]["steps"]]
+
+
+def test_fsdp2_per_rank_mean_is_named(job):
+    c = _case(job, "fsdp2-per-rank-mean")
+    assert all(s["rel_h"] < EXACT and s["rel"] > 1e-3 for s in c["steps"])
+    assert all(s["codes"] == ["per-rank-mean"] for s in c["report"]["steps"]), c["text"]

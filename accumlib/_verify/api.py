@@ -25,7 +25,7 @@ from .copying import copy_model
 from .diagnose import CAUSES, diagnose_run, like_for_like
 from .numbers import StepNumbers
 from .job import Job, judge_job
-from .ranks import Ranks, in_group
+from .ranks import Ranks, in_group, sharded
 from .record import Recorder, StopRun
 from .shadow import disable_dropout, first_layer, make_shadow
 from .sources import Tracked, TrackedIterable, tensors
@@ -194,6 +194,7 @@ def verify(
         rec.unwatch()
     if job is None:
         return _report(rec, k, batch_size, returned, dropout, stopped)
+    rec.oracle.leaves, rec.counting = rec.sync(), True  # on every rank at once: FSDP2 gathers its parameters here
     mine = dict(steps=len(rec.steps), used=sorted(rec.used_indices), drawn=job.drawn,
                 leftover=_leftover(rec), returned=returned if isinstance(returned, (numbers.Real, list, tuple)) else None, codes=[v.codes for v in diagnose_run(rec.steps, k=k)[0]], numbers=rec.steps)
     every = job.finish(mine)
@@ -300,6 +301,10 @@ def _job_report(rec: Recorder, every: list[dict[str, Any]], steps: list[StepNumb
     held = len(rec.dataset) if isinstance(rec.dataset, Tracked) else None
     job = judge_job(every, steps, held)
     findings += [f for f in job.findings if f.code not in by_code]
+    if sharded(rec.net):
+        size = sum(leaf.numel() * leaf.element_size() for leaf in rec.oracle.leaves) / 2**20
+        findings.append(Finding("sharded-model", CODES["sharded-model"].message.format(size=f"{size:.3g} MiB"),
+                                CODES["sharded-model"].fix))
     missing = 0
     for s in range(0, len(job.missing), batch_size):
         missing += rec.count_and_loss(rec.collate([rec.dataset.dataset[i] for i in job.missing[s:s + batch_size]]))[0]  # type: ignore[union-attr]

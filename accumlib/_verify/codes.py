@@ -97,6 +97,10 @@ CODES: dict[str, Code] = {
         "the result is right, but it pays k all-reduces per step where one would do",
         "run the window's other backwards inside model.no_sync() (DDP; the forward as well: DDP decides at the "
         "forward), or set_requires_gradient_sync(False) (FSDP2); a Trainer and Accelerate's accumulate() do this"),
+    "sharded-model": Code(
+        "note", "the model is sharded (FSDP2 fully_shard): to judge it, verify's oracle holds a whole copy of the parameters "
+        "on every rank and gathers each gradient whole at every step ({size} per rank, plus one gradient-sized buffer)",
+        "nothing to fix; on a model too large to hold whole on one device, verify a smaller configuration of it"),
     "batchnorm": Code(
         "limit", "the model holds BatchNorm: per-micro-batch statistics differ from the large batch's, so no loop can match it",
         "replace BatchNorm with GroupNorm or LayerNorm, or accept per-micro-batch statistics"),

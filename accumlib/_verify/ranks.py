@@ -53,11 +53,24 @@ def in_group() -> tuple[int, int] | None:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _local(t: torch.Tensor | None) -> torch.Tensor | None:
-    """The full tensor of a DTensor (FSDP2 shards parameters and gradients; gathered one at a time)."""
+def full(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The whole tensor of a DTensor (FSDP2 shards parameters and gradients: an all-gather every rank
+    joins, one tensor at a time); any other tensor as it is."""
     if t is not None and hasattr(t, "full_tensor"):
         return t.full_tensor()
     return t
+
+
+def sharded(net: torch.nn.Module) -> bool:
+    """True when FSDP2's ``fully_shard`` manages the model: its parameters are gathered for each forward
+    and freed after it, so the oracle's shadow must hold copies, not share their storage."""
+    import sys
+
+    if "torch.distributed.fsdp" not in sys.modules:
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in net.modules())
 
 
 @dataclass
@@ -95,11 +108,11 @@ class Ranks:
         at = 0
         for t, p in zip(vec, like):
             part = self.buffer[at:at + p.numel()]
-            full = _local(t)
-            if full is None:
+            whole = full(t)
+            if whole is None:
                 part.zero_()
             else:
-                part.copy_(full.detach().reshape(-1))
+                part.copy_(whole.detach().reshape(-1))
                 if scale != 1.0:
                     part.mul_(scale)
             at += p.numel()
@@ -141,7 +154,7 @@ class Ranks:
         if len(set(counts)) > 1 and all(counts):  # H, the per-rank-mean prediction: (1/R) sum_r O_r / N_r
             dist.all_reduce(self._flat(oracle.O(), leaves, 1.0 / counts[self.rank]))
             self.buffer.div_(self.world)  # type: ignore[union-attr]
-            g = gram([[_local(t) for t in grads], self._views(leaves)])
+            g = gram([[full(t) for t in grads], self._views(leaves)])
             gg, gh, hh = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
             if hh > 0 and gg > 0:
                 c = gh / hh
@@ -164,8 +177,8 @@ class Ranks:
         _dist().broadcast(buf, src=0)
         diff = ref = 0.0  # rank 0 too runs the loop: a DTensor's full_tensor() is a collective every rank joins
         for t, part in zip(vec, self._views(leaves)):
-            full = _local(t)
-            a = full.detach().reshape(-1).double() if full is not None else torch.zeros(part.numel(), dtype=torch.float64,
+            whole = full(t)
+            a = whole.detach().reshape(-1).double() if whole is not None else torch.zeros(part.numel(), dtype=torch.float64,
                                                                                        device=part.device)
             b = part.reshape(-1).double()
             diff += float(((a - b) ** 2).sum())
@@ -181,4 +194,4 @@ class Ranks:
         return self.gather(local)
 
 
-__all__ = ["Ranks", "in_group"]
+__all__ = ["Ranks", "full", "in_group", "sharded"]

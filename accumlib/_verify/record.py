@@ -34,7 +34,7 @@ from .._batch import ItemLosses, cat_batches, checked_losses, to_device
 from .numbers import Clip, MicroBatch, StepNumbers
 from .oracle import Replay, WindowOracle, clipped, exact, gram
 from .patches import Patches, _lr
-from .ranks import Ranks
+from .ranks import Ranks, full, sharded
 from .shadow import sync_shadow
 from .sources import WORKERS, Passes, Tracked, TrackedIterable, tensors
 
@@ -81,6 +81,7 @@ class Recorder(Patches):
     grad_hooks: dict[int, Any] = field(default_factory=dict)  # post-accumulate-grad hook per parameter id
     trainable: tuple[bool, ...] = ()  # requires_grad of each parameter at the current group's first forward
     frozen_changed: bool = False  # requires_grad changed between micro-batches of the window being recorded
+    counting: bool = False  # the run ended and the shadow holds its last parameters (``count_and_loss``)
     ranks: Ranks | None = None  # a multi-rank job: the exchange stage makes each step's oracle the job's
 
     def __post_init__(self) -> None:
@@ -98,6 +99,22 @@ class Recorder(Patches):
         for p in self.params:
             if p.requires_grad and id(p) not in self.grad_hooks:
                 self.grad_hooks[id(p)] = p.register_post_accumulate_grad_hook(self.on_backward)
+
+    def live(self) -> list[torch.nn.Parameter]:
+        """The model's parameters now, in ``params`` order. FSDP2's ``fully_shard`` replaces them (and, inside
+        a forward, shows gathered ones): taken by place, and every one seen counts as the model's."""
+        now = list(self.net.parameters())
+        if len(now) == len(self.params) and any(a is not b for a, b in zip(now, self.params)):
+            self.params = now
+            self.param_ids |= {id(p) for p in now}
+        return self.params
+
+    def grads(self) -> list[torch.Tensor | None]:
+        """``.grad`` of every parameter, whole (a DTensor's gathered, on every rank alike)."""
+        return [full(p.grad) for p in self.live()]
+
+    def sync(self) -> list[torch.Tensor]:
+        return sync_shadow(self.shadow, self.net, self.live(), own=sharded(self.net))
 
     def unwatch(self) -> None:
         for h in self.grad_hooks.values():
@@ -221,8 +238,8 @@ class Recorder(Patches):
         if not new:
             return  # a forward on a micro-batch already used (evaluation, a repeat)
         if not self.window:
-            self.oracle.leaves = sync_shadow(self.shadow, self.net, self.params)
-            self.oracle.open([p.grad for p in self.params])
+            self.oracle.leaves = self.sync()
+            self.oracle.open(self.grads())
             self.mark = self.backwards
         elif self.backwards != self.mark:  # the micro-batches before this one went through backward
             self._close_group()
@@ -255,11 +272,12 @@ class Recorder(Patches):
         batches = [self.mbs[b].batch for b in self.group]
         for leaf, on in zip(self.oracle.leaves, self.trainable):
             leaf.requires_grad_(on)  # as the loop's forward of these micro-batches had it
-        self.oracle.close_group([p.grad for p in self.params], batches, Replay(self.how.autocast, self.scale),
+        self.oracle.close_group(self.grads(), batches, Replay(self.how.autocast, self.scale),
                                 unclip=unclip, last=last)
         self.group, self.mark = [], self.backwards
 
     def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        self.live()  # outside a forward: FSDP2's sharded parameters, which a loop's own optimizer holds
         if not any(id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"]):
             return None  # another model's optimizer (a GAN's other half)
         self.optimizer = optimizer  # the loop may have built its own; read learning rates from it
@@ -282,7 +300,7 @@ class Recorder(Patches):
         numbers = StepNumbers(m, _lr(optimizer), untracked=self.untracked)
         if m == 0:
             if self.ranks is not None:  # the other ranks' windows may hold items: this rank joins the exchange
-                self.ranks.step(numbers, self.oracle, [p.grad for p in self.params], self.params)
+                self.ranks.step(numbers, self.oracle, self.grads(), self.params)
             self._finish(numbers)
             return
         complete = [c for c in self.clips if c.seen >= m]
@@ -295,7 +313,7 @@ class Recorder(Patches):
         numbers.leak, numbers.finite = o.leak, o.finite
         numbers.lrs = [lrs for opt, lrs in self.lrs if opt == id(optimizer)]
         numbers.frozen_changed = self.frozen_changed
-        grads = [p.grad for p in self.params]
+        grads = self.grads()
         if self.ranks is not None and not self.ranks.step(numbers, o, grads, self.params):
             self._finish(numbers)  # another rank's run had ended: nothing to judge this step against
             return
@@ -363,7 +381,8 @@ class Recorder(Patches):
     def count_and_loss(self, batch: Any) -> tuple[int, float]:
         """Items and loss sum of a batch at the current parameters (for what never reached a step).
         The sum may be inf/nan after a diverged step: counted anyway, never a crash."""
-        self.oracle.leaves = sync_shadow(self.shadow, self.net, self.params)
+        if not self.counting:
+            self.oracle.leaves = self.sync()
         with exact(), torch.no_grad():
             losses = self.item_losses(self.shadow, to_device(batch, self.params[0].device))
         if not isinstance(losses, torch.Tensor) or losses.dim() != 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .copying import copy_model
+from .ranks import full
 
 
 def disable_dropout(net: torch.nn.Module) -> list[float]:
@@ -43,14 +44,29 @@ def make_shadow(net: torch.nn.Module) -> torch.nn.Module:
     return copy_model(net, {id(p): _leaf(p) for p in net.parameters()})
 
 
-def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torch.nn.Parameter],
+                own: bool = False) -> list[torch.Tensor]:
     """Point the shadow at the live parameters (a loop may move, cast or replace them), copy buffers
-    and modes; return the shadow's leaf for each of ``params`` (tied parameters stay tied)."""
+    and modes; return the shadow's leaf for each of ``params`` (tied parameters stay tied).
+    ``own``: the shadow holds copies (FSDP2 frees a gathered parameter's storage after each forward;
+    a sharded one, a DTensor, is gathered whole). Parameters replaced since ``params`` was taken
+    (``fully_shard`` does) are matched by their place in the module tree."""
     leaves: dict[int, torch.Tensor] = {}
     for s, m in zip(shadow.modules(), net.modules()):
         for name, p in m._parameters.items():
             if p is None:
                 continue
+            if own and id(p) not in leaves:
+                mine = s._parameters.get(name)
+                whole = full(p).detach()  # type: ignore[union-attr]
+                if mine is not None and getattr(mine, "_accumlib_own", False) and mine.shape == whole.shape:
+                    with torch.no_grad():
+                        mine.copy_(whole)
+                    mine.requires_grad_(p.requires_grad)
+                else:
+                    mine = torch.nn.Parameter(whole.clone(), requires_grad=p.requires_grad)
+                    mine._accumlib_own = True  # type: ignore[attr-defined]
+                leaves[id(p)] = mine
             if id(p) not in leaves:
                 mine = s._parameters.get(name)
                 same = (mine is not None and mine.data_ptr() == p.data_ptr() and mine.shape == p.shape
@@ -63,7 +79,9 @@ def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torc
             if b is not None:
                 s._buffers[name] = b.detach().clone()
         s.training = m.training
-    return [leaves[id(p)] for p in params]
+    if all(id(p) in leaves for p in params):
+        return [leaves[id(p)] for p in params]
+    return list(leaves.values())  # replaced parameters: by place (modules() and parameters() walk alike)
 
 
 __all__ = ["disable_dropout", "first_layer", "make_shadow", "sync_shadow"]

@@ -71,6 +71,36 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoade
         opt.zero_grad()
 
 
+def _train_fsdp(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, *, item_losses: ItemLosses,
+                count_items: Callable[[Any], int], k: int, global_count: bool = True) -> None:
+    """The same loop under FSDP2: ``fully_shard`` replaces the parameters with shards, so the optimizer
+    is built over them, with the learning rate of the one handed in; a gradient sync only on the last."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model)
+    opt = type(opt)(model.parameters(), lr=opt.param_groups[0]["lr"])
+    world = dist.get_world_size()
+    for window in windows(shard(loader), k):
+        n = torch.tensor(float(sum(count_items(b) for b in window)))
+        if global_count:
+            dist.all_reduce(n)
+        scale = (world if global_count else 1.0) / float(n)
+        for j, batch in enumerate(window):
+            model.set_requires_gradient_sync(j == len(window) - 1)  # type: ignore[operator]
+            (item_losses(model, batch).sum() * scale).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def make_fsdp(**how: Any) -> Callable[[Any], Train]:
+    def bind(task: Any) -> Train:
+        def train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader) -> None:
+            _train_fsdp(model, opt, loader, item_losses=task.item_losses, count_items=task.count_items,
+                        k=task.accum_steps, **how)
+        return train
+    return bind
+
+
 def make(**how: Any) -> Callable[[Any], Train]:
     """A loop factory: ``make(...)(task)`` is ``train(model, opt, loader)`` for that task's loss and k."""
     def bind(task: Any) -> Train:
@@ -88,6 +118,8 @@ LOOPS = {
     "sync-every-micro-batch": make(sync="forward-only"),  # no_sync around the backward only: DDP syncs anyway
     "drop-last": make(drop_last=True),  # DistributedSampler(drop_last=True) leaves len % R items out
     "unsharded": make(sharded=False),  # no DistributedSampler: every rank trains on the same items
+    "fsdp2": make_fsdp(),
+    "fsdp2-per-rank-mean": make_fsdp(global_count=False),
 }
 
 # what verify names each loop (its codes beyond the always-present notes)
@@ -99,6 +131,8 @@ BUGS = {
     "sync-every-micro-batch": {"sync-every-micro-batch"},
     "drop-last": {"tail-dropped"},
     "unsharded": {"unsharded-data"},
+    "fsdp2": set(),
+    "fsdp2-per-rank-mean": {"per-rank-mean"},
 }
 
 __all__ = ["BUGS", "LOOPS", "make", "shard", "windows"]
