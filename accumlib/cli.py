@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--accum-steps", type=int, metavar="K", help="with a target: micro-batches per optimizer step")
     v.add_argument("--batch-size", type=int, metavar="B", help="with a target: micro-batch size")
     v.add_argument("--max-steps", type=int, metavar="N", help="with a target: judge the first N optimizer steps, then end the loop")
+    v.add_argument("--world-size", type=int, metavar="R", default=1,
+                   help="with a target: run it on R local processes (gloo on 127.0.0.1, NCCL when every rank has a GPU) "
+                   "and judge the whole job (verify(..., ranks='all')); the loop wraps its model in DDP or fully_shard")
+    v.add_argument("--timeout", type=float, metavar="SECONDS", default=600.0,
+                   help="with --world-size: stop the ranks after this long (default 600)")
     v.add_argument("--loop", action="append", metavar="NAME", help="only this reference loop (repeatable)")
     v.add_argument("--json", action="store_true", help="print the results as JSON")
     v.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")

@@ -32,7 +32,22 @@ LAUNCH_TIMEOUT_S = 300  # 9 verify runs per rank on a loaded 2-core machine; one
 EXACT = 1e-5
 ITEMS = 63  # odd: a DistributedSampler over 2 ranks pads one item (drop_last=False) or drops one (True)
 CASES = ("correct", "per-rank-mean", "divided-by-ranks", "never-synced", "sync-every-micro-batch", "drop-last",
-         "unsharded", "fsdp2", "fsdp2-per-rank-mean")
+         "unsharded", "fsdp2", "fsdp2-per-rank-mean", "uneven")
+
+
+def _uneven(model, opt, loader):
+    """A correct DDP run, then one more step on rank 1 alone (outside DDP: no collective of the loop's own)."""
+    import torch.distributed as dist
+
+    from accumlib.examples.ddp_loops import make
+
+    task = accumlib.get_task("lm-tokens")
+    make()(task)(model, opt, loader)
+    if dist.get_rank() == 1:
+        batch = next(iter(loader))
+        (task.item_losses(model, batch).sum() / task.count_items(batch)).backward()
+        opt.step()
+        opt.zero_grad()
 
 
 class Logged(Dataset):
@@ -72,6 +87,8 @@ def _run_cases(rank, world, out):
 
     from accumlib.examples.ddp_loops import LOOPS
 
+    loops = dict(LOOPS, uneven=lambda task: _uneven)
+
     task = accumlib.get_task("lm-tokens")
     data = task.make_dataset()
     results = {}
@@ -88,7 +105,7 @@ def _run_cases(rank, world, out):
 
         hook = register_optimizer_step_pre_hook(record)
         try:
-            report = accumlib.verify(LOOPS[name](task), model=task.make_model(0), dataset=ds, item_losses=task.item_losses,
+            report = accumlib.verify(loops[name](task), model=task.make_model(0), dataset=ds, item_losses=task.item_losses,
                                      accum_steps=task.accum_steps, batch_size=task.batch_size, collate_fn=task.collate_fn,
                                      ranks="all")
         finally:
@@ -235,3 +252,42 @@ def test_fsdp2_per_rank_mean_is_named(job):
     c = _case(job, "fsdp2-per-rank-mean")
     assert all(s["rel_h"] < EXACT and s["rel"] > 1e-3 for s in c["steps"])
     assert all(s["codes"] == ["per-rank-mean"] for s in c["report"]["steps"]), c["text"]
+
+
+def test_ranks_that_step_a_different_number_of_times_end_with_uneven_steps(job):
+    c = _case(job, "uneven")
+    assert c["text"] == job[1]["uneven"]["text"]  # rank 1's extra step did not deadlock the exchange
+    f = next(f for f in c["report"]["findings"] if f["code"] == "uneven-steps")
+    assert "steps per rank [2, 3]" in f["message"], f["message"]
+    assert not c["report"]["ok"] and c["report"]["status"] == "bug"
+    assert all(s["rel_error"] < EXACT for s in c["report"]["steps"])  # the steps both ranks took were right
+
+
+JOB_FILE = """
+import accumlib
+from accumlib.examples.ddp_loops import LOOPS
+task = accumlib.get_task("lm-tokens")
+wrong = LOOPS["per-rank-mean"](task)
+"""
+
+
+def test_command_line_world_size_judges_the_job_and_exits_1_on_a_bug(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "job.py").write_text(JOB_FILE)
+    run = subprocess.run([sys.executable, "-m", "accumlib", "verify", "--world-size", "2", "--task", "lm-tokens",
+                          "--max-steps", "1", "--timeout", "240", "job.py:wrong"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "[per-rank-mean] (steps 0)" in run.stdout and "verdict: NOT OK" in run.stdout, run.stdout
+
+
+def test_command_line_world_size_below_one_is_a_usage_error(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "job.py").write_text(JOB_FILE)
+    run = subprocess.run([sys.executable, "-m", "accumlib", "verify", "--world-size", "0", "--task", "lm-tokens", "job.py:wrong"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "world_size must be >= 1 (got 0)" in run.stderr, run.stderr

@@ -105,11 +105,17 @@ def run_target(args: argparse.Namespace) -> int:
                 raise UsageError(f"--{flag.replace('_', '-')} is required when the file does not set {flag.upper()}")
         check_accum_steps(kw["accum_steps"])
         kw["max_steps"] = args.max_steps
+        if args.world_size != 1:
+            from ..distributed.launch import check_world_size
+
+            check_world_size(args.world_size)
         check_args(fn, kw["model"], kw["dataset"], kw["item_losses"], kw["batch_size"], kw["optimizer"], kw["collate_fn"],
                    kw["max_steps"])
     except (UsageError, ValueError, TypeError) as err:
         print(f"accumlib verify: error: {err}", file=sys.stderr)
         return EXIT_STATUS["usage"]
+    if args.world_size > 1:
+        return _run_ranks(args)
     try:
         report = verify(fn, **kw)
     except VerifyError as err:  # not the loop's fault: say so, and how
@@ -122,3 +128,41 @@ def run_target(args: argparse.Namespace) -> int:
         return EXIT_STATUS["raised"]
     print(report.to_json() if args.json else report)
     return report.exit_status
+
+
+def _run_ranks(args: argparse.Namespace) -> int:
+    """``--world-size R``: every rank loads the target itself and calls verify(..., ranks="all"); rank 0
+    writes the job's report (every rank's is the same), which this process prints."""
+    import tempfile
+
+    from ..distributed.launch import launch
+    from .report import EXIT_STATUS
+
+    with tempfile.TemporaryDirectory(prefix="accumlib-verify-") as out:
+        try:
+            launch(rank_main, (vars(args) | {"func": None}, out), world_size=args.world_size, timeout=args.timeout)
+        except Exception as err:  # a rank raised (its traceback is in the error) or the job ran out of time
+            print(err, file=sys.stderr)
+            cannot = "VerifyError" in str(err)
+            print(f"accumlib verify: {'cannot judge' if cannot else 'the loop raised on a rank (exit 3); nothing was judged'}",
+                  file=sys.stderr)
+            return EXIT_STATUS["cannot-judge" if cannot else "raised"]
+        result = Path(out, "report.txt").read_text()
+        status = int(Path(out, "status").read_text())
+    print(result)
+    return status
+
+
+def rank_main(rank: int, world_size: int, options: dict[str, Any], out: str) -> None:
+    """One rank of ``accumlib verify --world-size R``: load the target and judge the whole job."""
+    from .api import verify
+
+    args = argparse.Namespace(**options)
+    module, fn = _load(args.target)
+    kw = _task(args, module)
+    kw["accum_steps"] = args.accum_steps if args.accum_steps is not None else kw["accum_steps"]
+    kw["batch_size"] = args.batch_size if args.batch_size is not None else kw["batch_size"]
+    report = verify(fn, **kw, max_steps=args.max_steps, ranks="all")
+    if rank == 0:
+        Path(out, "report.txt").write_text(report.to_json() if args.json else str(report))
+        Path(out, "status").write_text(str(report.exit_status))
