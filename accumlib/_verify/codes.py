@@ -75,7 +75,7 @@ CODES: dict[str, Code] = {
         "make sure every window holds at least one item the loss counts"),
     "per-rank-mean": Code(
         "bug", "each rank divided its window's loss by its own item count N_r, so the job's gradient is the mean of the "
-        "ranks' means: ranks holding fewer items weigh more than their items",
+        "ranks' means, G = (1/R) sum_r O_r / N_r: the items of a rank holding fewer weigh more",
         "count the window's items on every rank and all-reduce the count (N = sum_r N_r); backward losses.sum() * R / N "
         "under DDP's average (with a transformers Trainer: average_tokens_across_devices=True)"),
     "ranks-diverged": Code(

@@ -189,7 +189,7 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
         out.codes.append("per-rank-mean")
         out.factor = n.per_rank_scale
         extra = "" if _near(n.per_rank_scale, 1.0, fit_tol) else f", times c = {n.per_rank_scale:.4f}"
-        out.detail = f"window items per rank {n.rank_items}: G = (1/R) sum_r O_r / N_r{extra}"
+        out.detail = f"items per rank {n.rank_items}{extra}"
     elif n.scale_resid <= fit_tol:
         if m < k and _near(n.scale, m / k, fit_tol):
             out.codes.append("tail-misscaled")
