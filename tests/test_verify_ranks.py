@@ -299,3 +299,20 @@ def test_command_line_world_size_below_one_is_a_usage_error(tmp_path):
     run = subprocess.run([sys.executable, "-m", "accumlib", "verify", "--world-size", "0", "--task", "lm-tokens", "job.py:wrong"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "world_size must be >= 1 (got 0)" in run.stderr, run.stderr
+
+
+def _different_models(rank, world):
+    """A pipeline-style job: each rank holds a different part of the model. Refused on every rank, before the loop."""
+    task = accumlib.get_task("mlp-digits")
+    model = torch.nn.Linear(64, 10) if rank == 0 else torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 10))
+    ran = []
+    with pytest.raises(ValueError, match=r"ranks='all' judges data-parallel jobs.*rank 0 and rank 1|rank 1 and rank 0") as err:
+        accumlib.verify(lambda *a: ran.append(1), model=model, dataset=task.make_dataset(), item_losses=task.item_losses,
+                        accum_steps=4, batch_size=8, ranks="all")
+    assert not ran and "Pipeline and tensor parallel groups are not supported" in str(err.value)
+    assert model.weight.grad is None if rank == 0 else all(p.grad is None for p in model.parameters())
+
+
+def test_ranks_holding_different_models_are_refused_by_name():
+    launch(_different_models, world_size=2, timeout=120)
+    assert not multiprocessing.active_children()

@@ -159,14 +159,14 @@ def verify(
     """
     check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn, max_steps, ranks)
     k = check_accum_steps(accum_steps)
+    where = in_group()
+    job = Ranks.join(model) if ranks == "all" and where is not None and where[1] > 1 else None  # refuses non-data-parallel
     net = copy_model(model)  # the caller's model is never touched, nor reached through a patched forward
     dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
     opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(f"optimizer must return a torch.optim.Optimizer when called with the parameters (got {type(opt).__name__})")
     tracked = TrackedIterable(dataset) if isinstance(dataset, IterableDataset) else Tracked(dataset)
-    where = in_group()
-    job = Ranks.join() if ranks == "all" and where is not None and where[1] > 1 else None
     rec = Recorder(net, make_shadow(net), opt, tracked, collate_fn or default_collate, item_losses, max_steps, ranks=job)
     loader = DataLoader(tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn)
     # a global step hook: it also sees an optimizer the loop builds itself

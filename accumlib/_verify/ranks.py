@@ -84,10 +84,22 @@ class Ranks:
     drawn: list[tuple[int, list[int]]] = field(default_factory=list)  # (pass, dataset indices) of each micro-batch drawn
 
     @classmethod
-    def join(cls) -> "Ranks":
+    def join(cls, net: torch.nn.Module) -> "Ranks":
+        """Every rank at once, before the loop runs: the exchange assumes data parallelism, every rank
+        holding the same model; pipeline or tensor parallelism (a rank holding part of it) is refused."""
         dist = _dist()
         group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
-        return cls(dist.get_rank(), dist.get_world_size(), group)
+        me = cls(dist.get_rank(), dist.get_world_size(), group)
+        shapes = [(name, tuple(p.shape)) for name, p in net.named_parameters()]
+        every = me.gather(shapes)
+        other = next((r for r, s in enumerate(every) if s != shapes), None)
+        if other is not None:
+            differ = next((a, b) for a, b in zip(shapes + [None], every[other] + [None]) if a != b)  # type: ignore[operator]
+            raise ValueError(
+                f"ranks='all' judges data-parallel jobs, where every rank holds the same model: rank {me.rank} and rank "
+                f"{other} hold different parameters ({differ[0]} against {differ[1]}). Pipeline and tensor parallel groups "
+                "are not supported; wrap the whole model in DDP or fully_shard on every rank")
+        return me
 
     def gather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world
