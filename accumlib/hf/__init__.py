@@ -17,7 +17,9 @@ What runs differs from ``trainer.train()`` only where a comparison needs it: one
 ``args.max_steps`` is set), output in a temporary folder, no checkpoints, no evaluation, no
 reporting integrations, data loading in the main process (verify records each micro-batch as it
 arrives), and dropout, NEFTune noise and MoE router jitter off (random, so no gradient could be
-compared exactly). Needs ``pip install accumlib[hf]`` (transformers, accelerate).
+compared exactly). Under torchrun or ``accelerate launch`` (DDP), call it on every rank: the job is
+judged as a whole and every rank gets the same report. Needs ``pip install accumlib[hf]``
+(transformers, accelerate).
 
 ``accumlib.hf.tiny`` builds tiny tokenizers and datasets offline, for tests and notebooks.
 """

@@ -23,6 +23,7 @@ import torch
 
 from .._batch import ItemLosses
 from .._verify import CODES, Finding, Report, verify
+from .._verify.ranks import in_group
 from .losses import default_item_losses
 from .trl import check_trl, trl_changes, trl_kwargs
 
@@ -165,7 +166,9 @@ def _randomness_off(model: torch.nn.Module) -> Iterator[list[tuple[str, float]]]
             setattr(obj, name, value)
 
 
-def _check_trainer(trainer: Any, max_steps: Any, item_losses: Any) -> None:
+def _check_trainer(trainer: Any, max_steps: Any, item_losses: Any) -> str | None:
+    """Refuse what verify_trainer cannot judge, before any work; return verify's ``ranks`` (``"all"``
+    on every rank of a multi-process run, None for one process)."""
     transformers = _transformers()
     if not isinstance(trainer, transformers.Trainer):
         raise TypeError(f"trainer must be a transformers.Trainer (got {type(trainer).__name__})")
@@ -176,9 +179,28 @@ def _check_trainer(trainer: Any, max_steps: Any, item_losses: Any) -> None:
     if item_losses is not None and not callable(item_losses):
         raise TypeError(f"item_losses must be None or callable as item_losses(model, batch) (got {type(item_losses).__name__})")
     args = trainer.args
-    if args.world_size > 1 or args.n_gpu > 1:
-        raise ValueError("trainer.args must describe one process on one device: verify_trainer judges a single-process "
-                         f"run (got world_size={args.world_size}, n_gpu={args.n_gpu}); set CUDA_VISIBLE_DEVICES to one GPU")
+    pc = getattr(args, "parallelism_config", None)  # Accelerate's: a data-parallel replica is fine, a shard is not
+    split = [f"{n}_enabled" for n in ("dp_shard", "tp", "cp", "sp") if getattr(pc, f"{n}_enabled", False)]
+    sharded = [(f"trainer.args.{name}", "unset", value) for name, value in
+               (("deepspeed", args.deepspeed), ("fsdp", args.fsdp), ("parallelism_config", pc if split else None)) if value]
+    sharded += [(f"trainer.{name}", "False", True) for name in ("is_deepspeed_enabled", "is_fsdp_enabled")
+                if getattr(trainer, name, False)]  # an `accelerate launch` config can turn them on
+    if sharded:
+        name, rule, value = sharded[0]
+        raise ValueError(f"{name} must be {rule}: verify_trainer judges data-parallel runs in which every rank holds the "
+                         "whole model and gradient (one process, or DDP under torchrun / accelerate launch); DeepSpeed, "
+                         f"FSDP and tensor/context parallelism shard them and are not supported (got {name}={value!r})")
+    if args.n_gpu > 1:
+        raise ValueError(f"trainer.args.n_gpu must be 1: verify_trainer does not judge torch.nn.DataParallel (several GPUs "
+                         f"in one process) (got n_gpu={args.n_gpu}); set CUDA_VISIBLE_DEVICES to one GPU, or run one process "
+                         "per GPU with torchrun")
+    where = in_group()
+    group = where[1] if where is not None else 1
+    if args.world_size != group:
+        raise ValueError(f"trainer.args.world_size must be the size of the process group this process is in: "
+                         f"verify_trainer judges the job every rank runs (got world_size={args.world_size}, "
+                         f"process group of {group})")
+    return "all" if group > 1 else None
 
 
 def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: ItemLosses | None = None) -> Report:
@@ -192,11 +214,16 @@ def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: I
     outside a temporary folder. A ``Trainer`` subclass works when its ``__init__`` takes the
     Trainer's own arguments.
 
+    Under torchrun or ``accelerate launch`` (DDP, ``args.world_size`` > 1) call it on every rank: the
+    whole job is judged, each step against the gradient over every rank's window
+    (``verify(..., ranks="all")``), and every rank gets the same report. DeepSpeed, FSDP, tensor or
+    context parallelism and DataParallel (``n_gpu`` > 1) are refused before anything runs.
+
     >>> trainer = transformers.Trainer(model=gpt2, args=args, train_dataset=data, data_collator=collate)  # doctest: +SKIP
     >>> accumlib.hf.verify_trainer(trainer).codes  # doctest: +SKIP
     {'misscaled'}
     """
-    _check_trainer(trainer, max_steps, item_losses)
+    ranks = _check_trainer(trainer, max_steps, item_losses)
     check_trl(trainer, item_losses)
     model, args = trainer.model, trainer.args
     losses = item_losses or default_item_losses(model, args.label_smoothing_factor)
@@ -239,7 +266,7 @@ def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: I
     with _process_state_kept(), _randomness_off(model) as switched_off:
         report = verify(train_fn, model=model, dataset=trainer.train_dataset, item_losses=losses,
                         accum_steps=args.gradient_accumulation_steps, batch_size=args.per_device_train_batch_size,
-                        optimizer=optimizer, collate_fn=trainer.data_collator, max_steps=cap)
+                        optimizer=optimizer, collate_fn=trainer.data_collator, max_steps=cap, ranks=ranks)
     if switched_off:  # said beside verify's own dropout note (nn.Dropout layers), or as one
         said = "random training-mode probabilities (" + ", ".join(f"{n}={v:g}" for n, v in switched_off) + ") were set to 0"
         at = next((i for i, f in enumerate(report.findings) if f.code == "dropout"), None)
