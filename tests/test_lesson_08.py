@@ -282,26 +282,148 @@ def test_widget_refuses_settings_it_cannot_run():
         lesson.widget(accum_steps=(1, 8))
 
 
-# --- the exercise -------------------------------------------------------------------------------
+# --- the exercise: the learner's own DDP loop on 2 real ranks ---------------------------------------
+#
+# Every answer below runs in ONE launch (``lesson.check_all``): the ranks' start-up (~6 s) dominates.
+
+SOLUTION = NOTEBOOK.parent / "solutions" / f"{lesson.EXERCISE.name}.py"
+RIGHT = "loss = token_losses.sum() * dist.get_world_size() / n_global"
+SYNC_LAST = "with contextlib.nullcontext() if last else ddp.no_sync():"
+ANSWERS = {  # name -> (what replaces what in the solution, or None for the notebook's starting cell)
+    "starting cell": None,
+    "solution": {},
+    "share N / R": {RIGHT: "loss = token_losses.sum() / (n_global / dist.get_world_size())"},
+    "no no_sync": {SYNC_LAST: "with contextlib.nullcontext():"},
+    "forgets R": {RIGHT: "loss = token_losses.sum() / n_global"},
+    "divides by R again": {RIGHT: RIGHT + " / dist.get_world_size()  # 'average over the ranks'"},
+    "no_sync everywhere": {SYNC_LAST: "with ddp.no_sync():"},
+    "no sampler": {"sampler=sampler, ": ""},
+    "micro-batch means": {RIGHT: "loss = token_losses.mean() / K"},
+    "typo": {RIGHT: "loss = token_losses.sum() * dist.get_world_size() / n_globl"},
+}
 
 
-def _solution_with(old: str, new: str):
-    path = NOTEBOOK.parent / "solutions" / f"{lesson.EXERCISE.name}.py"
-    source = path.read_text()
-    assert old in source
+def _starting_cell() -> str:
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    (source,) = ["".join(c["source"]) for c in cells if "exercise" in c.get("metadata", {}).get("tags", [])]
+    return source.replace("distributed.EXERCISE.check(train_fn)", "")
+
+
+def _loop(name: str, source: str):
+    """``train_fn`` of ``source``, exec'd the way a kernel runs a cell (its lines kept for tracebacks)."""
+    import linecache
+
+    filename = f"<answer {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace: dict = {}
-    exec(compile(source.replace(old, new), str(path), "exec"), namespace)
+    exec(compile(source, filename, "exec"), namespace)
     return namespace["train_fn"]
 
 
-@pytest.mark.parametrize("mistake,new,code", [
-    ("forgets R", "loss = token_losses.sum() / n_global", "misscaled"),
-    ("per micro-batch mean", "loss = token_losses.mean() / K", "mean-of-means"),
-])
-def test_likely_mistakes_get_their_own_hint(mistake, new, code):
-    grade = lesson.EXERCISE.check(_solution_with("loss = token_losses.sum() * R / n_global", new))
-    assert not grade.ok and code in grade.codes, (mistake, grade.codes)
-    assert grade.hint == lesson.EXERCISE.hints[code]
+def _answer(name: str):
+    edits = ANSWERS[name]
+    if edits is None:
+        return _loop(name, _starting_cell())
+    source = SOLUTION.read_text()
+    for old, new in edits.items():
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    return _loop(name, source)
+
+
+@pytest.fixture(scope="module")
+def grades() -> dict:
+    start = time.perf_counter()
+    found = lesson.check_all([_answer(name) for name in ANSWERS])
+    print(f"{len(ANSWERS)} answers graded on 2 ranks in {time.perf_counter() - start:.1f} s")
+    return dict(zip(ANSWERS, found))
+
+
+def test_the_starting_loop_reads_per_rank_mean_with_a_staged_hint(grades):
+    g = grades["starting cell"]
+    assert not g.ok and g.codes == ("per-rank-mean",), g
+    assert g.stages == lesson.EXERCISE.hints["per-rank-mean"] and len(g.stages) == 3
+    page = g._repr_html_()
+    assert page.count("<details>") == 3 and "Still stuck? Hint 3" in page
+    assert page.index(g.stages[0][:30]) < page.index(g.stages[1][:30]) < page.index(g.stages[2][:30])
+    assert "fix:" not in str(g) and "average_tokens_across_devices" not in page  # verify's fix is the answer
+
+
+@pytest.mark.parametrize("name", ["solution", "share N / R"])
+def test_right_answers_pass(grades, name):
+    g = grades[name]
+    assert g.ok and not g.codes and not g.costs, g
+    assert all(s.rel_error < FLOAT32_RTOL for s in g.report.steps)
+
+
+def test_syncing_every_micro_batch_passes_at_a_cost(grades):
+    g = grades["no no_sync"]
+    assert g.ok and g.costs and g.costs[0].startswith("[sync-every-micro-batch]"), g
+    assert "At a cost" in str(g) and "At a cost" in g._repr_html_()
+
+
+@pytest.mark.parametrize("name", ["forgets R", "divides by R again"])
+def test_a_loss_divided_by_r_once_too_often_is_misscaled_one_over_r(grades, name):
+    g = grades[name]
+    assert not g.ok and g.codes == ("misscaled",), g
+    assert "c = 1/R" in g.messages[0] and g.stages == lesson.EXERCISE.hints["misscaled"]
+    assert all(abs(s.scale - 0.5) < 1e-4 for s in g.report.steps)
+
+
+@pytest.mark.parametrize("name,code", [("no_sync everywhere", "ranks-diverged"), ("no sampler", "unsharded-data")])
+def test_communication_and_sharding_mistakes_get_their_own_hint(grades, name, code):
+    g = grades[name]
+    assert not g.ok and code in g.codes, g
+    assert g.hint == lesson.EXERCISE.hints[code]
+
+
+def test_micro_batch_means_are_not_passed(grades):
+    g = grades["micro-batch means"]
+    assert not g.ok and g.hint, g
+
+
+def test_an_error_in_the_loop_comes_back_as_feedback_with_its_line(grades):
+    g = grades["typo"]
+    assert not g.ok and g.report is None
+    assert g.error.startswith("NameError: name 'n_globl' is not defined (in train_fn, line "), g.error
+    assert "/ n_globl)" in g.error
+    assert str(g).startswith(f"{lesson.EXERCISE.name}: your code raised NameError") and g.hint == lesson.EXERCISE.hints["error"]
+
+
+def test_a_loop_that_never_ends_is_stopped_and_said_so():
+    import multiprocessing
+
+    from accumlib.lessons import _ddp_exercise
+
+    source = "import time\n\ndef train_fn(model, optimizer, loader):\n    time.sleep(3600)\n"
+    start = time.perf_counter()
+    (result,) = _ddp_exercise.grade([_loop("sleeps", source)], k=lesson.EXERCISE_K, timeout=20)
+    assert time.perf_counter() - start < 40
+    assert isinstance(result, _ddp_exercise.LoopFailed) and result.feedback.startswith("TimeoutError: the ranks did not finish")
+    assert not multiprocessing.active_children()
+
+
+def test_what_cannot_travel_to_the_ranks_is_refused_or_named():
+    from accumlib.lessons import _ddp_exercise
+
+    def outer():
+        k = 3
+
+        def inner(model, optimizer, loader):
+            return k
+        return inner
+
+    with pytest.raises(TypeError, match="top level of a cell"):
+        _ddp_exercise.ship(outer())
+    namespace: dict = {}
+    exec("import threading\nLOCK = threading.Lock()\ndef helper():\n    return LOCK\n"
+         "def train_fn(model, optimizer, loader):\n    return helper()\n", namespace)
+    shipped = _ddp_exercise.ship(namespace["train_fn"])
+    assert set(shipped.functions) == {"train_fn", "helper"} and "LOCK" in shipped.missing
+    rebuilt = _ddp_exercise.rebuild(shipped)
+    with pytest.raises(NameError) as err:
+        rebuilt(None, None, None)
+    assert "LOCK was not sent to the ranks: a lock cannot be sent" in _ddp_exercise.feedback(err.value, shipped)
 
 
 def test_no_cell_of_notebook_8_holds_an_answer():

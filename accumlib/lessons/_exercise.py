@@ -38,12 +38,15 @@ class Grade:
     hint: str
     report: Any = field(repr=False, default=None)
     error: str = ""
+    stages: tuple[str, ...] = ()  # the hint in stages, each folded under the one before (one stage: the hint)
+    costs: tuple[str, ...] = ()  # findings of kind cost: right, but paid for
 
     def __str__(self) -> str:
         if self.error:
             return f"{self.exercise}: your code raised {self.error}\n(hint: {self.hint})"
         if self.ok:
-            return f"{self.exercise}: passes. Every optimizer step matched the true large-batch gradient."
+            return f"{self.exercise}: passes. Every optimizer step matched the true large-batch gradient." + "".join(
+                f"\nAt a cost: {c}" for c in self.costs)
         found = "\n".join(f"  - [{c}] {m}" for c, m in zip(self.codes, self.messages))
         return f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nA hint is folded below the verdict in JupyterLab; print(grade.hint) shows it here."
 
@@ -52,13 +55,19 @@ class Grade:
     def _repr_html_(self) -> str:
         if self.ok:
             return (f"<p style='color:#0072B2'><b>&#10004; {html.escape(self.exercise)}: passes.</b> "
-                    "Every optimizer step matched the true large-batch gradient.</p>")
+                    "Every optimizer step matched the true large-batch gradient.</p>"
+                    + "".join(f"<p>At a cost: {html.escape(c)}</p>" for c in self.costs))
         if self.error:
             head = f"<p><b>&#10008; {html.escape(self.exercise)}: your code raised</b> <code>{html.escape(self.error)}</code></p>"
         else:
             items = "".join(f"<li><code>{html.escape(c)}</code>: {html.escape(m)}</li>" for c, m in zip(self.codes, self.messages))
             head = f"<p><b>&#10008; {html.escape(self.exercise)}: not yet.</b> accumlib.verify found:</p><ul>{items}</ul>"
-        return head + f"<details><summary>Hint</summary><p>{html.escape(self.hint)}</p></details>"
+        stages = self.stages or (self.hint,)
+        folded = ""
+        for i in range(len(stages), 0, -1):  # each stage folded inside the one before it
+            summary = "Hint" if len(stages) == 1 else ("Hint 1" if i == 1 else f"Still stuck? Hint {i}")
+            folded = f"<details><summary>{summary}</summary><p>{html.escape(stages[i - 1])}</p>{folded}</details>"
+        return head + folded
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ class Exercise:
     task: str = "mlp-digits"
     accum_steps: int = 4
     batch_size: int | None = None
-    hints: Mapping[str, str] = field(default_factory=dict)
+    hints: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)  # a tuple: hints in stages
     default_hint: str = GENERIC_HINT
     make_model: Callable[[], Any] | None = None
     make_dataset: Callable[[], Any] | None = None
@@ -87,7 +96,7 @@ class Exercise:
         if self.batch_size is not None:
             check_int("batch_size", self.batch_size, low=1)
 
-    def hint_for(self, codes: Any) -> str:
+    def hint_for(self, codes: Any) -> str | tuple[str, ...]:
         for code in codes:
             if code in self.hints:
                 return self.hints[code]
@@ -112,8 +121,25 @@ class Exercise:
         try:
             report = self.verify(train_fn)
         except Exception as e:  # the learner's code: show the error as feedback, not a traceback wall
-            return Grade(self.name, False, (), (), self.hints.get("error", self.default_hint), None, f"{type(e).__name__}: {e}")
+            return self.grade(error=getattr(e, "feedback", "") or f"{type(e).__name__}: {e}")
+        return self.grade(report)
+
+    def grade(self, report: Any = None, error: str = "") -> Grade:
+        """The Grade of a verify ``report``, or of a loop that raised ``error`` (``type: message``)."""
+        if error:
+            return Grade(self.name, False, (), (), _text(self.hints.get("error", self.default_hint)), None, error,
+                         _stages(self.hints.get("error", self.default_hint)))
         bad = [f for f in report.findings if f.severity in ("bug", "limit")]  # a note or a cost leaves it ok
         codes = tuple(f.code for f in bad)
-        return Grade(self.name, bool(report.ok), codes, tuple(f.message for f in bad),
-                     "" if report.ok else self.hint_for(codes), report)
+        hint = "" if report.ok else self.hint_for(codes)
+        costs = tuple(f"[{f.code}] {f.message}" for f in report.findings if f.severity == "cost")
+        return Grade(self.name, bool(report.ok), codes, tuple(f.message for f in bad), _text(hint), report, "",
+                     _stages(hint), costs)
+
+
+def _stages(hint: str | tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(hint) if isinstance(hint, tuple) else (hint,) if hint else ()
+
+
+def _text(hint: str | tuple[str, ...]) -> str:
+    return "\n".join(f"({i}) {h}" for i, h in enumerate(hint, 1)) if isinstance(hint, tuple) else hint

@@ -11,8 +11,9 @@ The identity on R ranks, N items over all ranks' windows (DDP averages over rank
 
     grad (1/N) sum_r sum_{i in window_r} l_i  ==  (1/R) sum_r sum_j grad( (R/N) sum_{i in b_rj} l_i )
 
-``EXERCISE`` asks the learner to write that normalization in a loop that simulates the
-ranks in one process; its solution is ``notebooks/solutions/08-count-tokens-across-ranks.py``.
+``EXERCISE`` asks the learner to write that normalization in their own DDP loop, which runs on 2
+real gloo ranks (``_ddp_exercise`` sends it there) under ``accumlib.verify(..., ranks="all")``; its
+solution is ``notebooks/solutions/08-count-tokens-across-ranks.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from ..distributed.experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult, RunSpec, run_specs, shard_loader
 from ..distributed.launch import max_world_size
 from ..tasks import TASKS, get_task
-from . import _style
+from . import _ddp_exercise, _style
 from ._common import Table, check_choice, check_float, check_int, check_ints
 from ._exercise import Exercise
 
@@ -321,25 +322,57 @@ def widget(initial: DistributedResult | None = None, world_sizes: Sequence[int] 
 
 # --- the exercise ----------------------------------------------------------------------------------
 
-EXERCISE_RANKS, EXERCISE_K = 2, 2  # two simulated ranks, two micro-batches each: verify's k is 4
+EXERCISE_RANKS, EXERCISE_K = _ddp_exercise.WORLD_SIZE, 4  # 2 real ranks, 4 micro-batches each per step: 2 steps
 
 
-def _exercise_hints() -> dict[str, str]:
-    weigh = ("Count what one token weighs in the step's gradient: your backward gives it some factor on its rank, "
-             "and the mean over ranks (DDP's all-reduce) divides that by R. In the large batch every token "
-             "of the window, on every rank, weighs the same. ")
+def _exercise_hints() -> dict[str, str | tuple[str, ...]]:
+    weigh = ("Take one token on rank 0 and one on rank 1 in the same window. Your backward gives each a factor on its "
+             "own rank, and DDP's all-reduce takes the mean over the R ranks. In the large batch every token of the "
+             "window, on every rank, weighs 1/N, N the tokens of all ranks together. ")
     return {
-        "unexplained": weigh + "Which count makes the weights equal, and how many ranks can see it before the first backward?",
-        "misscaled": weigh + "If the weights are equal but every one is off by the same factor, look at where R enters.",
-        "mean-of-means": weigh + "Dividing by a count that differs between ranks or micro-batches cannot give equal weights.",
-        "error": "The cell raised an error: keep the loop's shape (a window of R * K micro-batches, dealt to the ranks in turn).",
+        "per-rank-mean": (
+            weigh + "With n_rank a token weighs 1/(R n_r): equal only when both ranks hold as many tokens.",
+            "Every rank must divide by the same N before its first backward, but a rank sees only its own tokens. "
+            "One collective of one number per window gives every rank the sum of every rank's count: which one?",
+            "torch.distributed.all_reduce sums a tensor in place on every rank. With that N, what factor on each "
+            "rank's token-loss sum leaves 1/N per token once DDP has divided by R?",
+        ),
+        "misscaled": (
+            "Every token now weighs the same, but all of them are off by one factor c (the report's c column). "
+            "Compare c with 1/R and with R.",
+            "DDP's all-reduce already divides the sum of the ranks' gradients by R: scale each rank's loss so that "
+            "the mean over ranks, not the sum, gives every token 1/N.",
+        ),
+        "ranks-diverged": ("The ranks stepped with different gradients: no all-reduce ran in that window. DDP "
+                           "all-reduces in the backward of a forward run outside no_sync(): which micro-batch of the "
+                           "window must that be?"),
+        "unsharded-data": ("Every rank trained on the same items: give each rank its own share of loader.dataset, "
+                           "as the starting loop's DistributedSampler did."),
+        "unexplained": weigh + "Which count makes the weights equal, and how can every rank know it before its first backward?",
+        "error": ("Your loop raised on a rank (the error above says where). Keep the loop's shape: DDP around the "
+                  "model, the DistributedSampler's shard, no_sync() on every micro-batch of a window but the last."),
     }
+
+
+def _on_ranks(train_fn: Any) -> Any:
+    """``train_fn`` on 2 real gloo ranks under ``accumlib.verify(..., ranks="all")``: rank 0's report."""
+    (result,) = _ddp_exercise.grade([train_fn], k=EXERCISE_K)
+    if isinstance(result, _ddp_exercise.LoopFailed):
+        raise result
+    return result
+
+
+def check_all(train_fns: Sequence[Any]) -> list[Any]:
+    """``EXERCISE.check`` of each loop, all in one launch of the ranks (each check alone spawns them: ~6 s)."""
+    return [EXERCISE.grade(error=r.feedback) if isinstance(r, _ddp_exercise.LoopFailed) else EXERCISE.grade(r)
+            for r in _ddp_exercise.grade(list(train_fns), k=EXERCISE_K)]
 
 
 EXERCISE = Exercise(
     "08-count-tokens-across-ranks",
     "Normalize by the tokens of every rank",
     task=TASK,
-    accum_steps=EXERCISE_RANKS * EXERCISE_K,
+    accum_steps=EXERCISE_K,
     hints=_exercise_hints(),
+    run=_on_ranks,
 )
