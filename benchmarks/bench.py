@@ -14,6 +14,8 @@ any), ``run(quick) -> dict`` and ``lines(result, short) -> list[str]`` (its mark
     allreduce.py       all-reduce calls and bytes per optimizer step under DDP, with and without no_sync
     verify_scale.py    verify's extra peak memory and time on a 39.4M-parameter MLP (_peak.py: peak memory)
     trainer_cost.py    accumlib.hf.verify_trainer against trainer.train() alone: a tiny Llama, 25 steps of k = 4
+    verify_ranks.py    verify(ranks='all') on 2 gloo ranks against the same DDP loop alone: time, extra peak memory
+                       per rank, and verify's collectives per optimizer step, counted (an 11.3M MLP and lm-tokens)
 
 Shared: ``_timing.py`` (interleaved runs, ratios, the machine and its load) and ``_render.py``
 (tables, the goals table, the README's Performance section, the figure). To add a section, write
@@ -52,7 +54,7 @@ from _timing import BUSY_CORES, ROOT, cpu_now, machine, other_cores  # noqa: E40
 
 # The sections, in the order of the report: the module file of each.
 SECTION_MODULES = ("memory", "overhead", "price", "verify_cost", "notebook_times", "widgets", "allreduce", "verify_scale",
-                   "trainer_cost")
+                   "trainer_cost", "verify_ranks")
 MODULES: dict[str, Any] = {m.NAME: m for m in (importlib.import_module(name) for name in SECTION_MODULES)}
 SECTIONS = tuple(MODULES)
 GOALS = {key: text for m in MODULES.values() for key, text in m.GOALS.items()}

@@ -36,6 +36,7 @@ FIGURES = {
     "distributed": ("calls_per_step", "bytes_per_step", "bytes_vs_no_sync"),
     "verify_scale": ("alone_s", "verify_s", "time_ratio", "verify_extra_peak_bytes"),
     "verify_trainer": ("alone_s", "verify_s", "ratio"),
+    "verify_ranks": ("alone_s", "verify_s", "ratio", "param_bytes", "bytes_per_step", "calls_per_step"),
 }
 
 
@@ -47,7 +48,7 @@ def _finite(x):
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     # One in-process run of every section at tiny sizes (~50 s on an idle 2-core machine: most of
-    # it is one nbval kernel start, one spawn of 2 DDP ranks and verify_scale's one child process).
+    # it is one nbval kernel start, two spawns of 2 DDP ranks (distributed, verify_ranks) and verify_scale's one child process).
     report = bench.main(["--quick", "--out", str(out)])
     return out, report
 
@@ -80,7 +81,8 @@ def test_goals_table_has_one_entry_per_goal(quick_run):
         assert g["status"] in ("met", "MISSED", "not measured")
         assert g["measured"]
     # --quick measures nothing for real for the notebook, widget and verify-at-scale goals: never a verdict
-    for key in ("notebook_each", "notebook_suite", "widget", "verify_scale_memory", "verify_scale_time", "verify_trainer"):
+    for key in ("notebook_each", "notebook_suite", "widget", "verify_scale_memory", "verify_scale_time", "verify_trainer",
+                "verify_ranks_time", "verify_ranks_memory", "verify_ranks_traffic"):
         assert goals[key]["met"] is None and goals[key]["status"] == "not measured"
     # the memory goal depends on sizes, not speed: it is decided even on tiny sizes
     assert goals["memory"]["met"] in (True, False)
