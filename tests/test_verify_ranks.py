@@ -32,22 +32,8 @@ LAUNCH_TIMEOUT_S = 300  # 9 verify runs per rank on a loaded 2-core machine; one
 EXACT = 1e-5
 ITEMS = 63  # odd: a DistributedSampler over 2 ranks pads one item (drop_last=False) or drops one (True)
 CASES = ("correct", "per-rank-mean", "divided-by-ranks", "never-synced", "sync-every-micro-batch", "drop-last",
-         "unsharded", "fsdp2", "fsdp2-per-rank-mean", "uneven")
+         "unsharded", "fsdp2", "fsdp2-per-rank-mean", "uneven-steps")
 
-
-def _uneven(model, opt, loader):
-    """A correct DDP run, then one more step on rank 1 alone (outside DDP: no collective of the loop's own)."""
-    import torch.distributed as dist
-
-    from accumlib.examples.ddp_loops import make
-
-    task = accumlib.get_task("lm-tokens")
-    make()(task)(model, opt, loader)
-    if dist.get_rank() == 1:
-        batch = next(iter(loader))
-        (task.item_losses(model, batch).sum() / task.count_items(batch)).backward()
-        opt.step()
-        opt.zero_grad()
 
 
 class Logged(Dataset):
@@ -87,7 +73,6 @@ def _run_cases(rank, world, out):
 
     from accumlib.examples.ddp_loops import LOOPS
 
-    loops = dict(LOOPS, uneven=lambda task: _uneven)
 
     task = accumlib.get_task("lm-tokens")
     data = task.make_dataset()
@@ -105,7 +90,7 @@ def _run_cases(rank, world, out):
 
         hook = register_optimizer_step_pre_hook(record)
         try:
-            report = accumlib.verify(loops[name](task), model=task.make_model(0), dataset=ds, item_losses=task.item_losses,
+            report = accumlib.verify(LOOPS[name](task), model=task.make_model(0), dataset=ds, item_losses=task.item_losses,
                                      accum_steps=task.accum_steps, batch_size=task.batch_size, collate_fn=task.collate_fn,
                                      ranks="all")
         finally:
@@ -145,6 +130,14 @@ def _case(job, name):
 def test_every_rank_gets_the_same_report(job):
     for name in CASES:
         assert job[0][name]["text"] == job[1][name]["text"], name
+
+
+def test_every_example_loop_gets_exactly_the_codes_it_is_listed_with(job):
+    from accumlib.examples.ddp_loops import BUGS
+
+    assert set(BUGS) == set(CASES)
+    for name in CASES:  # 63 items: the sampler pads one (drop_last=False), a note beside any bug
+        assert {f["code"] for f in _case(job, name)["report"]["findings"]} - {"duplicate-items"} == BUGS[name], name
 
 
 def test_correct_ddp_loop_is_ok_and_matches_the_tests_own_oracle(job):
@@ -255,8 +248,8 @@ def test_fsdp2_per_rank_mean_is_named(job):
 
 
 def test_ranks_that_step_a_different_number_of_times_end_with_uneven_steps(job):
-    c = _case(job, "uneven")
-    assert c["text"] == job[1]["uneven"]["text"]  # rank 1's extra step did not deadlock the exchange
+    c = _case(job, "uneven-steps")
+    assert c["text"] == job[1]["uneven-steps"]["text"]  # rank 1's extra step did not deadlock the exchange
     f = next(f for f in c["report"]["findings"] if f["code"] == "uneven-steps")
     assert "steps per rank [2, 3]" in f["message"], f["message"]
     assert not c["report"]["ok"] and c["report"]["status"] == "bug"

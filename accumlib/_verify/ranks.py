@@ -37,6 +37,9 @@ import torch
 from .oracle import Vec, gram
 
 
+_CHUNK = 1 << 16  # elements per float64 chunk in Ranks._spread (512 KiB)
+
+
 def _dist() -> Any:
     import torch.distributed as dist  # only a multi-rank run gets here
 
@@ -187,14 +190,17 @@ class Ranks:
         """||v_r - v_0|| / ||v_0|| on this rank, v_0 broadcast from rank 0 (0.0: bit for bit the same)."""
         buf = self._flat(vec, leaves)
         _dist().broadcast(buf, src=0)
-        diff = ref = 0.0  # rank 0 too runs the loop: a DTensor's full_tensor() is a collective every rank joins
+        # rank 0 too runs the loop: a DTensor's full_tensor() is a collective every rank joins
+        sums = torch.zeros(2, dtype=torch.float64, device=buf.device)  # sum (a - b)^2, sum b^2
         for t, part in zip(vec, self._views(leaves)):
             whole = full(t)
-            a = whole.detach().reshape(-1).double() if whole is not None else torch.zeros(part.numel(), dtype=torch.float64,
-                                                                                       device=part.device)
-            b = part.reshape(-1).double()
-            diff += float(((a - b) ** 2).sum())
-            ref += float((b * b).sum())
+            a = whole.detach().reshape(-1) if whole is not None else torch.zeros(part.numel(), device=part.device)
+            b = part.reshape(-1)
+            for i in range(0, b.numel(), _CHUNK):  # float64 sums chunk by chunk: no parameter-sized float64 copies
+                x, y = a[i:i + _CHUNK].double(), b[i:i + _CHUNK].double()
+                sums[0] += ((x - y) ** 2).sum()
+                sums[1] += (y * y).sum()
+        diff, ref = sums.tolist()
         return math.sqrt(diff / ref) if ref > 0 else (0.0 if diff == 0 else math.inf)
 
     # -- the run's end ----------------------------------------------------------------------------

@@ -101,6 +101,18 @@ def make_fsdp(**how: Any) -> Callable[[Any], Train]:
     return bind
 
 
+def _uneven(task: Any) -> Train:
+    """A correct DDP run, then one more step on rank 1 alone (on the bare model: no collective of the loop's own)."""
+    def train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader) -> None:
+        make()(task)(model, opt, loader)
+        if dist.get_rank() == 1:
+            batch = next(iter(loader))
+            (task.item_losses(model, batch).sum() / task.count_items(batch)).backward()
+            opt.step()
+            opt.zero_grad()
+    return train
+
+
 def make(**how: Any) -> Callable[[Any], Train]:
     """A loop factory: ``make(...)(task)`` is ``train(model, opt, loader)`` for that task's loss and k."""
     def bind(task: Any) -> Train:
@@ -120,9 +132,10 @@ LOOPS = {
     "unsharded": make(sharded=False),  # no DistributedSampler: every rank trains on the same items
     "fsdp2": make_fsdp(),
     "fsdp2-per-rank-mean": make_fsdp(global_count=False),
+    "uneven-steps": _uneven,
 }
 
-# what verify names each loop (its codes beyond the always-present notes)
+# what verify names each loop on its task (a DistributedSampler's padding adds `duplicate-items` where len % R != 0)
 BUGS = {
     "correct": set(),
     "per-rank-mean": {"per-rank-mean"},
@@ -131,8 +144,9 @@ BUGS = {
     "sync-every-micro-batch": {"sync-every-micro-batch"},
     "drop-last": {"tail-dropped"},
     "unsharded": {"unsharded-data"},
-    "fsdp2": set(),
-    "fsdp2-per-rank-mean": {"per-rank-mean"},
+    "fsdp2": {"sharded-model"},
+    "fsdp2-per-rank-mean": {"per-rank-mean", "sharded-model"},
+    "uneven-steps": {"uneven-steps"},
 }
 
 __all__ = ["BUGS", "LOOPS", "make", "shard", "windows"]
