@@ -19,7 +19,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also in the spawned ranks
 from _render import md_table  # noqa: E402
@@ -49,23 +48,7 @@ QUICK = Scale(32, (64, 64), 10, 4, 2, 2)
 WARM = Scale(16, (32,), 4, 2, 2, 1)  # the warm-up before any baseline
 
 
-def build(scale: Scale, seed: int = 0) -> tuple[torch.nn.Module, torch.utils.data.TensorDataset]:
-    """The MLP and a synthetic classification set, both from ``seed`` (as verify_scale.build)."""
-    torch.manual_seed(seed)
-    sizes = (scale.in_features, *scale.widths)
-    layers: list[torch.nn.Module] = []
-    for a, b in zip(sizes, sizes[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(sizes[-1], scale.classes))
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(scale.n_items, scale.in_features, generator=g)
-    y = torch.randint(scale.classes, (scale.n_items,), generator=g)
-    return model, torch.utils.data.TensorDataset(x, y)
-
-
-def item_losses(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    x, y = batch
-    return F.cross_entropy(model(x), y, reduction="none")
+from verify_scale import build, item_losses  # noqa: E402  the same MLP and data, at this section's scales
 
 
 def count_items(batch: Any) -> int:
