@@ -1,6 +1,7 @@
-"""verify's boundaries, one test per mutant that survived a mutation pass over accumlib/_verify and
-accumlib/tolerances.py (IDs as in the pass's table: T tolerances, D diagnose, O oracle, R record,
-A api, P report), and the five defects that pass found (test_BUG_*), each fixed.
+"""verify at its boundaries: the smallest misscale it must still fail, clips it must (and must not)
+assume, causes it must name and not name, data shapes it must follow (a stream ending mid-batch, a
+view into a batch, another model's optimizer), and float16 GradScaler replays. Each test pins one
+edge of a rule in accumlib/_verify, so moving that edge fails it.
 
 Tolerance tests use literal numbers on purpose: a test that compares with the constant itself
 moves with it and cannot catch a wrong value."""
@@ -44,13 +45,13 @@ def scaled_loop(scale, k=K):
     return loop
 
 
-def test_T1_a_misscale_of_five_hundredths_of_a_percent_fails():
+def test_a_misscale_of_five_hundredths_of_a_percent_fails():
     report = run(scaled_loop(1 + 5e-4))
     assert report.codes == {"misscaled"}, str(report)
     assert all(r.scale == pytest.approx(1 / (1 + 5e-4), rel=1e-5) for r in report.steps)
 
 
-def test_T10_grad_divided_by_k_after_every_backward_is_zero_grad_inside_window():
+def test_grad_divided_by_k_after_every_backward_is_zero_grad_inside_window():
     def loop(model, opt, loader):
         for w in windows(loader):
             for x, y in w:
@@ -81,27 +82,27 @@ def own_clip(max_norm_of_step, *, scale_up=False, half_norm=False):
     return loop
 
 
-def test_T15_norms_two_tenths_of_a_percent_apart_are_not_one_clip():
+def test_norms_two_tenths_of_a_percent_apart_are_not_one_clip():
     report = run(own_clip(lambda t: 0.1 * (1 + 0.002 * t)))
     assert "clip-assumed" not in report.codes and "misscaled" in report.codes, str(report)
 
 
-def test_T16_a_clip_whose_norm_was_rounded_to_fp16_is_still_one_clip():
+def test_a_clip_whose_norm_was_rounded_to_fp16_is_still_one_clip():
     report = run(own_clip(lambda t: 0.1, half_norm=True))
     assert report.ok and report.codes == {"clip-assumed"}, str(report)
 
 
-def test_D20_a_clip_that_also_scales_up_is_misscaled():
+def test_a_clip_that_also_scales_up_is_misscaled():
     report = run(own_clip(lambda t: 10.0, scale_up=True))  # forgot min(1, .): every step ends at norm 10
     assert not report.ok and "misscaled" in report.codes and "clip-assumed" not in report.codes, str(report)
 
 
-def test_D21_ok_steps_above_the_norm_rule_out_a_clip():
+def test_ok_steps_above_the_norm_rule_out_a_clip():
     report = run(own_clip(lambda t: 0.1 if t < 2 else math.inf))  # steps 2, 3 unclipped, norms > 0.1
     assert "misscaled" in report.codes and "clip-assumed" not in report.codes, str(report)
 
 
-def test_T18_last_micro_batch_loss_logged_per_step_is_off_by_k_on_every_step():
+def test_last_micro_batch_loss_logged_per_step_is_off_by_k_on_every_step():
     def loop(model, opt, loader):
         logged = []
         for w in windows(loader):
@@ -117,7 +118,7 @@ def test_T18_last_micro_batch_loss_logged_per_step_is_off_by_k_on_every_step():
     assert f.steps == tuple(range(8)), str(report)
 
 
-def test_D8_grad_kept_as_a_decaying_sum_is_no_zero_grad():
+def test_grad_kept_as_a_decaying_sum_is_no_zero_grad():
     def loop(model, opt, loader):
         for w in windows(loader):
             n = sum(len(y) for _, y in w)
@@ -129,7 +130,7 @@ def test_D8_grad_kept_as_a_decaying_sum_is_no_zero_grad():
     assert "no-zero-grad" in run(loop).codes
 
 
-def test_D9_steplr_stepped_per_micro_batch_with_step_size_k():
+def test_steplr_stepped_per_micro_batch_with_step_size_k():
     def loop(model, opt, loader):
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=K, gamma=0.5)  # changes after every k-th micro-batch
         for w in windows(loader):
@@ -144,7 +145,7 @@ def test_D9_steplr_stepped_per_micro_batch_with_step_size_k():
     assert run(loop).codes == {"scheduler-per-micro-batch"}
 
 
-def test_D10_learning_rate_set_by_hand_per_micro_batch():
+def test_learning_rate_set_by_hand_per_micro_batch():
     def loop(model, opt, loader, per_micro_batch=True):
         i = 0
         for t, w in enumerate(windows(loader)):
@@ -160,7 +161,7 @@ def test_D10_learning_rate_set_by_hand_per_micro_batch():
     assert run(lambda m, o, l: loop(m, o, l, False)).ok
 
 
-def test_R1_a_scheduler_stepped_inside_one_window_flags_that_window_only():
+def test_a_scheduler_stepped_inside_one_window_flags_that_window_only():
     def loop(model, opt, loader):
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
         for t, w in enumerate(windows(loader)):
@@ -177,7 +178,7 @@ def test_R1_a_scheduler_stepped_inside_one_window_flags_that_window_only():
     assert [f.steps for f in report.findings] == [(0,)], str(report)
 
 
-def test_D13_a_mean_over_one_kth_of_the_items_names_cause_k():
+def test_a_mean_over_one_kth_of_the_items_names_cause_k():
     def loop(model, opt, loader):
         for w in windows(loader):
             n = sum(len(y) for _, y in w)
@@ -190,13 +191,13 @@ def test_D13_a_mean_over_one_kth_of_the_items_names_cause_k():
     assert CAUSES["k"][0] in msg, str(report)
 
 
-def test_D15_divided_by_k_too_often_names_cause_1_over_k():
+def test_divided_by_k_too_often_names_cause_1_over_k():
     report = run(scaled_loop(K))
     f = next(f for f in report.findings if f.code == "misscaled")
     assert CAUSES["1/k"][0] in f.message and f.fix == CAUSES["1/k"][1], str(report)
 
 
-def test_D14_window_mean_divided_by_m_names_cause_1_over_m():
+def test_window_mean_divided_by_m_names_cause_1_over_m():
     lm = get_task("lm-tokens")
 
     def loop(model, opt, loader, k=6):
@@ -212,13 +213,13 @@ def test_D14_window_mean_divided_by_m_names_cause_1_over_m():
     assert CAUSES["1/m"][0] in msg and CAUSES["1/k"][0] in msg, str(report)
 
 
-def test_BUG_shift_cause_is_not_named_for_a_model_without_sequences():
+def test_shift_cause_is_not_named_for_a_model_without_sequences():
     report = run(scaled_loop(2, k=2), k=2)  # loss / (k N) at k = 2; digits: items == rows, so N/(N+S) == 1/2 == 1/k
     f = next(f for f in report.findings if f.code == "misscaled")
     assert f.fix == CAUSES["1/k"][1], str(report)
 
 
-def test_D18_an_extra_term_on_the_last_micro_batch_only_is_unexplained():
+def test_an_extra_term_on_the_last_micro_batch_only_is_unexplained():
     def loop(model, opt, loader):
         for w in windows(loader):
             n = sum(len(y) for _, y in w)
@@ -248,7 +249,7 @@ def one_losses(model, batch):
     return (model(x) - y) ** 2
 
 
-def test_O2_O3_one_parameter_model():
+def test_a_one_parameter_model_is_judged_and_its_unscaled_sum_named():
     data = torch.utils.data.TensorDataset(torch.linspace(-1, 2, 64), torch.linspace(0, 3, 64) * 1.7)
 
     def loop(div):
@@ -268,7 +269,7 @@ def test_O2_O3_one_parameter_model():
     assert unscaled.codes == {"unscaled-sum"} and [r.scale for r in unscaled.steps] == pytest.approx([4.0, 4.0])
 
 
-def test_O11_clip_of_a_tiny_gradient_is_undone_exactly():
+def test_clip_of_a_tiny_gradient_is_undone_exactly():
     class Cold(torch.nn.Module):  # outputs scaled down: gradient norms ~1e-3, where clip's +1e-6 matters
         def __init__(self):
             super().__init__()
@@ -289,7 +290,7 @@ def test_O11_clip_of_a_tiny_gradient_is_undone_exactly():
     assert report.ok and all(r.clip < 1 for r in report.steps), str(report)
 
 
-def test_R2_R3_R4_eval_mode_batchnorm_after_a_training_epoch_is_exact():
+def test_eval_mode_batchnorm_after_a_training_epoch_is_exact():
     cnn = get_task("cnn-batchnorm")
 
     def exact(model, opt, loader):
@@ -311,7 +312,7 @@ def test_R2_R3_R4_eval_mode_batchnorm_after_a_training_epoch_is_exact():
     assert all(not r.codes for r in report.steps[half:]), str(report)
 
 
-def test_R7_verifys_collate_in_a_worker_is_refused():
+def test_verifys_collate_in_a_worker_is_refused():
     own = accumlib.data.digits(64)
 
     def loop(model, opt, loader):
@@ -340,12 +341,12 @@ def exact_windows(model, opt, loader):
         opt.zero_grad(set_to_none=True)
 
 
-def test_R11_R12_a_stream_that_ends_between_batches_ends_its_pass():
+def test_a_stream_that_ends_between_batches_ends_its_pass():
     report = run(exact_windows, dataset=Stream(112))  # 14 full batches: the stream ends between batches
     assert report.ok and [r.micro_batches for r in report.steps] == [4, 4, 4, 2], str(report)
 
 
-def test_R10_two_passes_over_a_stream_that_ends_mid_batch():
+def test_two_passes_over_a_stream_that_ends_mid_batch():
     def loop(model, opt, loader):
         exact_windows(model, opt, loader)
         exact_windows(model, opt, loader)
@@ -381,24 +382,24 @@ def fp16_scaler_loop(init_scale):
 
 
 @pytest.mark.parametrize("f", [1e-5, 1e-6])
-def test_R9_float16_gradscaler_replay_uses_the_loops_scale(f):
+def test_float16_gradscaler_replay_uses_the_loops_scale(f):
     report = run(fp16_scaler_loop(2.0 ** 16), model=Cold(f))  # unscaled, these gradients underflow in float16
     assert all(r.reference == "float16 replay" for r in report.steps), str(report)
-    assert all(not r.codes for r in report.steps[1:]), str(report)  # step 0: see the BUG test below
+    assert all(not r.codes for r in report.steps[1:]), str(report)  # step 0: see the next test
 
 
 @pytest.mark.parametrize("f", [1e-5, 1e-6])
-def test_BUG_the_first_micro_batch_is_replayed_at_the_loops_scale_too(f):
+def test_the_first_micro_batch_is_replayed_at_the_loops_scale_too(f):
     report = run(fp16_scaler_loop(2.0 ** 16), model=Cold(f))
     assert report.ok, str(report)
 
 
-def test_BUG_float16_gradscaler_at_the_default_scale_is_ok():
+def test_float16_gradscaler_at_the_default_scale_is_ok():
     report = run(fp16_scaler_loop(2.0 ** 16))  # the torch AMP recipe, on the plain MLP
     assert report.ok, str(report)
 
 
-def test_R15_a_view_into_the_batch_is_matched_by_its_storage():
+def test_a_view_into_the_batch_is_matched_by_its_storage():
     x, y = accumlib.data.digits(128).tensors
     rows = torch.utils.data.TensorDataset(torch.cat([y[:, None].float(), x], 1))  # one tensor: label, then features
 
@@ -417,7 +418,7 @@ def test_R15_a_view_into_the_batch_is_matched_by_its_storage():
     assert report.ok and not report.codes and len(report.steps) == 4, str(report)
 
 
-def test_R21_R22_another_models_optimizer_and_clip_are_not_this_models():
+def test_another_models_optimizer_and_clip_are_not_this_models():
     def loop(model, opt, loader):
         critic = torch.nn.Linear(64, 1)
         copt = torch.optim.SGD(critic.parameters(), lr=0.1)
@@ -436,7 +437,7 @@ def test_R21_R22_another_models_optimizer_and_clip_are_not_this_models():
     assert all(r.clip == 1.0 for r in report.steps)
 
 
-def test_T7_weights_that_drift_a_few_percent_are_not_one_factor():
+def test_weights_that_drift_a_few_percent_are_not_one_factor():
     def loop(model, opt, loader):
         for w in windows(loader):
             n = sum(len(y) for _, y in w)
@@ -448,12 +449,12 @@ def test_T7_weights_that_drift_a_few_percent_are_not_one_factor():
     assert report.codes == {"unexplained"}, str(report)
 
 
-def test_P2_clip_column_only_when_a_step_was_clipped():
+def test_clip_column_only_when_a_step_was_clipped():
     head = str(run(scaled_loop(1.0))).splitlines()[0]
     assert "clip" not in head.split()
 
 
-def test_BUG_no_zero_grad_under_gradscaler_at_a_small_scale_is_named():
+def test_no_zero_grad_under_gradscaler_at_a_small_scale_is_named():
     def loop(model, opt, loader):
         scaler = torch.amp.GradScaler("cpu", init_scale=4.0)  # unscale_ divides the stale .grad by 4 too: leak 1/4
         for w in windows(loader):
@@ -465,7 +466,7 @@ def test_BUG_no_zero_grad_under_gradscaler_at_a_small_scale_is_named():
     assert "no-zero-grad" in run(loop).codes
 
 
-def test_BUG_a_skipped_micro_batch_of_a_stream_is_counted_like_a_map_style_one():
+def test_a_skipped_micro_batch_of_a_stream_is_counted_like_a_map_style_one():
     def loop(model, opt, loader):
         exact_windows(model, opt, [b for i, b in enumerate(loader) if i != 2])  # the loop filters one micro-batch out
     mapped, streamed = run(loop), run(loop, dataset=Stream(128))
@@ -485,10 +486,10 @@ def numbers(*, rel, w=1.0, resid=1e-7, m=4):
                        scale_resid=resid, gg=w * w, gt=w, tt=1.0)
 
 
-def test_T2_float32_rounding_up_to_half_the_tolerance_is_ok():
+def test_float32_rounding_up_to_half_the_tolerance_is_ok():
     assert diagnose(numbers(rel=5e-5), k=4).codes == []  # FLOAT32_RTOL keeps a >= 10x margin over ~1e-6 measured
 
 
-def test_T6_a_fit_with_residual_below_FIT_RTOL_names_the_factor():
+def test_a_fit_with_residual_below_FIT_RTOL_names_the_factor():
     v = diagnose(numbers(rel=0.5, w=0.5, resid=5e-4), k=4)
     assert v.codes == ["misscaled"] and v.factor == pytest.approx(0.5)
