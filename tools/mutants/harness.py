@@ -1,7 +1,7 @@
 """Mutants of accumlib/harness.py and accumlib/reference.py: the reference loops' judge and table."""
 from mutate import Mutant
 
-TESTS = ["tests/test_contracts.py", "tests/test_compare_memory_oracle.py", "accumlib/harness.py", "accumlib/reference.py"]
+TESTS = ["tests/test_harness.py", "tests/test_contracts.py", "tests/test_compare_memory_oracle.py", "accumlib/harness.py", "accumlib/reference.py"]
 PYTEST_ARGS = ["--doctest-modules"]   # the modules' own examples are part of the suite
 
 H, R = "accumlib/harness.py", "accumlib/reference.py"
