@@ -27,7 +27,11 @@ pytest.importorskip("transformers", reason="transformers is in the hf and test e
 SURVEYS = Path(__file__).resolve().parent.parent / "surveys"
 VERSION = version("transformers")
 def path(task: str, suffix: str) -> Path:
-    return SURVEYS / (STEMS[task] + suffix)
+    return path_in(SURVEYS, task, suffix)
+
+
+def path_in(folder: Path, task: str, suffix: str) -> Path:
+    return folder / (STEMS[task] + suffix)
 
 
 STEMS = {"causal-lm": f"transformers-{VERSION}", "sequence-classification": f"transformers-{VERSION}-sequence-classification"}
@@ -67,16 +71,20 @@ def test_the_committed_causal_lm_survey_covers_the_issue():
 def test_a_subset_rerun_matches_the_committed_survey(task, tmp_path, capsys):
     """The CI subset: the command run again gives the committed rows (codes and factors exactly,
     errors to float32 rounding), and writes the same two files it was told to."""
-    old = {r.model_type: r for r in committed(task).rows}
+    was_survey = committed(task)
+    old = {r.model_type: r for r in was_survey.rows}
     argv = ["survey", "transformers", "--task", task, "--models", SUBSET[task], "--out", str(tmp_path), "--json"]
     assert main(argv) == 0
     new = survey.Survey.from_json(capsys.readouterr().out)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(STEMS[task] + x for x in (".json", ".md"))
+    assert survey.Survey.from_json(path_in(tmp_path, task, ".json").read_text()) == new  # the file is what was printed
+    assert path_in(tmp_path, task, ".md").read_text() == survey.to_markdown(new)
+    assert (new.task, new.setup) == (task, was_survey.setup)
     assert [r.model_type for r in new.rows] == SUBSET[task].split(",")
     for r in new.rows:
         was = old[r.model_type]
-        assert (r.status, r.model_class, r.codes, r.item_losses, r.loss_type, r.steps, r.params) == (
-            was.status, was.model_class, was.codes, was.item_losses, was.loss_type, was.steps, was.params), r
+        assert (r.status, r.model_class, r.codes, r.item_losses, r.loss_type, r.steps, r.params, r.cause) == (
+            was.status, was.model_class, was.codes, was.item_losses, was.loss_type, was.steps, was.params, was.cause), r
         assert r.scales == pytest.approx(was.scales, abs=1e-5)
         if r.bugs:
             assert r.max_rel_error == pytest.approx(was.max_rel_error, rel=1e-4)

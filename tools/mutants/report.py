@@ -1,0 +1,82 @@
+"""Mutants of accumlib/report/: the papermill report's parameters, computation, findings and figures.
+
+accumlib/report/__init__.py only re-exports names (a missing one fails at import); no mutant there.
+"""
+from mutate import Mutant
+
+# the small run first (seconds): with -x a killed mutant stops there; then the papermill report
+TESTS = ["tests/test_report_findings_and_figures.py", "tests/test_report.py",
+         "accumlib/report/__init__.py", "accumlib/report/params.py"]
+PYTEST_ARGS = ["--doctest-modules"]   # the package's and parse_accum's examples are part of the suite
+
+C, F, P = "accumlib/report/compute.py", "accumlib/report/figures.py", "accumlib/report/params.py"
+MUTANTS = [
+    # --- compute.py: the cells, the findings, the tables, the amp verdict
+    Mutant("a loop's finding names its best k, not its worst", C,
+           "worst = max(self.ks, key=lambda k:", "worst = min(self.ks, key=lambda k:"),
+    Mutant("the norm finding quotes the best k's error, not the maximum", C,
+           "norm_worst = max(self.norm_errors.values())", "norm_worst = min(self.norm_errors.values())"),
+    Mutant("the norm section keeps each k's best step, not its worst", C,
+           "k: max(c.rel_error for c in trace_loop(ragged", "k: min(c.rel_error for c in trace_loop(ragged"),
+    Mutant("the amp verdict is 'close' whatever verify's report says", C,
+           '(f"close ({precision})" if rep.ok else "not exact")', 'f"close ({precision})"'),
+    Mutant("the amp loop judged against the float32 oracle (verify's replay skipped)", C,
+           'if "dtype" in kwargs:', "if False:"),
+    Mutant("a cell's cosine is its best step's", C,
+           "min(c.cosine for c in trace.comparisons)", "max(c.cosine for c in trace.comparisons)"),
+    Mutant("a cell's norm ratio is its best step's", C,
+           "max(c.norm_ratio for c in trace.comparisons)", "min(c.norm_ratio for c in trace.comparisons)"),
+    Mutant("a cell's error is its last step's, not its worst", C,
+           "return max(self.rel_errors)", "return self.rel_errors[-1]"),
+    Mutant("steps expected taken from the steps seen (a missing step cannot show)", C,
+           "expected_steps(trace.n_batches, k), sum(trace.window_items)", "len(trace.comparisons), sum(trace.window_items)"),
+    Mutant("items stepped counted as micro-batches", C,
+           "sum(trace.window_items), trace.n_items", "sum(trace.window_batches), trace.n_items"),
+    Mutant("the seed not forwarded to the loops' runs", C,
+           "lr=LR, seed=p.seed, device=dev, **kwargs)", "lr=LR, device=dev, **kwargs)"),
+    Mutant("the large batch's activation memory measured on one micro-batch", C,
+           "activation_bytes(model, t.merge(window)", "activation_bytes(model, first"),
+    Mutant("the memory finding at the smallest k", C, "k_max = max(self.ks)", "k_max = min(self.ks)"),
+    Mutant("a dropped-items finding even when every item was stepped", C,
+           "if c.items_used < c.items]", "if c.items_used <= c.items]"),
+    Mutant("the settings count steps per epoch without the tail step", C,
+           'f"{expected_steps(self.n_batches, k)} at k = {k}"', 'f"{self.n_batches // k} at k = {k}"'),
+    Mutant("the memory table's saving inverted", C, 'f"{big / m:.2f}x"', 'f"{m / big:.2f}x"'),
+    Mutant("results_path given but no JSON written", C, "    if p.results_path:\n        with open", "    if False:\n        with open"),
+    # --- params.py: defaults and the checks before any work
+    Mutant("a bare results_path (no folder part) refused: its folder '' does not exist", P,
+           "if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):",
+           "if path and not os.path.isdir(os.path.dirname(path)):"),
+    Mutant("results_path not required to end in .json", P, 'if path and not path.endswith(".json"):', "if False:"),
+    Mutant("the seed not kept in the checked parameters", P,
+           "return Parameters(t, ks, batch_size, norm, precision, dev, seed, path)",
+           "return Parameters(t, ks, batch_size, norm, precision, dev, 0, path)"),
+    Mutant("the three-step rule off by one (two steps allowed)", P,
+           "if expected_steps(n_batches, k) < MIN_STEPS]", "if expected_steps(n_batches, k) < MIN_STEPS - 1]"),
+    Mutant("the largest k suggested is one too many", P,
+           "k_max = (n_batches - 1) // (MIN_STEPS - 1)", "k_max = n_batches // (MIN_STEPS - 1)"),
+    Mutant("the norm section's data not held to the step rule", P,
+           ', (f"the norm section\'s {cnn.name!r}", cnn))', ",)"),
+    Mutant("the CNN built with its default norm, not the report's", P, "return SmallCNN(norm=norm)", "return SmallCNN()"),
+    Mutant("a default changed: micro-batches of 4", P, "accum_steps=(1, 2, 4, 8), batch_size=3,", "accum_steps=(1, 2, 4, 8), batch_size=4,"),
+    Mutant("comma-separated k not accepted", P, 'accum_steps.replace(",", " ").split()', "accum_steps.split()"),
+    # --- figures.py: what each figure plots and its alt text says
+    Mutant("the step figure's default k is the smallest", F, "k = k or max(result.ks)", "k = k or min(result.ks)", at=0),
+    Mutant("the step figure's alt text defaults to the smallest k", F, "k = k or max(result.ks)", "k = k or min(result.ks)", at=1),
+    Mutant("the error figure plots each k's last step, not its worst", F,
+           "ys = [result.cells[(name, k)].max_rel_error", "ys = [result.cells[(name, k)].rel_errors[-1]"),
+    Mutant("the error alt text quotes each k's last step", F,
+           "_alt_number(result.cells[(name, k)].max_rel_error)", "_alt_number(result.cells[(name, k)].rel_errors[-1])"),
+    Mutant("the tolerance band drawn 10x above the float32 bound", F,
+           "ax.axhspan(ZERO / 3, FLOAT32_RTOL,", "ax.axhspan(ZERO / 3, 10 * FLOAT32_RTOL,"),
+    Mutant("the loss panel plots raw logged losses, not the gap to the large batch", F,
+           "bx.plot(steps, [a - b for a, b in zip(cell.logged, ref.logged)]", "bx.plot(steps, list(cell.logged)"),
+    Mutant("every last step labelled a tail, a full window too", F,
+           "if cell.window_batches and cell.window_batches[-1] < cell.k:", "if cell.window_batches:"),
+    Mutant("the step alt text's tail is the first window", F,
+           "{ref.window_batches[-1]} of {k} micro-batches", "{ref.window_batches[0]} of {k} micro-batches"),
+    Mutant("the memory figure's two lines swapped", F,
+           "[big / 1024 for _, big in result.memory.values()]", "[m / 1024 for m, _ in result.memory.values()]"),
+    Mutant("an exact 0 left at 0 on a log axis", F, "return max(value, ZERO)", "return value"),
+    Mutant("naive drawn in the correct loop's style", F, '"naive": "buggy"', '"naive": "correct"'),
+]
