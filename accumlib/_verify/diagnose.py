@@ -11,7 +11,9 @@ v_j = w_j n_j / N the weight of micro-batch j's *mean*:
   never divided v_j = 1;  divided by k on a short tail v_j = 1/k (equal: w_j = m/k);
   per-micro-batch means with different n_j v_j = 1/m;  zeroed mid-window w_j = 0 for early j;
   not zeroed: the leak coefficient is 1;  one factor for all: w_j = c != 1 (misscaled), however small
-  (a mean divided by k x b gives c = 1/b: small, but the same for every j, so not a zeroing).
+  (a mean divided by k x b gives c = 1/b: small, but the same for every j, so not a zeroing);
+  means with different n_j all weighted v (a mean divided by N, as if it were a sum: v = 1/N):
+  mean-of-means, and misscaled by c = v m against the mean of means (1/b again).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ CAUSES = {
                   "first check that item_losses(model, batch) returns, per item, exactly the term the loop's loss adds "
                   "up (same reduction over outputs, same extra terms); if it does, divide the loop's summed item "
                   "losses by the window's item count N"),
-    "1/b": ("c = m/N = 1/b: each micro-batch's mean was divided by its item count b again (and by k), as if it were a sum",
+    "1/b": ("c = m/N = 1/b (a short last window divided by k x b: (m/k)/b): each micro-batch's mean was divided by its "
+            "item count b again (and by k, or by the window's N), as if it were a sum",
             "a mean is already divided by its b items: divide the mean by k, or the sum by N, not the mean by k x b"),
 }
 
@@ -85,7 +88,9 @@ def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float,
     known = [("1/R", 1 / ranks), ("R", float(ranks))] if ranks > 1 else []
     known += [("shift", items / (items + sequences)), ("virtual-tokens", items / (items - sequences))] if 0 < sequences < items else []
     known += [("1/k", 1 / k), ("k", float(k))] + ([("1/m", 1 / m)] if m > 1 else [])
-    known += [("1/b", m / items)] if items > m else []  # over-division: the mean divided by k x b
+    if items > m:  # over-division: each micro-batch's mean divided by its b items again, as if it were a sum
+        known += [("1/b", m / items)]  # by k x b in a full window, or by the window's own N
+        known += [("1/b", m * m / (k * items))] if m < k else []  # a short tail divided by k x b: (m/k) (1/b)
     for key, value in known:
         if _near(c, value, rtol):
             return key
@@ -162,8 +167,10 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
         weights = f"per-micro-batch weights {[round(w, 4) for w in n.weights]} (1 is right)" if n.weights else ""
         worst = max((f.resid for f in n.fits), default=math.nan)
         cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
+        fitted = "they reproduce the gradient, but match no known bug's weights" if worst <= fit_tol else \
+            "no weighting of the window's micro-batches reproduces the gradient"
         out.detail = (
-            f"{weights}; no weighting of the window's micro-batches reproduces the gradient (fit residual {worst:.2e}); "
+            f"{weights}; {fitted} (fit residual {worst:.2e}); "
             f"|G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, cosine {cos:.6f}. "
             "Is item_losses the loss the loop minimizes (same reduction, masking, label shift, no extra terms)?"
         ).lstrip("; ")
@@ -212,21 +219,20 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
     if n.leak and n.leak_coef > COEF_RTOL:  # any share of it: GradScaler's unscale_ or a /k shrinks it too
         out.codes.append("no-zero-grad")
         out.detail = f"the gradient held {n.leak_coef:.2f} x what .grad contained before the window began"
-    near0 = [abs(x) < COEF_RTOL for x in w]
-    if any(near0):
-        if not all(near0):
-            out.codes.append("zero-grad-inside-window")
-            out.detail = f"micro-batches weighted {[round(x, 3) for x in w]} (1 is right)"
-            return
-        if w[0] == 0 or not all(_near(x, w[0], SAME_FACTOR_RTOL) for x in w):
-            return
-        # every weight small but the same: one factor shrank them all (an over-division, e.g. the
-        # mean divided by k x b), not a zeroing; named as misscaled below
-    if all(_near(x, 1.0, tol) for x in w) and "no-zero-grad" in out.codes:
-        return  # every micro-batch right: what is off is the leak named above
     sizes = [f.items for f in n.fits]
     v = [x * nj / n.items for x, nj in zip(w, sizes)]
     unequal = len(set(sizes)) > 1
+    # one factor on every micro-batch, or on every micro-batch's mean, however small: an over-division
+    # (the mean divided by k x b, or by N), not a zeroing, which leaves the last micro-batch's weight whole
+    one_factor = w[0] != 0 and any(all(_near(x, y[0], SAME_FACTOR_RTOL) for x in y) for y in (w, v))
+    near0 = [abs(x) < COEF_RTOL for x in w]
+    if any(near0) and not one_factor:
+        if not all(near0):
+            out.codes.append("zero-grad-inside-window")
+            out.detail = f"micro-batches weighted {[round(x, 3) for x in w]} (1 is right)"
+        return
+    if all(_near(x, 1.0, tol) for x in w) and "no-zero-grad" in out.codes:
+        return  # every micro-batch right: what is off is the leak named above
     out.detail = f"each micro-batch mean weighted {[round(x, 4) for x in v]}, items {sizes}"
     if all(_near(x, v[0], tol) for x in v):
         if _near(v[0], 1.0, tol) and m > 1:
@@ -237,6 +243,12 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
             return
         if unequal and _near(v[0] * m, 1.0, tol):
             out.codes.append("mean-of-means")
+            return
+        if unequal and v[0] > 0:  # weighted per micro-batch, and the mean of means off by one factor c = v m
+            out.codes.append("mean-of-means")
+            detail = out.detail
+            _misscaled(n, out, v[0] * m, m=m, k=k, tol=tol)
+            out.detail = detail
             return
     if m < k and all(_near(x, m / k, tol) for x in w):
         out.codes.append("tail-misscaled")
