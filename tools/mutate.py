@@ -8,10 +8,13 @@ when they fail. A mutant the tests pass is a *survivor*: either a blind spot (wr
 test) or an equivalent change (argue it in the mutant's ``equivalent`` field; it then leaves the
 denominator). The score per group is killed / (total - equivalent).
 
-    .venv/bin/python tools/mutate.py                 # every group, writes tools/mutation.md
-    .venv/bin/python tools/mutate.py hf lightning    # some groups (the file is not written)
-    .venv/bin/python tools/mutate.py hf --only 'num_items'   # mutants whose name contains a string
-    .venv/bin/python tools/mutate.py --list          # the catalogue, nothing run
+    .venv/bin/python tools/mutate.py                 # every group
+    .venv/bin/python tools/mutate.py hf lightning    # some groups
+    .venv/bin/python tools/mutate.py hf --only 'num_items'   # mutants whose name contains a string (not recorded)
+    .venv/bin/python tools/mutate.py --list          # check the catalogue, nothing run
+
+A whole group's run replaces that group's entry in ``tools/mutation.json`` and redraws
+``tools/mutation.md``: the score per module, and every mutant not killed with its argument.
 
 The working tree is never touched: tracked and untracked-but-not-ignored files are copied to a
 temporary directory, which comes first on every sys.path (PYTHONPATH), so the editable install
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -35,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = Path(__file__).resolve().parent / "mutants"
+RECORD, PAGE = CATALOGUE.parent / "mutation.json", CATALOGUE.parent / "mutation.md"
 # pytest without the notebook and doctest collection of pyproject's addopts: each group names its
 # own test files; a group that needs doctests or nbval says so in its PYTEST_ARGS.
 PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--no-header"]
@@ -113,73 +118,105 @@ def run_tests(tree: Path, tests, extra, timeout: float) -> tuple[str, float, str
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("groups", nargs="*", help=f"groups to run (default all: {', '.join(groups())})")
-    ap.add_argument("--only", default="", help="run only mutants whose name contains this string")
-    ap.add_argument("--list", action="store_true", help="print the catalogue and exit")
-    ap.add_argument("--out", default=None, help="markdown results file (default tools/mutation.md when every group runs)")
+    ap.add_argument("--only", default="", help="run only mutants whose name contains this string (results not recorded)")
+    ap.add_argument("--list", action="store_true", help="check and print the catalogue, run nothing")
     a = ap.parse_args(argv)
     unknown = set(a.groups) - set(groups())
     if unknown:
         ap.error(f"groups must be among {', '.join(groups())} (got {', '.join(sorted(unknown))})")
     chosen = a.groups or groups()
-    out = Path(a.out) if a.out else (CATALOGUE.parent / "mutation.md" if not a.groups and not a.only else None)
+    if a.list:
+        for g in chosen:
+            for m in load(g).MUTANTS:
+                m.apply((ROOT / m.file).read_text())   # a stale or ambiguous `old` is an error here
+                print(f"{g:12} {m.file}: {m.name}" + (f"  [equivalent: {m.equivalent}]" if m.equivalent else ""))
+        return 0
 
-    rows, table = [], []
+    results = {}
     with tempfile.TemporaryDirectory(prefix="accumlib-mutants-") as tmp:
         tree = Path(tmp)
         copy_tree(tree)
         for g in chosen:
-            mod = load(g)
-            mutants = [m for m in mod.MUTANTS if a.only in m.name]
-            if a.list:
-                for m in mutants:
-                    m.apply((ROOT / m.file).read_text())   # a stale or ambiguous `old` is an error here
-                    print(f"{g:12} {m.file}: {m.name}" + (f"  [equivalent: {m.equivalent}]" if m.equivalent else ""))
-                continue
-            extra = list(getattr(mod, "PYTEST_ARGS", ()))
-            status, base, tail = run_tests(tree, mod.TESTS, extra, timeout=1800)
-            if status != "survived":
-                print(f"{g}: the unmutated tests do not pass ({status}: {tail}); fix them first", file=sys.stderr)
+            results[g] = run_group(g, tree, a.only)
+            if results[g] is None:
                 return 2
-            print(f"{g}: baseline {base:.0f} s over {', '.join(mod.TESTS)}", flush=True)
-            counts = {"killed": 0, "survived": 0, "equivalent": 0, "timeout": 0, "error": 0}
-            for m in mutants:
-                path = tree / m.file
-                original = path.read_text()
-                path.write_text(m.apply(original))
-                try:
-                    status, secs, tail = run_tests(tree, m.tests or mod.TESTS, extra, timeout=3 * base + 60)
-                finally:
-                    path.write_text(original)
-                if status == "survived" and m.equivalent:
-                    status = "equivalent"
-                key = status if status in counts else "error"
-                counts[key] += 1
-                print(f"  {status:10} {secs:5.0f} s  {m.name}" + (f"\n             {tail}" if status == "killed" else ""), flush=True)
-                rows.append((g, m, status, tail))
-            judged = counts["killed"] + counts["survived"] + counts["timeout"] + counts["error"]
-            score = (counts["killed"] + counts["timeout"]) / judged if judged else 1.0
-            table.append((g, counts, judged, score))
-            print(f"{g}: killed {counts['killed']} (+{counts['timeout']} by timeout) of {judged} non-equivalent "
-                  f"({score:.0%}); {counts['equivalent']} equivalent", flush=True)
-    if a.list:
-        return 0
-    md = render(table, rows)
-    print("\n" + md)
-    if out:
-        out.write_text(md)
-    return 0 if all(s == "killed" or s == "equivalent" for _, _, s, _ in rows) else 1
+    if not a.only:   # a whole group's run replaces its entry in the record, and the page is redrawn
+        record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+        record.update(results)
+        RECORD.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+        PAGE.write_text(render(record))
+        print(f"\nrecorded in {RECORD.relative_to(ROOT)}, {PAGE.relative_to(ROOT)}")
+    rows = [r for g in results.values() for r in g["mutants"]]
+    return 0 if all(r["status"] in ("killed", "equivalent") for r in rows) else 1
 
 
-def render(table, rows) -> str:
-    lines = ["# Mutation score", "", "Written by `tools/mutate.py` (every group). Score: killed / non-equivalent mutants.", "",
-             "| group | killed | timeout | survived | equivalent | score |", "|---|---|---|---|---|---|"]
-    for g, c, judged, score in table:
-        lines.append(f"| {g} | {c['killed']} | {c['timeout']} | {c['survived'] + c['error']} | {c['equivalent']} | "
-                     f"{c['killed'] + c['timeout']}/{judged} = {score:.0%} |")
-    surv = [(g, m, s) for g, m, s, _ in rows if s not in ("killed",)]
-    if surv:
+def run_group(g: str, tree: Path, only: str = "") -> dict | None:
+    mod = load(g)
+    extra = list(getattr(mod, "PYTEST_ARGS", ()))
+    status, base, tail = run_tests(tree, mod.TESTS, extra, timeout=1800)
+    if status != "survived":
+        print(f"{g}: the unmutated tests do not pass ({status}: {tail}); fix them first", file=sys.stderr)
+        return None
+    print(f"{g}: baseline {base:.0f} s over {' '.join(mod.TESTS)}", flush=True)
+    rows = []
+    for m in (m for m in mod.MUTANTS if only in m.name):
+        path = tree / m.file
+        original = path.read_text()
+        path.write_text(m.apply(original))
+        try:
+            status, secs, tail = run_tests(tree, m.tests or mod.TESTS, extra, timeout=3 * base + 60)
+        finally:
+            path.write_text(original)
+        if status == "survived" and m.equivalent:
+            status = "equivalent"
+        print(f"  {status:10} {secs:5.0f} s  {m.name}" + (f"\n             {tail}" if status == "killed" else ""), flush=True)
+        rows.append({"name": m.name, "file": m.file, "status": status, "detail": tail if status == "killed" else "",
+                     "equivalent": m.equivalent})
+    c = tally(rows)
+    print(f"{g}: killed {c['killed']} (+{c['timeout']} by timeout) of {c['judged']} non-equivalent "
+          f"({score(c)}); {c['equivalent']} equivalent", flush=True)
+    return {"tests": list(mod.TESTS), "baseline_s": round(base), "mutants": rows}
+
+
+def tally(rows) -> dict:
+    c = {k: sum(r["status"] == k for r in rows) for k in ("killed", "timeout", "survived", "equivalent")}
+    c["survived"] += sum(r["status"].startswith("error") for r in rows)   # a wrong test list counts against
+    c["judged"] = c["killed"] + c["timeout"] + c["survived"]
+    return c
+
+
+def score(c: dict) -> str:
+    return f"{(c['killed'] + c['timeout']) / c['judged']:.0%}" if c["judged"] else "-"
+
+
+def module_of(file: str) -> str:
+    """accumlib/hf/trainer.py -> accumlib/hf/ (a package counts as one module); accumlib/harness.py stays."""
+    parts = Path(file).parts
+    return "/".join(parts[:2]) + "/" if len(parts) > 2 else file
+
+
+def render(record: dict) -> str:
+    rows = [r for g in record.values() for r in g["mutants"]]
+    by_module: dict[str, list] = {}
+    for r in rows:
+        by_module.setdefault(module_of(r["file"]), []).append(r)
+    lines = ["# Mutation score", "",
+             "Written by `tools/mutate.py` from `tools/mutation.json` (each group's latest whole run). A mutant is",
+             "killed when the tests that cover its module fail; *equivalent* mutants (argued in their catalogue,",
+             "`tools/mutants/`) leave the score, which is killed / non-equivalent.", "",
+             "| module | mutants | killed | timeout | survived | equivalent | score |", "|---|---|---|---|---|---|---|"]
+    for mod, rs in sorted(by_module.items()):
+        c = tally(rs)
+        lines.append(f"| `{mod}` | {len(rs)} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['equivalent']} | {score(c)} |")
+    c = tally(rows)
+    lines.append(f"| all | {len(rows)} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['equivalent']} | {score(c)} |")
+    lines += ["", "| group | tests run per mutant | baseline |", "|---|---|---|"]
+    lines += [f"| {g} | {' '.join(v['tests'])} | {v['baseline_s']} s |" for g, v in record.items()]
+    rest = [r for r in rows if r["status"] != "killed"]
+    if rest:
         lines += ["", "## Not killed", ""]
-        lines += [f"- **{g}** `{m.file}`: {m.name} — {s}" + (f": {m.equivalent}" if m.equivalent else "") for g, m, s in surv]
+        lines += [f"- `{r['file']}`: {r['name']} ({r['status']})" + (f": {r['equivalent']}" if r["equivalent"] else "")
+                  for r in rest]
     return "\n".join(lines) + "\n"
 
 
