@@ -82,12 +82,13 @@ def _check(module: Any, train_dataloaders: Any, item_losses: Any, max_steps: Any
     return pl
 
 
-def _sampler_copy(loader: DataLoader) -> Any:
-    """The user's sampler, deep-copied without its dataset (it only draws indices): drawing from the
-    copy leaves the user's generator where it was."""
+def _sampler_copy(loader: DataLoader) -> tuple[Any, torch.Generator | None]:
+    """The user's sampler and generator, deep-copied together without the dataset (they only draw
+    indices): a DataLoader draws a seed from its generator before its sampler draws the order, so
+    the copies draw the user's order, and the user's generator stays where it was."""
     if isinstance(loader.dataset, IterableDataset):
-        return None
-    return copy.deepcopy(loader.sampler, memo={id(loader.dataset): loader.dataset})
+        return None, None
+    return copy.deepcopy((loader.sampler, loader.generator), memo={id(loader.dataset): loader.dataset})
 
 
 @contextlib.contextmanager
@@ -124,7 +125,7 @@ def verify_fit(module: Any, train_dataloaders: DataLoader, *, item_losses: ItemL
     pl = _check(module, train_dataloaders, item_losses, max_steps, trainer_kwargs)
     user = train_dataloaders
     k = int(trainer_kwargs.get("accumulate_grad_batches", 1))
-    sampler = _sampler_copy(user)
+    sampler, generator = _sampler_copy(user)
 
     kwargs = {k: v for k, v in trainer_kwargs.items() if k not in OWN + ("callbacks",)}
     kwargs |= dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -136,9 +137,9 @@ def verify_fit(module: Any, train_dataloaders: DataLoader, *, item_losses: ItemL
     def train_fn(steps: _Steps, optimizer: torch.optim.Optimizer, loader: DataLoader) -> None:
         lm = steps.module
         lm.training_step = lambda *a, **kw: steps(*a, **kw)  # through __call__: verify's hook sees each micro-batch
-        # the user's batching, sampler and drop_last over verify's recording dataset and collate_fn
+        # the user's batching, sampler, generator and drop_last over verify's recording dataset and collate_fn
         data = DataLoader(loader.dataset, batch_size=user.batch_size, sampler=sampler, drop_last=user.drop_last,
-                          collate_fn=loader.collate_fn, num_workers=0, pin_memory=user.pin_memory)
+                          collate_fn=loader.collate_fn, generator=generator, num_workers=0, pin_memory=user.pin_memory)
         log = logging.getLogger(pl.__name__)
         level = log.level
         log.setLevel(logging.WARNING)  # its banner (GPU available: ...), not about accumulation

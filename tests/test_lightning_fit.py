@@ -9,6 +9,7 @@ With 128 digits every window is full, and exact.
 
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
@@ -81,6 +82,9 @@ def test_the_users_module_and_loader_are_untouched(tmp_path, monkeypatch):
     data = loader(shuffle=True, generator=g)
     gen_state = g.get_state()
     rng = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+    log = logging.getLogger("lightning.pytorch")
+    monkeypatch.setattr(log, "level", log.level)  # put back after the test
+    log.setLevel(logging.DEBUG)  # the user's choice, whatever earlier runs left
 
     report = verify_fit(module, data, item_losses=item_losses, accumulate_grad_batches=K, max_epochs=10,
                         callbacks=[pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"))])
@@ -92,6 +96,7 @@ def test_the_users_module_and_loader_are_untouched(tmp_path, monkeypatch):
     assert torch.equal(g.get_state(), gen_state)  # the loader's own generator never drew
     assert torch.equal(torch.get_rng_state(), rng[0]) and (np.random.get_state()[1] == rng[1]).all() and random.getstate() == rng[2]
     assert list(tmp_path.iterdir()) == []  # no logs, no checkpoints
+    assert log.level == logging.DEBUG  # Lightning's banner was silenced for the run only
 
 
 @pytest.mark.parametrize("call, error, message", [
