@@ -48,8 +48,8 @@ MUTANTS = [
     Mutant("a random training-mode loss not refused", M, "if own[0] != own[1]:", "if False:"),
     Mutant("the loss match tolerance loosened 10x", M, "<= LOSS_RTOL * abs(own[0]):", "<= 10 * LOSS_RTOL * abs(own[0]):"),
     Mutant("an unknown task not refused by name (a KeyError)", M, "    if task not in TASKS:\n        raise", "    if False:\n        raise"),
-    Mutant("the unshifted loss counts padding labels", M,
-           'reduction="none", ignore_index=IGNORE_INDEX)', 'reduction="none")'),
+    Mutant("the unshifted loss counts padding positions as items (zero losses)", M,
+           "return ce[targets != IGNORE_INDEX]", "return ce"),
     Mutant("the Trainer steps every micro-batch (k = 1)", M, "gradient_accumulation_steps=K,", "gradient_accumulation_steps=1,"),
     Mutant("the Trainer clips (max_grad_norm 1.0)", M, "max_grad_norm=0.0,", "max_grad_norm=1.0,"),
     # --- results.py: the tables and files
