@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: tiny models need no hub
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -147,11 +148,46 @@ def test_label_smoothing_factor_is_counted_in_the_item_losses(tmp_path):
     assert exact(report), str(report)
 
 
+class Widths(Trainer):
+    """Notes the width (longest sequence) of each micro-batch it trains on; on the class, so verify's copy,
+    built as type(trainer), writes here too."""
+
+    seen: list[int] = []
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        Widths.seen.append(int(inputs["attention_mask"].sum(1).max()))
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+@pytest.mark.parametrize("remove_unused_columns", [True, False], ids=["columns-removed", "columns-kept"])
+def test_a_length_grouped_sampler_groups_as_the_users_trainer_does(remove_unused_columns, tmp_path):
+    """train_sampling_strategy="group_by_length" over a datasets.Dataset with a "length" column: the
+    Trainer drops unused columns before it builds its sampler, so with remove_unused_columns=True it
+    groups by the sequences' own lengths, and only with False by the column. The column here is
+    100 - length on purpose, so the two orders are opposite: LengthGroupedSampler puts each window's
+    longest item first. Before the fix verify's copy read the column in both cases."""
+    datasets = pytest.importorskip("datasets")
+    seqs = token_sequences()
+    data = datasets.Dataset.from_dict({"input_ids": [s.tolist() for s in seqs], "length": [100 - len(s) for s in seqs]})
+    user = Widths(model=tiny_llama(), train_dataset=data,
+                  args=args_for(tmp_path, train_sampling_strategy="group_by_length", remove_unused_columns=remove_unused_columns),
+                  data_collator=lambda items: collate([torch.tensor(i["input_ids"]) for i in items]))
+    Widths.seen = []
+    report = verify_trainer(user)
+    assert exact(report), str(report)
+    first = Widths.seen[:K]  # the first window: one mega-batch of k * B items, sorted by the sampler's lengths
+    if remove_unused_columns:
+        assert first == sorted(first, reverse=True) and first[0] == max(len(s) for s in seqs), Widths.seen
+    else:
+        assert first == sorted(first) and first[0] == min(len(s) for s in seqs), Widths.seen
+
+
 # --- what the copy changes, and only in the copy ----------------------------------------------------
 
 
 class Events(TrainerCallback):
-    """Whether the copy evaluated or saved: on the class, so verify's copy of the callback writes here."""
+    """Whether the copy evaluated or saved: on the class, so verify's copy of the callback writes here.
+    At the end of training it writes a file into args.output_dir, as a user's callback may."""
 
     seen: list[str] = []
 
@@ -160,6 +196,9 @@ class Events(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         Events.seen.append("save")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        Path(args.output_dir, "events.txt").write_text(" ".join(Events.seen))
 
 
 SETTINGS = {  # what a user may set, which verify's copy turns off, and the copy's run is still one exact epoch
@@ -181,7 +220,7 @@ def test_settings_the_copy_turns_off_leave_one_exact_epoch(setting, tmp_path, ca
     assert [r.micro_batches for r in report.steps] == ONE_EPOCH
     assert Events.seen == []  # no evaluation, no checkpoint
     assert dataclasses.asdict(user.args) == dataclasses.asdict(args)  # the user's arguments, as they were
-    assert set((tmp_path / "out").rglob("*")) == written  # nothing written in the user's output_dir
+    assert set((tmp_path / "out").rglob("*")) == written  # nothing written in the user's output_dir, by any callback
     assert capsys.readouterr().out == ""  # nothing printed: no metrics line, no progress bar
 
 

@@ -115,6 +115,16 @@ def _copied_callbacks(trainer: Any) -> list[Any]:
             if not isinstance(cb, defaults) and not type(cb).__module__.startswith("transformers.integrations")]
 
 
+def _as_sampled(copy_of: Any, dataset: Any) -> Any:
+    """The user's dataset as the Trainer hands it to its sampler: a ``datasets.Dataset`` without the
+    columns its model does not take (``remove_unused_columns``)."""
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - transformers' Trainer runs without it
+        return dataset
+    return copy_of._remove_unused_columns(dataset, description="Training") if isinstance(dataset, datasets.Dataset) else dataset
+
+
 @contextlib.contextmanager
 def _process_state_kept() -> Iterator[None]:
     """The Trainer seeds every RNG and shares Accelerate's process-wide state with the user's own
@@ -260,7 +270,7 @@ def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: I
             # the sampler draws indices only: built on the user's dataset, a length-grouped sampler
             # reads lengths from it, not through verify's recording wrapper
             sampler = copy_of._get_train_sampler
-            copy_of._get_train_sampler = lambda dataset=None: sampler(trainer.train_dataset)
+            copy_of._get_train_sampler = lambda dataset=None: sampler(_as_sampled(copy_of, trainer.train_dataset))
             return copy_of.train().training_loss  # the loss the Trainer reports, checked as the epoch loss
 
     with _process_state_kept(), _randomness_off(model) as switched_off:

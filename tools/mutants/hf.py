@@ -10,6 +10,11 @@ TRL = ("tests/test_verify_trl.py",)   # the TRL rules only matter on a TRL train
 PEFT = ("tests/test_verify_peft.py", "tests/test_hf_losses.py")   # virtual tokens only matter on a PEFT adapter
 
 T, L, R = "accumlib/hf/trainer.py", "accumlib/hf/losses.py", "accumlib/hf/trl.py"
+PREPARED = ("the copy's train_dataset is replaced by verify's recording wrapper around the user's (already prepared) "
+            "dataset before any batch is drawn, so whatever TRL prepares in the copy is discarded: preparing again costs "
+            "time only (TRL 1.16 sees input_ids and skips tokenising; truncating or packing packed rows changes nothing). "
+            "Measured under this mutant: the copy's micro-batches equal the user's own train() in the plain, "
+            "completion-only, packing and padding-free SFT variants")
 MUTANTS = [
     # --- trainer.py: the user's objects, copied not used ------------------------------------------
     Mutant("the user's optimizer state is not copied (momentum buffers start empty)", T,
@@ -19,7 +24,10 @@ MUTANTS = [
            "opt.load_state_dict(copy.deepcopy(user_opt.state_dict()))", "opt.load_state_dict(user_opt.state_dict())"),
     Mutant("the user's parameter-group hyperparameters are dropped (every group gets the defaults)", T,
            "groups = [{**{k: v for k, v in g.items() if k != \"params\"}, \"params\"",
-           "groups = [{\"params\""),
+           "groups = [{\"params\"",
+           equivalent="the next lines load the user's state_dict into the rebuilt optimizer, and torch's "
+                      "Optimizer.load_state_dict takes every saved group's hyperparameters (keeping only its params): "
+                      "the groups' settings before it cannot show (the twin-run test sees lr 0.1 and weight decay either way)"),
     Mutant("an optimizer over parameters of another model is not refused", T,
            "    if foreign:\n        raise ValueError", "    if False:\n        raise ValueError"),
     Mutant("the user's scheduler is not copied (the Trainer builds its own)", T,
@@ -55,7 +63,9 @@ MUTANTS = [
     Mutant("the copy writes to the user's output_dir", T, "output_dir=output_dir, report_to=[]", "output_dir=args.output_dir, report_to=[]"),
     Mutant("the copy's Trainer prints its end-of-training metrics", T, "            copy_of.remove_callback(PrinterCallback)", "            pass"),
     Mutant("a length-grouped sampler reads lengths through verify's recording dataset", T,
-           "lambda dataset=None: sampler(trainer.train_dataset)", "lambda dataset=None: sampler(dataset)"),
+           "sampler(_as_sampled(copy_of, trainer.train_dataset))", "sampler(dataset)"),
+    Mutant("a length-grouped sampler reads a datasets.Dataset's length column the Trainer removes", T,
+           "    return copy_of._remove_unused_columns(dataset, description=\"Training\") if", "    return dataset if"),
     # --- trainer.py: refusals before any work --------------------------------------------------------
     Mutant("n_gpu > 1 (DataParallel) is not refused", T, "if args.n_gpu > 1:", "if args.n_gpu > 8:"),
     Mutant("FSDP args are not refused", T, "(\"fsdp\", args.fsdp), ", ""),
@@ -65,9 +75,14 @@ MUTANTS = [
     Mutant("max_steps=0 is accepted", T, "or max_steps < 1)", "or max_steps < 0)"),
     # --- trainer.py: the user's process state and randomness -----------------------------------------
     Mutant("the torch RNG is not put back", T, "        torch.set_rng_state(rng[0])\n", ""),
-    Mutant("Accelerate's shared state is not put back", T, "            state.clear()\n            state.update(saved)\n", ""),
+    Mutant("Accelerate's shared state is not put back", T, "            state.clear()\n            state.update(saved)\n",
+           "            pass\n"),
     Mutant("Accelerate's shared lists are saved by reference (verify's dataloaders left in the user's state)", T,
-           "{k: copy.copy(v) if isinstance(v, (list, dict)) else v for", "{k: v for"),
+           "{k: copy.copy(v) if isinstance(v, (list, dict)) else v for", "{k: v for",
+           equivalent="accelerate 1.15 never mutates GradientState's lists or dicts in place: its dataloader "
+                      "references and plugin_kwargs are always reassigned (state.py: 'explicitly use assignment'), "
+                      "so the saved object keeps the old contents; measured: [None] before and after, mid-epoch "
+                      "stops and a loss that raises included"),
     Mutant("functional dropout probabilities are not switched off in the copy", T,
            "                setattr(obj, name, 0.0)\n", ""),
     Mutant("functional dropout probabilities are not put back on the user's model", T,
@@ -93,7 +108,10 @@ MUTANTS = [
            "labels.float(), reduction=\"none\").mean(-1)", "labels.float(), reduction=\"none\").sum(-1)"),
     Mutant("one output taken for single-label classification, not regression", L,
            "problem = (\"regression\" if n_labels == 1 else", "problem = (\"regression\" if n_labels == 0 else"),
-    Mutant("int32 labels taken for multi-label", L, "if labels.dtype in (torch.long, torch.int) else", "if labels.dtype == torch.long else"),
+    Mutant("int32 labels taken for multi-label", L, "if labels.dtype in (torch.long, torch.int) else", "if labels.dtype == torch.long else",
+           equivalent="int32 labels fail in torch's cross_entropy (Long or Byte only) inside the model's own loss, so "
+                      "no Trainer trains on them and no verify_trainer run reaches the item losses with them; the "
+                      "rule mirrors transformers' ForSequenceClassificationLoss, which refuses them the same way"),
     Mutant("config.problem_type ignored (always inferred)", L,
            "problem = getattr(config, \"problem_type\", None)", "problem = None"),
     Mutant("classification: labels of -100 counted as items", L, "    return ce[labels != IGNORE_INDEX]\n", "    return ce\n"),
@@ -113,12 +131,14 @@ MUTANTS = [
     Mutant("DPOTrainer is not refused", R, "    raise TypeError(f\"trainer must be a transformers.Trainer or trl.SFTTrainer",
            "    return\n    raise TypeError(f\"trainer must be a transformers.Trainer or trl.SFTTrainer", tests=TRL),
     Mutant("the copy re-prepares (re-tokenises, re-packs) the user's prepared dataset", R,
-           "\"skip_prepare_dataset\": True}", "\"skip_prepare_dataset\": False}", tests=TRL),
+           "\"skip_prepare_dataset\": True}", "\"skip_prepare_dataset\": False}", tests=TRL,
+           equivalent=PREPARED),
     Mutant("a padding-free SFTTrainer's copy is handed the user's collator", R,
            "getattr(trainer, \"padding_free\", False)", "False", tests=TRL),
     Mutant("the TRL constructor changes are not applied to the copy", T, "            ) | trl_kwargs(trainer)\n", "            )\n",
            tests=TRL),
-    Mutant("the TRL argument changes are not applied to the copy", T, "    changes |= trl_changes(args)\n", "", tests=TRL),
+    Mutant("the TRL argument changes are not applied to the copy", T, "    changes |= trl_changes(args)\n", "", tests=TRL,
+           equivalent=PREPARED),
     Mutant("the user's processing_class is not forwarded", T, "processing_class=trainer.processing_class,",
            "processing_class=None,", tests=TRL),
 ]
