@@ -134,6 +134,10 @@ def _sleep(rank, world_size):
     time.sleep(600)
 
 
+def _sleep_briefly(rank, world_size):
+    time.sleep(5)
+
+
 def test_a_failing_rank_fails_the_launch_with_its_traceback_and_leaves_nothing():
     start = time.monotonic()
     with pytest.raises(ProcessRaisedException, match="rank 1 fails on purpose") as info:
@@ -146,8 +150,9 @@ def test_a_failing_rank_fails_the_launch_with_its_traceback_and_leaves_nothing()
 
 
 def test_a_launch_past_its_timeout_is_stopped():
+    # the ranks would finish by themselves in seconds: a timeout read in any larger unit lets them
     with pytest.raises(TimeoutError, match="timeout=2"):
-        launch(_sleep, world_size=WORLD, timeout=2)
+        launch(_sleep_briefly, world_size=WORLD, timeout=2)
     assert not multiprocessing.active_children()
 
 
@@ -206,32 +211,172 @@ def test_a_rank_killed_by_a_signal_fails_the_launch_with_what_it_printed():
     assert not multiprocessing.active_children()
 
 
-def _warn_and_succeed(rank, world_size):
+def _squared_errors(model, batch):
+    x, y = batch
+    return (model(x).squeeze(-1) - y) ** 2
+
+
+def _shard(rank):
+    """4 micro-batches; rank 0's hold 2 rows each, rank 1's one: the ranks' item counts differ."""
+    g = torch.Generator().manual_seed(rank)
+    return [(torch.randn(2 - rank, 3, generator=g), torch.randn(2 - rank, generator=g)) for _ in range(4)]
+
+
+def _linear():
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 1)
+
+
+LR, DEFAULTS_K = 0.1, 2
+
+
+def _loop_with_its_defaults(rank, seen):
+    """ddp_accumulate as a user calls it: only accum_steps given."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from accumlib.distributed import count_allreduce
+
+    model = DDP(_linear())
+    counter = count_allreduce(model)
+    logged = ddp_accumulate(model, torch.optim.SGD(model.parameters(), lr=LR), _shard(rank), _squared_errors,
+                            accum_steps=DEFAULTS_K)
+    seen["defaults"] = dict(logged=logged, calls=counter.take()[0],
+                            params=[p.detach().reshape(-1).tolist() for p in model.module.parameters()])
+
+
+def _refusals(rank, seen):
+    """What the loop refuses inside a process group."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    calls = {
+        # shards of different lengths: 4 micro-batches on rank 0, 3 on rank 1
+        "uneven": lambda: ddp_accumulate(model, opt, _shard(rank)[:4 - rank], _squared_errors, accum_steps=2),
+        "no_sync": lambda: ddp_accumulate(model, opt, _shard(rank), _squared_errors, accum_steps=2, no_sync="sometimes"),
+        "count": lambda: ddp_accumulate(model, opt, _shard(rank), _squared_errors, accum_steps=2, count_items=lambda b: 3),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except ValueError as err:
+            seen[name] = str(err)
+
+
+def _spread_of_a_drifted_rank(rank, seen):
+    """run_one's parameter spread when rank 1's first parameter is off by 1 from the start of the loop."""
+    from accumlib.distributed import experiment
+
+    loop = experiment.ddp_accumulate
+
+    def drifting(ddp, *args, **kwargs):
+        if rank == 1:
+            with torch.no_grad():
+                next(ddp.module.parameters()).add_(1.0)
+        return loop(ddp, *args, **kwargs)
+
+    g = torch.Generator().manual_seed(0)
+    # 32 digit-shaped rows stand in for the digits (whose loading imports scikit-learn: 10 s a rank under load)
+    rows = torch.utils.data.TensorDataset(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g))
+    experiment.ddp_accumulate = drifting
+    try:  # 16 rows a rank in micro-batches of 8, one per step: 2 steps
+        spec = RunSpec("no_sync", "mlp-digits", accum_steps=1, oracle=False)
+        seen["spread"] = experiment.run_one(spec, datasets={"mlp-digits": rows}).param_spread
+    finally:
+        experiment.ddp_accumulate = loop
+
+
+def _in_every_rank(rank, world_size, out):
+    """What a rank sees, computes and refuses; written to ``out.<rank>`` as JSON."""
+    import json
+    import os
     import sys
 
     print(f"a warning from rank {rank}", file=sys.stderr, flush=True)
-    dist.barrier()
+    seen = {"ifname": os.environ.get("GLOO_SOCKET_IFNAME", "<unset>")}
+    _loop_with_its_defaults(rank, seen)
+    _refusals(rank, seen)
+    _spread_of_a_drifted_rank(rank, seen)
+    with open(f"{out}.{rank}", "w") as fh:
+        json.dump(seen, fh)
 
 
-def test_what_ranks_print_to_stderr_is_copied_to_the_callers_stderr(capsys):
-    launch(_warn_and_succeed, world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
-    err = capsys.readouterr().err
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """One launch: what each rank recorded, and what the launcher copied to its stderr."""
+    import contextlib
+    import io
+    import json
+    import os
+
+    out = tmp_path_factory.mktemp("ranks") / "seen"
+    stderr = io.StringIO()
+    had = os.environ.pop("GLOO_SOCKET_IFNAME", None)  # the ranks must pick it themselves
+    try:
+        with contextlib.redirect_stderr(stderr):
+            launch(_in_every_rank, (str(out),), world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
+    finally:
+        if had is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = had
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)], stderr.getvalue()
+
+
+def test_what_ranks_print_to_stderr_is_copied_to_the_callers_stderr(ranks):
+    _, err = ranks
     assert "[rank 0] a warning from rank 0" in err and "[rank 1] a warning from rank 1" in err
 
 
-def _write_gloo_interface(rank, world_size, out):
-    import os
-
-    with open(f"{out}.{rank}", "w") as fh:
-        fh.write(os.environ.get("GLOO_SOCKET_IFNAME", "<unset>"))
-
-
-def test_gloo_is_pinned_to_loopback_in_the_ranks(tmp_path, monkeypatch):
+def test_gloo_is_pinned_to_loopback_in_the_ranks(ranks):
     # gloo otherwise binds to the address the hostname resolves to, which need not be
     # the loopback the rendezvous uses
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    launch(_write_gloo_interface, (str(tmp_path / "ifname"),), world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
-    assert [(tmp_path / f"ifname.{r}").read_text() for r in range(WORLD)] == ["lo"] * WORLD
+    seen, _ = ranks
+    assert [s["ifname"] for s in seen] == ["lo"] * WORLD
+
+
+def test_shards_of_different_lengths_are_refused_on_every_rank(ranks):
+    # a rank with fewer micro-batches would leave its peers waiting in a collective
+    seen, _ = ranks
+    assert [s.get("uneven") for s in seen] == [
+        "loader must yield the same number of micro-batches on every rank (got between 3 and 4)"] * WORLD
+
+
+def test_the_loop_refuses_an_unknown_no_sync_and_a_wrong_item_count(ranks):
+    seen, _ = ranks
+    for rank, s in enumerate(seen):
+        assert s.get("no_sync") == "no_sync must be one of ('forward+backward', 'backward', 'never') (got 'sometimes')"
+        assert s.get("count") == f"count_items must agree with item_losses: count_items said 3 items, item_losses returned {2 - rank}"
+
+
+def test_the_loop_with_its_defaults_steps_the_large_batch_gradient_with_one_all_reduce_per_step(ranks):
+    """The oracle: SGD on the mean squared error over both ranks' windows, in float64."""
+    seen, _ = ranks
+    model, shards = _linear().double(), [_shard(r) for r in range(WORLD)]
+    start = [p.detach().clone().reshape(-1) for p in model.parameters()]
+    oracle_loss = []
+    for s in range(len(shards[0]) // DEFAULTS_K):
+        window = [b for shard in shards for b in shard[s * DEFAULTS_K:(s + 1) * DEFAULTS_K]]
+        x, y = torch.cat([b[0] for b in window]).double(), torch.cat([b[1] for b in window]).double()
+        model.zero_grad()
+        loss = _squared_errors(model, (x, y)).mean()
+        loss.backward()
+        oracle_loss.append(loss.item())
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+    want = torch.cat([p.detach().reshape(-1) - p0 for p, p0 in zip(model.parameters(), start)])
+    for s in seen:
+        d = s["defaults"]
+        got = torch.cat([torch.tensor(p, dtype=torch.float64) for p in d["params"]]) - torch.cat(start)
+        assert float((got - want).norm() / want.norm()) <= FLOAT32_RTOL  # the update SGD made, against the oracle's
+        assert d["logged"] == pytest.approx(oracle_loss, rel=FLOAT32_RTOL)
+        assert d["calls"] == len(oracle_loss)  # no_sync: one all-reduce (one bucket: 4 parameters) per step
+
+
+def test_the_parameter_spread_sees_a_rank_that_drifted(ranks):
+    # rank 0 reports the spread: rank 1's parameters, gathered, are 1 off its own at every step
+    seen, _ = ranks
+    spread = seen[0]["spread"]
+    assert len(spread) == 2 and all(0.5 < s < 1.5 for s in spread), spread
 
 
 def test_gloo_interface_rule():
