@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     chosen = a.groups or groups()
     if a.list:
         for g in chosen:
-            for m in load(g).MUTANTS:
+            for m in (m for m in load(g).MUTANTS if a.only in m.name):
                 m.apply((ROOT / m.file).read_text())   # a stale or ambiguous `old` is an error here
                 print(f"{g:12} {m.file}: {m.name}" + (f"  [equivalent: {m.equivalent}]" if m.equivalent else ""))
         return 0
