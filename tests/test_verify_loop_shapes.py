@@ -180,22 +180,49 @@ def test_a_prefetching_worker_loader_is_refused_not_misjudged():
 
 # ---- forwards and backwards in other orders -----------------------------------------------------------
 
-def forwards_then_one_backward(model, opt, loader):
+def forwards_then_one_backward(model, opt, loader, zero=True):
     """Every forward of a window first, then one backward of the window's summed losses."""
     batches = list(loader)
     for s in range(0, len(batches), K):
         window = batches[s:s + K]
         n = sum(len(y) for _, y in window)
-        total = sum(F.cross_entropy(model(x), y, reduction="sum") for x, y in window)
-        (total / n).backward()
+        (sum(F.cross_entropy(model(x), y, reduction="sum") for x, y in window) / n).backward()
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        if zero:
+            opt.zero_grad(set_to_none=True)
 
 
 def test_a_windows_forwards_before_its_one_backward_are_one_group():
     report = run(forwards_then_one_backward)
     assert exact(report), str(report)
     assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2]
+    # one group, fitted once against .grad before the window: what leaked is told from the window's own share
+    leaky = run(lambda m, o, dl: forwards_then_one_backward(m, o, dl, zero=False))
+    assert leaky.codes == {"no-zero-grad"}, str(leaky)
+
+
+def test_an_evaluation_forward_on_data_of_the_loops_own_is_not_a_micro_batch():
+    """A validation forward on 20 held-out rows between steps: fewer rows than the 3 micro-batches drawn
+    next (24), more than 2 (16): it matches no run of them, so it takes none of them."""
+    held_out = accumlib.data.digits(130)[110:][0]
+
+    def loop(model, opt, loader, divide=True):
+        batches = list(loader)
+        for s in range(0, len(batches), K):
+            window = batches[s:s + K]
+            n = sum(len(y) for _, y in window) if divide else len(window[0][1])
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / (n if divide else len(y))).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                model(held_out)
+
+    report = run(loop)
+    assert exact(report), str(report)
+    assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2] and report.items_stepped == 110
+    naive = run(lambda m, o, dl: loop(m, o, dl, divide=False))
+    assert naive.codes == {"unscaled-sum"}, str(naive)
 
 
 def test_a_second_forward_of_a_used_micro_batch_is_not_a_new_one():
@@ -215,3 +242,79 @@ def test_a_second_forward_of_a_used_micro_batch_is_not_a_new_one():
     report = run(loop)
     assert exact(report), str(report)
     assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2]
+
+
+# ---- a pass left open --------------------------------------------------------------------------------
+
+def test_a_new_pass_after_one_left_open_has_its_own_tail():
+    """A budget of one window, checked after the next micro-batch was drawn: the first pass stops at 5 of 14
+    micro-batches. The next pass begins afresh, so its short last window (2 = 14 mod 4) is its legitimate tail."""
+    def windows(model, opt, batches):
+        batches = list(batches)
+        for s in range(0, len(batches), K):
+            window = batches[s:s + K]
+            n = sum(len(y) for _, y in window)
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    def loop(model, opt, loader):
+        first = []
+        for i, b in enumerate(loader):
+            if i == K:
+                break
+            first.append(b)
+        windows(model, opt, first)
+        windows(model, opt, loader)
+
+    report = run(loop)
+    assert exact(report), str(report)
+    assert [r.micro_batches for r in report.steps] == [4, 4, 4, 4, 2]
+
+
+def test_a_length_sweep_by_iteration_then_the_loops_own_padding_is_followed():
+    """The loop iterates loader.dataset for lengths (Python's sequence protocol: it ends at an IndexError), then
+    draws batches grouped by length with a collate of its own that pads to a multiple of 8: they match none of
+    verify's by shape, so verify takes the items the loop just read, the sweep's reads excluded."""
+    from accumlib.data import IGNORE_INDEX, PAD_ID, pad_collate
+
+    def pad_to_8(seqs):
+        inputs, targets = pad_collate(seqs)
+        extra = -inputs.shape[1] % 8
+        return F.pad(inputs, (0, extra), value=PAD_ID), F.pad(targets, (0, extra), value=IGNORE_INDEX)
+
+    def loop(model, opt, loader, divide=True):
+        lengths = [len(s) for s in loader.dataset]
+        assert len(lengths) == 64
+        by_length = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        batches = list(DataLoader(loader.dataset, batch_size=LM.batch_size, sampler=by_length, collate_fn=pad_to_8))
+        for s in range(0, len(batches), K):
+            window = batches[s:s + K]
+            n = sum(LM.count_items(b) for b in window)
+            for b in window:
+                losses = LM.item_losses(model, b)
+                (losses.sum() / n if divide else losses.mean()).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    report = run_lm(loop)
+    assert exact(report) and report.items_stepped == report.items_total, str(report)
+    assert run_lm(lambda m, o, dl: loop(m, o, dl, divide=False)).codes == {"unscaled-sum"}
+
+
+def test_a_batch_samplers_drop_last_is_named_as_why_items_were_left_out():
+    """Accelerate and the Trainer build their DataLoader from a batch_sampler, which keeps drop_last and the
+    batch size (the loader's own say False and None): 110 items in batches of 8, 6 left out by design."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    def loop(model, opt, loader):
+        batches = BatchSampler(SequentialSampler(loader.dataset), batch_size=B, drop_last=True)
+        own = DataLoader(loader.dataset, batch_sampler=batches, collate_fn=loader.collate_fn)
+        assert (own.drop_last, own.batch_size) == (False, None)
+        forwards_then_one_backward(model, opt, own)
+
+    report = run(loop)
+    assert report.ok and report.codes == {"loader-left-out"}, str(report)
+    assert [r.micro_batches for r in report.steps] == [4, 4, 4, 1]
+    assert "drop_last=True with batch_size 8" in str(report) and "6 of 110 per pass" in str(report), str(report)

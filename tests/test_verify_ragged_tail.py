@@ -1,7 +1,8 @@
-"""An over-divided ragged tail: each micro-batch's mean divided by its item count b again, as if it
-were a sum, on a run whose last window is short (k does not divide the micro-batches) and whose last
-micro-batch may be smaller than the rest. verify must name the cause, c = 1/b, on the tail too,
-and never blame item_losses ("reduction"), a zeroing, or nothing at all ("unexplained").
+"""A ragged tail: the last window is short (k does not divide the micro-batches) and its last
+micro-batch may be smaller than the rest. Over-divided (each micro-batch's mean divided by its item
+count b again, as if it were a sum), verify must name the cause, c = 1/b, on the tail too, and never
+blame item_losses ("reduction"), a zeroing, or nothing at all ("unexplained"); weighted by its share
+of a full window, it is tail-misscaled and nothing else.
 
 Every figure is checked against the oracle: the report's |G|/|g*| against the test's own
 accumlib.true_gradient at the tail window's starting parameters."""
@@ -97,3 +98,58 @@ def test_a_mean_divided_by_k_on_a_ragged_tail_is_not_also_misscaled():
     report = run(over_divided(4, lambda window, y: 4), n=110, k=4, b=8)
     assert report.codes == {"tail-misscaled", "mean-of-means"}, str(report)
     assert [r.codes for r in report.steps][:3] == [()] * 3
+
+
+def test_a_ragged_tail_weighted_by_its_share_of_a_full_window_is_tail_misscaled():
+    """Each item of the tail weighs 1/N, then the whole tail m/k = 2/4 of that: divided as if it held k
+    micro-batches. The tail's micro-batches hold 8 and 6 items, yet each item weighs alike: no mean-of-means."""
+    def loop(model, opt, loader):
+        batches = list(loader)
+        for s in range(0, len(batches), 4):
+            window = batches[s:s + 4]
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / items(window) * len(window) / 4).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    report = run(loop, n=110, k=4, b=8)
+    assert report.codes == {"tail-misscaled"}, str(report)
+    assert [r.codes for r in report.steps] == [()] * 3 + [("tail-misscaled",)]
+    assert report.steps[3].norm_ratio == pytest.approx(2 / 4, rel=FLOAT32_RTOL)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """The first n digits, as a stream: no length, no indices."""
+
+    def __init__(self, n: int):
+        self.data = accumlib.data.digits(n)
+
+    def __iter__(self):
+        for i in range(len(self.data)):
+            yield self.data[i]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map-style", "stream"])
+def test_a_tail_forwarded_but_never_stepped_is_dropped(stream):
+    """The loop forwards and backwards the short last window but never steps it: its 14 items are seen, not
+    used, whether verify knows them by index or only by what the loop forwarded."""
+    def loop(model, opt, loader):
+        batches, total = list(loader), 0.0
+        for s in range(0, len(batches), 4):
+            window = batches[s:s + 4]
+            for x, y in window:
+                loss = F.cross_entropy(model(x), y, reduction="sum")
+                total += loss.item()
+                (loss / items(window)).backward()
+            if len(window) == 4:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+        return total / 110  # the epoch's mean item loss, the tail's included: what the loop saw
+
+    data = Stream(110) if stream else accumlib.data.digits(110)
+    report = accumlib.verify(loop, model=TASK.make_model(0), dataset=data, item_losses=TASK.item_losses, accum_steps=4,
+                             batch_size=8)
+    assert report.codes == {"tail-dropped"}, str(report)
+    assert (report.items_stepped, report.items_total) == (96, 110)
+    assert "14 of 110 items reached no optimizer step" in str(report)
+    assert report.true_loss == pytest.approx(report.logged_loss, rel=FLOAT32_RTOL)  # the tail's loss counts too

@@ -44,6 +44,8 @@ def patched():
     model = Patched()
     original = model.forward  # as TRL's add_fused_lm_head does: the original bound forward, in a closure
     model.forward = types.MethodType(lambda self, x: original(x) * self.gain, model)
+    inner = model.body.forward  # and on a submodule, as Accelerate's hooks do
+    model.body.forward = types.MethodType(lambda self, x: inner(x) + self.bias, model.body)
     return model
 
 
