@@ -289,7 +289,8 @@ MUTANTS = [
     Mutant("DataLoader iteration left patched after the run", PA,
            "            DataLoader.__iter__ = original  # type: ignore[method-assign]\n", ""),
     Mutant("GradScaler left patched after the run", PA,
-           "            torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]\n", ""),
+           "            torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]\n",
+           "            pass\n"),
     Mutant("a scheduler stepped between windows flagged", PA, "if ours and self.window and _lrs(opt) != before:",
            "if ours and _lrs(opt) != before:"),
 
