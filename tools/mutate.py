@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     if a.list:
         for g in chosen:
             for m in (m for m in load(g).MUTANTS if a.only in m.name):
-                m.apply((ROOT / m.file).read_text())   # a stale or ambiguous `old` is an error here
+                compile(m.apply((ROOT / m.file).read_text()), m.file, "exec")   # stale, ambiguous or broken: an error here
                 print(f"{g:12} {m.file}: {m.name}" + (f"  [equivalent: {m.equivalent}]" if m.equivalent else ""))
         return 0
 
@@ -162,7 +162,13 @@ def run_group(g: str, tree: Path, only: str = "") -> dict | None:
     for m in (m for m in mod.MUTANTS if only in m.name):
         path = tree / m.file
         original = path.read_text()
-        path.write_text(m.apply(original))
+        mutated = m.apply(original)
+        try:  # a mutant that does not compile would be "killed" by an import error: a broken catalogue entry
+            compile(mutated, m.file, "exec")
+        except SyntaxError as e:
+            print(f"{g}: mutant {m.name!r} does not compile ({e}); fix its old/new", file=sys.stderr)
+            return None
+        path.write_text(mutated)
         try:
             status, secs, tail = run_tests(tree, m.tests or mod.TESTS, extra, timeout=3 * base + 60)
         finally:
