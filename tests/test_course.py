@@ -11,7 +11,8 @@ import pytest
 from accumlib.lessons import course
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-LESSON_FILES = sorted(p.name for p in NOTEBOOKS.glob("0[1-9]_*.ipynb"))
+LESSON_FILES = sorted((p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_")),
+                      key=lambda name: int(name.split("_", 1)[0]))
 LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")
 
 
@@ -64,7 +65,7 @@ def test_prerequisites_come_first_and_the_routes_respect_them():
 
 
 def test_a_lesson_number_out_of_range_is_refused():
-    with pytest.raises(ValueError, match=r"number must be a lesson number between 1 and 9 \(got 0\)"):
+    with pytest.raises(ValueError, match=r"number must be a lesson number between 1 and 10 \(got 0\)"):
         course.by_number(0)
 
 
@@ -72,3 +73,80 @@ def test_tables_render_as_html():
     html = course.table()._repr_html_()
     assert html.count("<tr>") == len(course.COURSE) + 1
     assert "Why accumulate gradients?" in html
+
+
+@pytest.mark.parametrize("lesson", course.COURSE, ids=lambda lesson: lesson.file)
+def test_every_stated_time_meets_the_rule_of_cells_and_runtime(lesson):
+    """minutes >= 0.5 per markdown cell + 0.25 per code cell + 2 per widget + 6 per exercise + 1 per
+    question (core path: cells tagged 'optional' left out) + the recorded runtime; and not padded past it."""
+    least = course.minimum_minutes(NOTEBOOKS / lesson.file)
+    assert least <= lesson.minutes <= least + 10, f"{lesson.file}: states {lesson.minutes} min, the rule gives {least}"
+
+
+def _notebook(tmp_path, cells):
+    path = tmp_path / "n.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def _cell(kind, source, tags=(), seconds=None):
+    metadata = {"tags": list(tags)} if tags else {}
+    if seconds is not None:
+        metadata["execution"] = {"iopub.execute_input": "2026-01-01T00:00:00.000000Z",
+                                 "shell.execute_reply": f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}.000000Z"}
+    return {"cell_type": kind, "metadata": metadata, "source": source}
+
+
+def test_the_rule_counts_each_kind_of_cell_and_the_runtime_and_skips_optional_cells(tmp_path):
+    cells = [
+        _cell("markdown", "# 1 · T"),
+        _cell("markdown", "## Questions to think about\n\n1. one?\n2. two?\n"),
+        _cell("code", "x = 1", seconds=90),
+        _cell("code", "why.widget(device=device)", seconds=30),
+        _cell("code", "why.EXERCISE.check(train_fn)", tags=["exercise"]),
+    ]
+    counts = course.cell_counts(_notebook(tmp_path, cells))
+    assert counts == {"markdown": 2, "code": 1, "widget": 1, "exercise": 1, "question": 2, "runtime_s": 120.0}
+    # 1 + 0.25 + 2 + 6 + 2 + 2 (runtime) = 13.25 -> 14
+    assert course.minimum_minutes(_notebook(tmp_path, cells)) == 14
+    optional = cells + [_cell("markdown", "### (optional) more", tags=["optional"]),
+                        _cell("code", "more()", tags=["optional"], seconds=60)]
+    assert course.cell_counts(_notebook(tmp_path, optional))["markdown"] == 2  # optional reading is not planned time
+    assert course.minimum_minutes(_notebook(tmp_path, optional)) == 15      # but its runtime is (Run All runs it)
+    more = [_cell("markdown", "more text"), _cell("markdown", "and more")]  # 13.25 + 1 = 14.25 -> 15
+    assert course.minimum_minutes(_notebook(tmp_path, cells + more)) == 15
+
+
+def test_the_routes_leave_slack_and_reach_the_closing_lesson():
+    last = course.COURSE[-1].number
+    for name, numbers in course.ROUTES.items():
+        assert course.slack(name) >= 15 and course.slack(name) >= course.SLACK_MIN_FRACTION * course.ROUTE_MINUTES[name], name
+        assert numbers[-1] == last, f"route {name!r} does not close with lesson {last}"
+    assert course.ROUTE_MINUTES["90-minute workshop"] == 90
+    half_day = next(numbers for name, numbers in course.ROUTES.items() if name.startswith("half day"))
+    assert 8 in half_day
+    with pytest.raises(ValueError, match=r"route must be one of .* \(got 'two days'\)"):
+        course.slack("two days")
+
+
+def test_the_routes_table_shows_each_routes_slack():
+    text = str(course.routes())
+    for name in course.ROUTES:
+        row = next(line for line in text.splitlines() if line.startswith(name))
+        assert f"{course.slack(name)} min" in row and f"{course.ROUTE_MINUTES[name]} min" in row
+
+
+def test_the_map_shows_each_route_as_links_to_its_lessons_in_order():
+    text = "\n".join(_markdown(NOTEBOOKS / "00_start_here.ipynb"))
+    for name, numbers in course.ROUTES.items():
+        line = next(line for line in text.splitlines() if line.startswith(f"- **{name}**"))
+        assert [target for _, target in LINK.findall(line)] == [course.by_number(n).file for n in numbers], name
+
+
+def test_lesson_1_marks_its_optional_parts_and_states_the_core_path():
+    cells = json.loads((NOTEBOOKS / "01_why_accumulate.ipynb").read_text())["cells"]
+    optional = [c for c in cells if "optional" in c["metadata"].get("tags", [])]
+    headings = ["".join(c["source"]).splitlines()[0] for c in optional
+                if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("#")]
+    assert headings and all("(optional)" in h for h in headings), headings
+    assert not any("exercise" in c["metadata"].get("tags", []) for c in optional)

@@ -4,14 +4,19 @@
 checks that this list, the notebooks' titles and their "Next" links agree. To add a lesson:
 add its notebook, its ``accumlib/lessons/<lesson>.py``, and one ``Lesson`` here.
 
-Times are planned workshop minutes (reading, running, the exercise and the questions),
-not measurements.
+Times are planned workshop minutes for a lesson's core path (its cells not tagged ``optional``:
+reading, running, the widget, the exercise and the questions). ``minimum_minutes`` states the rule
+the planned time must meet, from the notebook itself: a reading rate per cell of each kind, plus the
+runtime its last top-to-bottom execution recorded; ``tests/test_course.py`` holds every lesson to it.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from ._common import Table
@@ -29,36 +34,90 @@ class Lesson:
 
 COURSE: tuple[Lesson, ...] = (
     Lesson(1, "01_why_accumulate.ipynb", "Why accumulate gradients?",
-           "memory per micro-batch; k micro-batches give the large batch's gradient", 20),
+           "memory per micro-batch; k micro-batches give the large batch's gradient (core path)", 20),
     Lesson(2, "02_normalizing_the_loss.ipynb", "Normalizing the loss",
-           "the naive sum is k times too large; three correct ways to divide", 25, (1,)),
+           "the naive sum is k times too large; three correct ways to divide", 20, (1,)),
     Lesson(3, "03_ragged_windows_and_tokens.ipynb", "Ragged windows and token counts",
-           "the short last window; micro-batches with different token counts", 25, (2,)),
+           "the short last window; micro-batches with different token counts", 20, (2,)),
     Lesson(4, "04_mixed_precision.ipynb", "Mixed precision: GradScaler inside an accumulation window",
-           "scale, unscale_, clip, step, update: where each goes in a window", 20, (2,)),
+           "scale, unscale_, clip, step, update: where each goes in a window", 25, (2,)),
     Lesson(5, "05_batchnorm_vs_groupnorm.ipynb", "BatchNorm vs GroupNorm under accumulation",
-           "why BatchNorm's statistics per micro-batch break exactness, and what GroupNorm changes", 20, (2,)),
+           "why BatchNorm's statistics per micro-batch break exactness, and what GroupNorm changes", 25, (2,)),
     Lesson(6, "06_gans_two_optimizers.ipynb", "GANs and two optimizers",
            "two models, two optimizers, one window: what each step must see", 20, (2,)),
     Lesson(7, "07_verify_your_loop.ipynb", "Verify your own loop",
-           "accumlib.verify: run your loop, read its verdict, name its bug", 20, (2, 3)),
+           "accumlib.verify: run your loop, read its verdict, name its bug", 25, (2, 3)),
     Lesson(8, "08_distributed.ipynb", "Distributed accumulation",
            "DDP's no_sync, communication per step, global token counts across ranks", 25, (3,)),
     Lesson(9, "09_real_bugs.ipynb", "Real bugs in real libraries",
-           "Accelerate, Lightning and Transformers' Trainer under verify", 25, (3, 7)),
+           "Accelerate, Lightning and Transformers' Trainer under verify", 30, (3, 7)),
+    Lesson(10, "10_your_own_project.ipynb", "Accumulation in your own project",
+           "what to write: one loop to copy, the settings of Trainer, Accelerate, Lightning, TRL, PEFT, DDP", 15, (2, 3)),
 )
 
+# Each route: its lessons in order, and the minutes the session lasts. What the lessons do not
+# fill is slack, for setting up, a break and questions: at least SLACK_MIN_FRACTION of every route.
 ROUTES: dict[str, tuple[int, ...]] = {
-    "90-minute workshop": (1, 2, 3, 7),
-    "half day (about 3.5 hours with breaks)": (1, 2, 3, 4, 5, 6, 7, 9),
+    "90-minute workshop": (1, 2, 3, 10),
+    "half day (4 hours with breaks)": (1, 2, 3, 4, 7, 8, 9, 10),
 }
+ROUTE_MINUTES: dict[str, int] = {"90-minute workshop": 90, "half day (4 hours with breaks)": 240}
+SLACK_MIN_FRACTION = 1 / 6  # 15 of 90 minutes: setting up, one break, questions
 
-
+# The rule a lesson's planned minutes must meet (see minimum_minutes): reading rates per cell of the
+# core path, from a dry run of the course (a markdown cell holds 60 to 140 words, read at about 200
+# words a minute; a code cell is run and its output read).
+MINUTES_PER = {"markdown": 0.5, "code": 0.25, "widget": 2.0, "exercise": 6.0, "question": 1.0}
+WIDGET_CALL = re.compile(r"\b(widget|explorer|paste_box)\(")
 def by_number(number: int) -> Lesson:
     for lesson in COURSE:
         if lesson.number == number:
             return lesson
     raise ValueError(f"number must be a lesson number between 1 and {len(COURSE)} (got {number!r})")
+
+
+def _seconds(execution: dict) -> float:
+    start, end = (datetime.fromisoformat(execution[k].replace("Z", "+00:00"))
+                  for k in ("iopub.execute_input", "shell.execute_reply"))
+    return (end - start).total_seconds()
+
+
+def cell_counts(path: Path) -> dict[str, float]:
+    """A notebook's core path, counted: cells of each kind (cells tagged ``optional`` left out),
+    questions asked, and ``runtime_s``, the seconds its last recorded execution took (every cell).
+
+    >>> counts = cell_counts(Path(__file__).parents[2] / "notebooks" / "01_why_accumulate.ipynb")
+    >>> counts["exercise"], counts["markdown"] > 5
+    (1, True)
+    """
+    cells = json.loads(Path(path).read_text())["cells"]
+    counts: dict[str, float] = {kind: 0 for kind in MINUTES_PER}
+    counts["runtime_s"] = 0.0
+    for cell in cells:
+        source = "".join(cell["source"])
+        execution = cell["metadata"].get("execution")
+        if execution and "iopub.execute_input" in execution and "shell.execute_reply" in execution:
+            counts["runtime_s"] += _seconds(execution)
+        if "optional" in cell["metadata"].get("tags", []):
+            continue
+        if cell["cell_type"] == "markdown":
+            counts["markdown"] += 1
+            if source.lstrip().startswith("## Questions to think about"):
+                counts["question"] += sum(bool(re.match(r"\s*\d+\.\s+\S", line)) for line in source.splitlines())
+        elif "exercise" in cell["metadata"].get("tags", []):
+            counts["exercise"] += 1
+        elif WIDGET_CALL.search(source):
+            counts["widget"] += 1
+        else:
+            counts["code"] += 1
+    return counts
+
+
+def minimum_minutes(path: Path) -> int:
+    """The least a lesson's planned time may be: MINUTES_PER of each cell of its core path,
+    plus its recorded runtime, rounded up to the minute."""
+    counts = cell_counts(path)
+    return math.ceil(sum(MINUTES_PER[kind] * counts[kind] for kind in MINUTES_PER) + counts["runtime_s"] / 60)
 
 
 def title_of(path: Path) -> str:
@@ -84,7 +143,20 @@ def table() -> Table:
     return Table(("#", "lesson", "you learn", "time", "needs lessons"), rows)
 
 
+def slack(route: str) -> int:
+    """Minutes of a route that its lessons leave free (set-up, breaks, questions).
+
+    >>> slack("90-minute workshop") >= 15
+    True
+    """
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {sorted(ROUTES)} (got {route!r})")
+    return ROUTE_MINUTES[route] - sum(by_number(n).minutes for n in ROUTES[route])
+
+
 def routes() -> Table:
-    rows = [(name, " → ".join(map(str, numbers)), f"{sum(by_number(n).minutes for n in numbers)} min")
+    """Every route: its lessons, their planned time, the session's length and the slack left."""
+    rows = [(name, " → ".join(map(str, numbers)), f"{sum(by_number(n).minutes for n in numbers)} min",
+             f"{ROUTE_MINUTES[name]} min", f"{slack(name)} min")
             for name, numbers in ROUTES.items()]
-    return Table(("route", "lessons", "lesson time"), rows)
+    return Table(("route", "lessons", "lesson time", "session", "slack (set-up, breaks, questions)"), rows)
