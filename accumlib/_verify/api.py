@@ -22,7 +22,7 @@ from .._batch import ItemLosses, check_accum_steps
 from ..tolerances import LOGGED_RTOL
 from .codes import CODES
 from .copying import copy_model
-from .diagnose import CAUSES, diagnose_run, like_for_like
+from .diagnose import CAUSES, clip_norms, diagnose_run, like_for_like
 from .numbers import StepNumbers
 from .job import Job, judge_job
 from .ranks import Ranks, in_group, sharded
@@ -225,7 +225,7 @@ def _report(rec: Recorder, k: int, batch_size: int, returned: Any, dropout: list
             details.setdefault(c, [])
             if v.detail and v.detail not in details[c]:
                 details[c].append(v.detail)
-        clip_to = [c.max_norm for c in s.clips if c.seen >= s.micro_batches] or ([assumed] if assumed else [])
+        clip_to = clip_norms(s) or ([assumed] if assumed else [])
         ratio, rel = like_for_like(s, clip_to)
         coef = s.scale if t in converted else s.unclip
         reference = s.precision + (" replay" if s.precision != "float32" else "") + ("; BatchNorm: accumulated" if s.batchnorm else "")

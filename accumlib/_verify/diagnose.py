@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ..tolerances import (
     AUTOCAST_RTOL, CLIP_NORM_RTOL, COEF_RTOL, FIT_RTOL, FLOAT32_RTOL, SAME_FACTOR_RTOL, SCALED_CLIP_RATIO,
 )
-from .numbers import StepNumbers
+from .numbers import Clip, StepNumbers
 
 
 @dataclass
@@ -136,14 +136,16 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
     if early:
         out.codes.append("early-step")
         out.detail = f"stepped after {m} of {k} micro-batches, not as the last window of a pass over the data"
-    if any(c.seen < m for c in n.clips):
+    # a clip with no micro-batch of this window before it ran after the previous step: it cut a gradient
+    # no step used (zero_grad discards it), so it is no clip of this window, partial or whole
+    if any(0 < c.seen < m for c in n.clips):
         out.codes.append("clip-per-micro-batch")
         return out  # each clip rescaled a partial sum; no single coefficient undoes that
     complete = [c for c in n.clips if c.seen >= m]
     g_norm = math.sqrt(n.gg) / n.unclip  # the window's gradient before clipping
     if complete and g_norm > 0:
         seen = complete[0].total_norm / g_norm
-        if seen > SCALED_CLIP_RATIO:
+        if seen > SCALED_CLIP_RATIO and not compensated_clip(complete[0], g_norm):
             out.codes.append("clip-before-unscale")
             out.detail = f"clipping saw a norm {seen:.3g} times the unscaled gradient's"
     if early:
@@ -264,6 +266,26 @@ def _misscaled(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, to
     out.detail = f"c = {c:.4f}"
 
 
+def compensated_clip(c: Clip, g_norm: float) -> bool:
+    """A clip of the scaled gradient whose max_norm was scaled with it (``max_norm * scaler.get_scale()``).
+
+    Clipping S g at M S cuts by the very coefficient that clipping g at M does, so the step is right.
+    The clip saw ``ratio`` = |S g| / |g| ~ S; its max_norm is read as scaled when it lies nearer
+    (in log) to the scaled norm than to the unscaled one: max_norm > |S g| / sqrt(ratio). Unscaled
+    clipping norms (0.1 to 10) sit far below that at any S >= 2**8 and gradients of norm >= 1e-3.
+    """
+    ratio = c.total_norm / g_norm
+    return ratio > SCALED_CLIP_RATIO and c.max_norm > c.total_norm / math.sqrt(ratio)
+
+
+def clip_norms(n: StepNumbers) -> list[float]:
+    """The max_norm each complete-window clip applied to the true (unscaled) gradient: a compensated
+    clip of S g at M S is a clip of g at M; any other as recorded."""
+    g_norm = math.sqrt(n.gg) / n.unclip
+    return [c.max_norm * g_norm / c.total_norm if g_norm > 0 and compensated_clip(c, g_norm) else c.max_norm
+            for c in n.clips if c.seen >= n.micro_batches]
+
+
 def like_for_like(n: StepNumbers, clip_to: list[float]) -> tuple[float, float]:
     """(|G|/|t'|, |G - t'|/|t'|) with t' the float32 truth clipped as the loop clipped: each
     ``max_norm`` in ``clip_to`` scales it by min(1, max_norm / (norm + 1e-6)), as torch does."""
@@ -322,4 +344,7 @@ def diagnose_run(numbers: list[StepNumbers], *, k: int) -> tuple[list[StepVerdic
     return verdicts, assumed
 
 
-__all__ = ["CAUSES", "StepVerdict", "causes", "diagnose", "diagnose_run", "infer_clip", "like_for_like", "step_tol"]
+__all__ = [
+    "CAUSES", "StepVerdict", "causes", "clip_norms", "compensated_clip", "diagnose", "diagnose_run", "infer_clip",
+    "like_for_like", "step_tol",
+]
