@@ -20,11 +20,17 @@ MAPPING_NAMES``) get the same sequences with one of 3 labels each, and one loss 
     >>> result = survey.run(["gpt2", "llama"])                        # doctest: +SKIP
     >>> [(r.model_class, sorted(r.codes)) for r in result.rows]       # doctest: +SKIP
     [('GPT2LMHeadModel', ['dropout', 'misscaled']), ('LlamaForCausalLM', [])]
+
+The committed tables ship inside the package (``accumlib/survey/tables/``): ``load(task=...)`` reads
+the one of the installed transformers, and names the versions that have one when it has none.
+
+    >>> survey.load("sequence-classification", version="5.23.0").task   # doctest: +SKIP
+    'sequence-classification'
 """
 
 from .models import TASKS, Task, own_item_losses, tiny_config, tiny_model, trainer_for
-from .results import Row, Survey, summary, to_markdown, write
+from .results import NoTable, Row, Survey, load, summary, to_markdown, versions, write
 from .run import resolve, run, survey_one
 
-__all__ = ["TASKS", "Row", "Survey", "Task", "own_item_losses", "resolve", "run", "summary", "survey_one", "tiny_config",
-           "tiny_model", "to_markdown", "trainer_for", "write"]
+__all__ = ["TASKS", "NoTable", "Row", "Survey", "Task", "load", "own_item_losses", "resolve", "run", "summary", "survey_one",
+           "tiny_config", "tiny_model", "to_markdown", "trainer_for", "versions", "write"]

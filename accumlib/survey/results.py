@@ -1,5 +1,6 @@
 """The survey's result: a ``Row`` per class, the ``Survey``, and its tables (the markdown the README and
-``surveys/`` show, the summary, the files written).
+``surveys/`` show, the summary, the files written), and the tables that ship inside the package
+(``accumlib/survey/tables/``, the JSON of ``surveys/``), loaded by transformers version.
 """
 
 
@@ -8,11 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 
-
-
-from .models import TASKS
+from .models import TASKS, _task
 
 
 @dataclass
@@ -142,3 +143,67 @@ def write(s: Survey, out_dir: str) -> tuple[str, str]:
     with open(stem + ".md", "w") as f:
         f.write(to_markdown(s))
     return stem + ".md", stem + ".json"
+
+
+# --- the tables that ship with the package --------------------------------------------------------
+
+TABLE = re.compile(r"transformers-(\d[\w.+-]*?)(?:-(sequence-classification))?\.json")
+
+
+class NoTable(LookupError):
+    """No survey table ships for this transformers version and task."""
+
+
+def _tables() -> dict[tuple[str, str], resources.abc.Traversable]:
+    """(transformers version, task) -> the packaged JSON file."""
+    found = {}
+    for f in resources.files(__package__).joinpath("tables").iterdir():
+        m = TABLE.fullmatch(f.name)
+        if m:
+            found[(m.group(1), m.group(2) or "causal-lm")] = f
+    return found
+
+
+def _version_key(v: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.+-]", v))
+
+
+def versions(task: str = "causal-lm") -> list[str]:
+    """The transformers versions whose ``task`` survey ships with accumlib, oldest first.
+
+    >>> "5.23.0" in versions("causal-lm")
+    True
+    """
+    _task(task)
+    return sorted((v for v, t in _tables() if t == task), key=_version_key)
+
+
+def load(task: str = "causal-lm", *, version: str | None = None) -> Survey:
+    """The packaged survey of ``task`` for transformers ``version`` (None: the installed one).
+
+    Read from the package (``accumlib/survey/tables/``), not from the repository, so it works
+    wherever accumlib is installed; a version without a table raises ``NoTable`` naming the
+    version and those that have one.
+
+    >>> load("causal-lm", version="5.23.0").versions["transformers"]
+    '5.23.0'
+    >>> load("causal-lm", version="0.0.1")
+    Traceback (most recent call last):
+    ...
+    accumlib.survey.results.NoTable: version: no causal-LM survey ships for transformers 0.0.1; accumlib holds one for transformers 5.23.0 (survey.load(version=...) reads it; `accumlib survey transformers --out DIR` makes one for 0.0.1)
+    """
+    _task(task)
+    if version is None:
+        from .run import _version
+
+        version = _version("transformers")
+    if not isinstance(version, str):
+        raise ValueError(f"version must be a transformers version string such as '5.23.0' (got {version!r})")
+    table = _tables().get((version, task))
+    if table is None:
+        have = versions(task)
+        flag = "" if task == "causal-lm" else f" --task {task}"
+        raise NoTable(f"version: no {TASKS[task].title} survey ships for transformers {version}; accumlib holds one for "
+                      f"transformers {', '.join(have) or '(none)'} (survey.load(version=...) reads it; "
+                      f"`accumlib survey transformers{flag} --out DIR` makes one for {version})")
+    return Survey.from_json(table.read_text())
