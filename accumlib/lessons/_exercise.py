@@ -7,6 +7,12 @@ without verify's *fix* (which would be the answer), plus the hint written for th
 learner's likely mistake, folded until clicked. Solutions live in ``notebooks/solutions/``;
 tests check that every starting cell fails with a hint and every solution passes.
 
+Beside verify's verdict, an exercise can grade what verify leaves to the loop (``_grading``):
+the exact epoch loss it reports (``logged_loss``), that it clips every step before the step
+(``clip_each_step``), and, always, parameters it froze. Every verdict names its steps. A hint
+may come in stages (a nudge, a stronger hint, the solution), each folded under the one before;
+``<code>@last`` holds the hint for a finding that concerns only the last step.
+
 >>> ex = Exercise("demo", "a demo", hints={"unscaled-sum": "divide by something"})
 >>> ex.hint_for(["unscaled-sum"]), ex.hint_for(["early-step"])[:24]
 ('divide by something', 'Compare your loop with t')
@@ -15,11 +21,13 @@ tests check that every starting cell fails with a hint and every solution passes
 from __future__ import annotations
 
 import html
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._common import check_int
+from ._grading import Watch, clip_checks, frozen_check, logged_loss_checks, where
 
 GENERIC_HINT = (
     "Compare your loop with the identity at the top of the lesson: which items does each "
@@ -40,6 +48,8 @@ class Grade:
     error: str = ""
     stages: tuple[str, ...] = ()  # the hint in stages, each folded under the one before (one stage: the hint)
     costs: tuple[str, ...] = ()  # findings of kind cost: right, but paid for
+    where: tuple[str, ...] = ()  # per code: the steps it concerns, in words ("the last step (step 3)")
+    call: str = ""  # the exercise as the notebook cell names it ("why.EXERCISE")
 
     def __str__(self) -> str:
         if self.error:
@@ -47,8 +57,12 @@ class Grade:
         if self.ok:
             return f"{self.exercise}: passes. Every optimizer step matched the true large-batch gradient." + "".join(
                 f"\nAt a cost: {c}" for c in self.costs)
-        found = "\n".join(f"  - [{c}] {m}" for c, m in zip(self.codes, self.messages))
-        return f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nA hint is folded below the verdict in JupyterLab; print(grade.hint) shows it here."
+        found = "\n".join(f"  - [{c}]{_at(w)} {m}" for c, m, w in zip(self.codes, self.messages, self._where()))
+        return (f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nIn JupyterLab the hints are folded below "
+                f"the verdict. Here: grade = {self.call or 'EXERCISE'}.check(train_fn), then print(grade.hint).")
+
+    def _where(self) -> tuple[str, ...]:
+        return self.where or ("",) * len(self.codes)
 
     __repr__ = __str__  # the plain-text form keeps the hint folded too
 
@@ -60,7 +74,8 @@ class Grade:
         if self.error:
             head = f"<p><b>&#10008; {html.escape(self.exercise)}: your code raised</b> <code>{html.escape(self.error)}</code></p>"
         else:
-            items = "".join(f"<li><code>{html.escape(c)}</code>: {html.escape(m)}</li>" for c, m in zip(self.codes, self.messages))
+            items = "".join(f"<li><code>{html.escape(c)}</code>{html.escape(_at(w))}: {html.escape(m)}</li>"
+                            for c, m, w in zip(self.codes, self.messages, self._where()))
             head = f"<p><b>&#10008; {html.escape(self.exercise)}: not yet.</b> accumlib.verify found:</p><ul>{items}</ul>"
         stages = self.stages or (self.hint,)
         folded = ""
@@ -90,26 +105,41 @@ class Exercise:
     make_model: Callable[[], Any] | None = None
     make_dataset: Callable[[], Any] | None = None
     run: Callable[[Callable[..., Any]], Any] | None = None
+    call: str = ""  # how the notebook cell names this exercise, for the plain-text verdict
+    logged_loss: bool = False  # grade the epoch loss the loop returns against the true mean item loss
+    clip_each_step: bool = False  # every step must be clipped, before the step
 
     def __post_init__(self) -> None:
         check_int("accum_steps", self.accum_steps, low=1)
         if self.batch_size is not None:
             check_int("batch_size", self.batch_size, low=1)
 
-    def hint_for(self, codes: Any) -> str | tuple[str, ...]:
+    def hint_for(self, codes: Any, last_only: Any = ()) -> str | tuple[str, ...]:
+        """The hint for the first of ``codes`` that has one; ``<code>@last`` for a code in ``last_only``
+        (a finding about the last step alone: the tail, not every step)."""
         for code in codes:
+            if code in last_only and f"{code}@last" in self.hints:
+                return self.hints[f"{code}@last"]
             if code in self.hints:
                 return self.hints[code]
         return self.default_hint
 
-    def verify(self, train_fn: Callable[..., Any]) -> Any:
+    def verify(self, train_fn: Callable[..., Any], watch: Watch | None = None) -> Any:
         if self.run is not None:
             return self.run(train_fn)
         import accumlib
 
         t = accumlib.get_task(self.task)
+        with warnings.catch_warnings():  # a scheduler stepped per micro-batch is verify's to name, not torch's to warn of
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            return self._verify(t, watch.wrap(train_fn) if watch else train_fn)
+
+    def _verify(self, t: Any, train_fn: Callable[..., Any]) -> Any:
+        import accumlib
+
         return accumlib.verify(
-            train_fn, model=self.make_model() if self.make_model else t.make_model(0),
+            train_fn,
+            model=self.make_model() if self.make_model else t.make_model(0),
             dataset=self.make_dataset() if self.make_dataset else t.make_dataset(), item_losses=t.item_losses,
             accum_steps=self.accum_steps, batch_size=self.batch_size or t.batch_size, collate_fn=t.collate_fn,
         )
@@ -118,23 +148,46 @@ class Exercise:
         """Grade the learner's ``train_fn(model, optimizer, loader)``: verify's verdict plus a matched hint."""
         if not callable(train_fn):
             raise TypeError(f"train_fn must be a function train_fn(model, optimizer, loader) (got {type(train_fn).__name__})")
+        watch = Watch(clip_each_step=self.clip_each_step)
         try:
-            report = self.verify(train_fn)
+            report = self.verify(train_fn, watch)
         except Exception as e:  # the learner's code: show the error as feedback, not a traceback wall
+            frozen = frozen_check(watch, None) if watch.all_frozen else None
+            if frozen is not None:  # a frozen model, not a crash: say what the loop froze
+                return self._grade([frozen], True, None, None)
             return self.grade(error=getattr(e, "feedback", "") or f"{type(e).__name__}: {e}")
-        return self.grade(report)
+        return self.grade(report, watch=watch)
 
-    def grade(self, report: Any = None, error: str = "") -> Grade:
-        """The Grade of a verify ``report``, or of a loop that raised ``error`` (``type: message``)."""
+    def grade(self, report: Any = None, error: str = "", watch: Watch | None = None) -> Grade:
+        """The Grade of a verify ``report`` (with what ``watch`` saw of the loop), or of a loop that raised ``error``."""
         if error:
             return Grade(self.name, False, (), (), _text(self.hints.get("error", self.default_hint)), None, error,
-                         _stages(self.hints.get("error", self.default_hint)))
+                         _stages(self.hints.get("error", self.default_hint)), call=self.call)
         bad = [f for f in report.findings if f.severity in ("bug", "limit")]  # a note or a cost leaves it ok
+        n_steps = len(getattr(report, "steps", ()) or ()) or None
+        if watch is not None and watch.ran:
+            codes = {f.code for f in bad}
+            frozen = frozen_check(watch, n_steps)
+            if frozen is not None and "frozen-inside-window" not in codes:
+                bad.append(frozen)
+            if self.logged_loss:
+                bad += logged_loss_checks(watch.returned, getattr(report, "true_loss", None), codes)
+            if self.clip_each_step:
+                bad += clip_checks(watch, n_steps)
+        return self._grade(bad, not bad and bool(report.ok), report, n_steps)
+
+    def _grade(self, bad: list[Any], ok: bool, report: Any, n_steps: int | None) -> Grade:
         codes = tuple(f.code for f in bad)
-        hint = "" if report.ok else self.hint_for(codes)
-        costs = tuple(f"[{f.code}] {f.message}" for f in report.findings if f.severity == "cost")
-        return Grade(self.name, bool(report.ok), codes, tuple(f.message for f in bad), _text(hint), report, "",
-                     _stages(hint), costs)
+        steps = [tuple(getattr(f, "steps", ()) or ()) for f in bad]
+        last_only = {f.code for f, s in zip(bad, steps) if n_steps and n_steps > 1 and s == (n_steps - 1,)}
+        hint = "" if ok else self.hint_for(codes, last_only)
+        costs = tuple(f"[{f.code}] {f.message}" for f in getattr(report, "findings", ()) if f.severity == "cost")
+        return Grade(self.name, ok, codes, tuple(f.message for f in bad), _text(hint), report, "", _stages(hint), costs,
+                     tuple(where(s, n_steps) for s in steps), self.call)
+
+
+def _at(words: str) -> str:
+    return f" ({words})" if words else ""
 
 
 def _stages(hint: str | tuple[str, ...]) -> tuple[str, ...]:
