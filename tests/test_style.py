@@ -20,15 +20,80 @@ def test_roles_differ_by_more_than_colour():
     assert not {"tab:red", "tab:green", "red", "green"} & {r["color"] for r in _style.ROLE.values()}
 
 
-def test_a_styled_figure_has_no_text_below_10_pt_and_is_not_pyplots():
-    fig, ax = _style.figure(title="relative error per step")
-    ax.plot([1, 2, 3], [1e-3, 1e-5, 1e-7], label="x", **_style.ROLE["buggy"])
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.legend()
+def test_a_styled_figure_has_no_text_below_14_pt_and_is_not_pyplots():
+    @_style.styled
+    def plot():  # as every lesson's plot() is built
+        fig, ax = _style.figure(title="relative error per step")
+        ax.plot([1, 2, 3], [1e-3, 1e-5, 1e-7], label="x", **_style.ROLE["buggy"])
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=9)  # asked for too small: raised to the minimum
+        ax.annotate("tail", (3, 1e-7), fontsize=8)
+        return fig
+
+    fig = plot()
     _style.png(fig)  # draws: tick labels exist only after a draw
-    assert min(_style.font_sizes(fig)) >= _style.MIN_FONT_PT
+    assert min(_style.font_sizes(fig)) >= _style.MIN_FONT_PT == 14
     assert fig not in map(plt.figure, plt.get_fignums())
+    unstyled, ax = _style.figure()
+    ax.legend(handles=ax.plot([0, 1], label="x"), fontsize=9)
+    assert min(_style.font_sizes(unstyled)) < _style.MIN_FONT_PT  # the check can fail: readable() is what raises it
+
+
+def test_a_figure_is_never_wider_than_a_projector_shows_unscaled():
+    fig, _ = _style.figure(2, width=12, height=4.8)
+    assert fig.get_figwidth() == _style.MAX_WIDTH_IN and abs(fig.get_figheight() - 4.0) < 1e-9  # scaled whole
+    assert fig.get_figwidth() * _style.RC["figure.dpi"] <= 1024
+    narrow, _ = _style.figure(width=6, height=3)
+    assert (narrow.get_figwidth(), narrow.get_figheight()) == (6, 3)
+
+
+def test_long_titles_are_wrapped_to_the_figures_width():
+    @_style.styled
+    def plot():
+        fig, ax = _style.figure(width=6, title="a very long figure title " * 6)
+        ax.set_title("a long panel title that does not fit " * 3)
+        return fig
+
+    fig = plot()
+    assert fig._suptitle.get_text().count("\n") >= 1 and fig.axes[0].get_title().count("\n") >= 1
+    _style.png(fig)
+    renderer = fig.canvas.get_renderer()
+    assert fig._suptitle.get_window_extent(renderer).width <= fig.get_figwidth() * fig.dpi
+
+
+def test_alt_text_is_built_from_the_figures_numbers():
+    fig, (ax, bx) = _style.figure(2, title="gradient error per k")
+    ax.plot([1, 2, 4], [1.0, 2.0, 4.0], label="naive")
+    ax.plot([1, 2, 4], [1.00001, 1.0, 0.99999], label="divided")
+    ax.set_xlabel("k")
+    ax.set_ylabel("|g| / |g*|")
+    bx.bar(["drop", "exact"], [0.125, 1e-7], label="tail weight")
+    bx.set_yscale("log")
+    alt = _style.describe(fig)
+    assert alt.startswith("Figure: gradient error per k. Panel 1: x k, y |g| / |g*|; naive: 1, 2, 4; divided: 1, 1, 1")
+    assert "Panel 2: y (log scale)" not in alt and "tail weight: 0.125, 1e-07" in alt
+    long = _style.figure()[1]
+    long.plot(range(100), [i / 10 for i in range(100)], label="loss")
+    text = _style.describe(long.figure)
+    assert "loss: 100 values from 0 to 9.9, min 0, max 9.9" in text
+    assert _style.describe(_style.figure()[0]).startswith("Panel 1")  # nothing plotted: no numbers, no crash
+
+
+def test_every_way_a_figure_is_shown_carries_alt_text():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    fig, ax = _style.figure(title="t")
+    ax.plot([0, 1], [0.5, 0.25], label="curve")
+    out = _style.output(fig)  # a widget's output, no alt given
+    assert 'alt="Figure: t. Panel 1; curve: 0.5, 0.25."' in out["data"]["text/html"] and "image/png" in out["data"]
+    shell = InteractiveShell.instance()
+    try:
+        _style.styled(lambda: fig)()  # a plot() returned by a cell: IPython's HTML formatter gets the <img alt>
+        data, _ = shell.display_formatter.format(fig)
+        assert 'alt="Figure: t. Panel 1; curve: 0.5, 0.25."' in data["text/html"]
+    finally:
+        InteractiveShell.clear_instance()
 
 
 def test_show_in_fills_an_output_with_a_figure_a_table_and_text():

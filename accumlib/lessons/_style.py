@@ -3,7 +3,12 @@
 - Colours are the Okabe-Ito palette (Okabe & Ito 2008, "Color Universal Design"), which
   stays distinct under the common colour-vision deficiencies; each role also has its own
   marker and line style, so no contrast rests on colour alone (and grey-scale prints work).
-- Text is 10 pt or larger.
+- Text is 14 pt or larger at the size the figure is shown: a figure is at most ``MAX_WIDTH_IN``
+  inches wide at ``figure.dpi`` (a wider request is scaled down whole), so JupyterLab shows it at
+  its own size on a 1024-pixel projector, and long titles are wrapped to the figure's width.
+- Every figure carries alt text built from its numbers (``describe``): titles, axis labels, each
+  curve's or bar's values. ``show``, ``output`` and the figure's own display in a notebook cell
+  (an HTML ``<img alt=...>`` beside the PNG) all use it when no alt text is given.
 - ``figure(...)`` builds a ``matplotlib.figure.Figure`` without pyplot: no global figure
   manager is touched, so a widget callback cannot collide with the inline backend's own
   drawing. ``png(fig)`` renders under one lock, because matplotlib's mathtext parser
@@ -47,13 +52,13 @@ ROLE: dict[str, dict[str, Any]] = {
 HATCH = {"correct": "", "buggy": "//", "alternative": "..", "other": "xx"}
 
 RC: dict[str, Any] = {
-    "font.size": 11,
-    "axes.titlesize": 12,
-    "axes.labelsize": 11,
-    "xtick.labelsize": 10,
-    "ytick.labelsize": 10,
-    "legend.fontsize": 10,
-    "figure.titlesize": 12,
+    "font.size": 14,
+    "axes.titlesize": 15,
+    "axes.labelsize": 14,
+    "xtick.labelsize": 14,
+    "ytick.labelsize": 14,
+    "legend.fontsize": 14,
+    "figure.titlesize": 16,
     "axes.prop_cycle": matplotlib.cycler(color=list(PALETTE), marker=list(MARKERS)),
     "axes.grid": True,
     "grid.alpha": 0.3,
@@ -63,7 +68,8 @@ RC: dict[str, Any] = {
     # plain tick labels, not mathtext: no shared parser state is needed to draw an axis
     "axes.formatter.use_mathtext": False,
 }
-MIN_FONT_PT = 10
+MIN_FONT_PT = 14
+MAX_WIDTH_IN = 10.0  # 1000 pixels at figure.dpi: shown unscaled in JupyterLab on a 1024-wide projector
 
 _RENDER_LOCK = threading.RLock()
 
@@ -71,8 +77,11 @@ _RENDER_LOCK = threading.RLock()
 def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None, height: float = 4.0,
            title: str | None = None, **subplot_kw: Any) -> tuple[Figure, Any]:
     """A styled Figure (constrained layout, no pyplot) and its axes, like ``plt.subplots``."""
+    width = width or 5.5 * ncols
+    if width > MAX_WIDTH_IN:  # scale the whole figure down: the fonts stay at their size in pixels
+        width, height = MAX_WIDTH_IN, height * MAX_WIDTH_IN / width
     with matplotlib.rc_context(RC):
-        fig = Figure(figsize=(width or 5.5 * ncols, height), layout="constrained")
+        fig = Figure(figsize=(width, height), layout="constrained")
         axes = fig.subplots(nrows, ncols, squeeze=True, subplot_kw=subplot_kw or None)
         if title:
             fig.suptitle(title)
@@ -86,16 +95,127 @@ def styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Figure:
         with _RENDER_LOCK, matplotlib.rc_context(RC):
-            return fn(*args, **kwargs)
+            fig = fn(*args, **kwargs)
+            if isinstance(fig, Figure):
+                readable(fig)
+        _install_html_formatter()
+        return fig
 
     return wrapper
+
+
+def readable(fig: Figure) -> Figure:
+    """Raise every text below MIN_FONT_PT to it, and wrap titles to the width they have."""
+    import textwrap
+
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        if text.get_fontsize() < MIN_FONT_PT:
+            text.set_fontsize(MIN_FONT_PT)
+    titles = [(fig._suptitle, fig.get_figwidth())] if fig._suptitle is not None else []
+    titles += [(ax.title, ax.get_position().width * fig.get_figwidth()) for ax in fig.axes]
+    for text, inches in titles:
+        chars = max(20, int(inches * 72 / (0.55 * text.get_fontsize())))  # ~0.55 em per character
+        lines = text.get_text().splitlines()
+        if any(len(line) > chars for line in lines):
+            text.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
+    return fig
+
+
+def _number(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _values(ys: Any, most: int = 8) -> str:
+    import numpy as np
+
+    ys = np.asarray(ys, dtype=float).ravel()
+    ys = ys[np.isfinite(ys)]
+    if ys.size == 0:
+        return "no finite values"
+    if ys.size <= most:
+        return ", ".join(map(_number, ys))
+    return (f"{ys.size} values from {_number(ys[0])} to {_number(ys[-1])}, "
+            f"min {_number(ys.min())}, max {_number(ys.max())}")
+
+
+def describe(fig: Figure, *, limit: int = 1500) -> str:
+    """Alt text for a figure, from what it plots: its titles, every axis's labels and range, and the
+    values of each labelled curve, bar series and point set (numbers to three significant digits).
+
+    >>> fig, ax = figure(title="error per step")
+    >>> _ = ax.plot([1, 2, 3], [0.5, 0.25, 0.125], label="naive")
+    >>> _ = ax.set_xlabel("step")
+    >>> describe(fig)
+    'Figure: error per step. Panel 1: x step; naive: 0.5, 0.25, 0.125.'
+    """
+    from matplotlib.container import BarContainer
+
+    parts = []
+    if fig._suptitle is not None and fig._suptitle.get_text().strip():
+        parts.append(f"Figure: {' '.join(fig._suptitle.get_text().split())}.")
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    for i, ax in enumerate(panels, 1):
+        title = " ".join(ax.get_title().split())
+        head = f"Panel {i}" + (f" ({title})" if title else "")
+        axes = [f"{name} {label}" + (f" ({scale} scale)" if scale != "linear" else "")
+                for name, label, scale in (("x", ax.get_xlabel(), ax.get_xscale()), ("y", ax.get_ylabel(), ax.get_yscale()))
+                if label.strip()]
+        head += (": " + ", ".join(axes)) if axes else ""
+        series = []
+        for line in ax.get_lines():
+            label = line.get_label()
+            if line.get_visible() and not label.startswith("_"):
+                series.append(f"{label}: {_values(line.get_ydata())}")
+        for container in ax.containers:
+            if isinstance(container, BarContainer):
+                label = container.get_label()
+                heights = [bar.get_height() if not container.orientation == "horizontal" else bar.get_width()
+                           for bar in container]
+                series.append(f"{'bars' if label.startswith('_') else label}: {_values(heights)}")
+        for collection in ax.collections:
+            label = collection.get_label()
+            offsets = getattr(collection, "get_offsets", lambda: [])()
+            if not label.startswith("_") and len(offsets):
+                series.append(f"{label}: {_values([y for _, y in offsets])}")
+        for text in ax.texts:
+            if text.get_visible() and text.get_text().strip():
+                series.append(f"note '{' '.join(text.get_text().split())}'")
+        parts.append(head + ("; " + "; ".join(series) if series else "") + ".")
+    alt = " ".join(parts) or "figure"
+    return alt if len(alt) <= limit else alt[: limit - 1] + "…"
+
+
+def _img(fig: Figure, alt: str | None) -> str:
+    import base64
+    import html
+
+    src = base64.b64encode(png(fig)).decode()
+    return f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt or describe(fig))}">'
+
+
+_FORMATTER_SHELLS: set[int] = set()
+
+
+def _install_html_formatter() -> None:
+    """Let IPython show a Figure returned by a cell as ``<img alt=...>`` (beside the inline backend's PNG)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency of the lessons
+        return
+    ip = get_ipython()
+    if ip is None or id(ip) in _FORMATTER_SHELLS:
+        return
+    ip.display_formatter.formatters["text/html"].for_type(Figure, lambda fig: _img(fig, None))
+    _FORMATTER_SHELLS.add(id(ip))
 
 
 def png(fig: Figure) -> bytes:
     """The figure as PNG bytes, drawn under the one render lock."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    with _RENDER_LOCK:
+    with _RENDER_LOCK, matplotlib.rc_context(RC):  # tick labels made while drawing get the style's sizes
         FigureCanvasAgg(fig)  # attaches a canvas to a pyplot-free Figure
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
@@ -103,34 +223,28 @@ def png(fig: Figure) -> bytes:
 
 
 def show(fig: Figure, alt: str | None = None) -> None:
-    """Display a figure in the current output (a widget's Output area included), rendered under the lock.
+    """Display a figure in the current output (a widget's Output area included), rendered under the lock,
+    with ``alt`` as its alt text (``describe(fig)`` when none is given).
 
     The figure is never registered with pyplot, so the inline backend does not show it a
     second time at the end of the cell.
     """
-    from IPython.display import HTML, Image, display
+    from IPython.display import HTML, display
 
-    data = png(fig)
-    if alt is None:
-        display(Image(data))
-    else:
-        import base64
-        import html
-
-        display(HTML(f'<img src="data:image/png;base64,{base64.b64encode(data).decode()}" alt="{html.escape(alt)}">'))
+    display(HTML(_img(fig, alt)))
 
 
 def output(obj: Any, alt: str | None = None) -> dict[str, Any]:
-    """One Jupyter ``display_data`` output for a figure (PNG, with alt text) or any displayable object."""
+    """One Jupyter ``display_data`` output for a figure (PNG, and HTML with alt text: ``alt`` or
+    ``describe(fig)``) or any displayable object."""
     import base64
     import html
 
     if isinstance(obj, Figure):
         src = base64.b64encode(png(obj)).decode()
-        text = alt or (obj._suptitle.get_text() if obj._suptitle else "figure")
-        data = {"image/png": src, "text/plain": f"<Figure: {text}>"}
-        if alt:
-            data["text/html"] = f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt)}">'
+        alt = alt or describe(obj)
+        data = {"image/png": src, "text/plain": f"<Figure: {alt}>",
+                "text/html": f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt)}">'}
         return {"output_type": "display_data", "metadata": {}, "data": data}
     if isinstance(obj, str):
         return {"output_type": "stream", "name": "stdout", "text": obj if obj.endswith("\n") else obj + "\n"}

@@ -129,41 +129,46 @@ ROLES = ("other", "buggy", "alternative", "correct")  # one look per strategy, i
 
 @_style.styled
 def plot(result: WindowsResult) -> Figure:
-    """Left: relative error of every optimizer step per strategy. Right: samples that reached a step."""
-    fig, (ax, bx) = _style.figure(2, width=12, height=4.6, title=(
+    """Top: relative error of every optimizer step per strategy. Bottom: samples that reached a step.
+
+    Strategies are named on the bottom panel's axis and in the top panel's legend (above the bars),
+    in one colour, hatch and order each; a strategy that never stepped the last window says so
+    in a vertical label at that step.
+    """
+    fig, (ax, bx) = _style.figure(1, 2, width=10, height=8.4, title=(
         f"{result.n} samples in micro-batches of {result.batch_size}, k = {result.accum_steps}: "
         "which strategy gets the last, partial window right?"))
-    fig.get_layout_engine().set(w_pad=0.1)
     names = list(result.strategies)
     n_steps = max(s.expected_steps for s in result.strategies.values())
     width = 0.8 / len(names)
+    offset = (len(names) - 1) / 2
     floor = 1e-8  # float32 rounding shows as a short bar instead of vanishing on the log axis
     for j, (s, role) in enumerate(zip(result.strategies.values(), ROLES)):
-        xs = [t + (j - 1.5) * width for t in range(len(s.rel_error))]
+        xs = [t + (j - offset) * width for t in range(len(s.rel_error))]
         color = _style.ROLE[role]["color"]
         ax.bar(xs, [max(e, floor) for e in s.rel_error], width, color=color, hatch=_style.HATCH[role],
                edgecolor=_style.BLACK, lw=0.5, label=s.name)
         if s.steps < s.expected_steps:
-            ax.text(n_steps - 1 + (j - 1.5) * width, floor * 3, "no\nstep", ha="center", va="bottom", color=color,
-                    fontweight="bold")
+            ax.text(n_steps - 1 + (j - offset) * width, floor * 2, "no step", ha="center", va="bottom", color=color,
+                    fontweight="bold", rotation=90)
     ax.set_yscale("log")
-    ax.set_ylim(floor, 100)
+    ax.set_ylim(floor, 1e6)  # room above the bars for the legend
+    ax.set_yticks([1e-7, 1e-5, 1e-3, 1e-1, 1e1])
     ax.axhline(FLOAT32_RTOL, color=_style.BLACK, ls=":", lw=1, label="float32 rounding bound")
-    ax.set_xticks(range(n_steps), [f"{t + 1}" for t in range(n_steps)])
-    ax.set_xlabel("optimizer step (the last one takes the partial window)")
-    ax.set_ylabel("relative error vs large batch (log)")
+    ax.set_xticks(range(n_steps), [f"{t + 1}" + (" (partial)" if t == n_steps - 1 else "") for t in range(n_steps)])
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("relative error\nvs large batch")
     ax.set_title("Gradient error at each optimizer step")
-    ax.legend(loc="upper left", ncols=2)
+    ax.legend(loc="upper left", ncols=2, fontsize=_style.MIN_FONT_PT, columnspacing=1.0)
     stepped = [s.items_stepped for s in result.strategies.values()]
     for i, (value, role) in enumerate(zip(stepped, ROLES)):
         bx.barh(i, value, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role], edgecolor=_style.BLACK, lw=0.5)
         bx.text(value, i, f" {value}", va="center")
-    bx.set_yticks(range(len(names)), [f"{i + 1}" for i in range(len(names))])
-    bx.set_ylabel("strategy (legend order)")
-    bx.axvline(result.n, color=_style.BLACK, lw=1)
-    bx.set_xlim(0, result.n * 1.25)
+    bx.set_yticks(range(len(names)), names)
+    bx.axvline(result.n, color=_style.BLACK, lw=1, ls=":")
+    bx.set_xlim(0, result.n * 1.2)
     bx.invert_yaxis()
-    bx.set_xlabel(f"samples that reached an optimizer step (of {result.n})")
+    bx.set_xlabel(f"samples that reached an optimizer step (of {result.n}, dotted line)")
     bx.set_title("Samples used per epoch")
     return fig
 
