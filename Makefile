@@ -64,15 +64,15 @@ survey: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/accumlib survey transformers --out surveys > /dev/null
 	OMP_NUM_THREADS=1 $(VENV)/bin/accumlib survey transformers --task sequence-classification --out surveys > /dev/null
 
-# The papermill report for the parameters above, as reports/report.ipynb, as reports/report.html
-# (figures embedded, with alt text) and every number as reports/report.json. MPLBACKEND=Agg: no display needed.
+# The papermill report for the parameters above, in REPORT_DIR: report.ipynb (executed by papermill),
+# report.json (every number) and report.html (nbconvert): what a person reads, the outputs only, with no
+# code, no In[] prompts and neither parameters cell, the parameters shown once as the report's own table,
+# figures embedded with alt text. accumlib/report/render.py says how; MPLBACKEND=Agg: no display needed.
+REPORT_DIR ?= reports
 report: $(STAMP)
-	mkdir -p reports
-	MPLBACKEND=Agg $(VENV)/bin/papermill notebooks/report.ipynb reports/report.ipynb \
-		-p task "$(TASK)" -p accum_steps "$(ACCUM)" -p batch_size $(BATCH) -p norm "$(NORM)" \
-		-p precision "$(PRECISION)" -p device "$(DEVICE)" -p seed $(SEED) -p results_path reports/report.json
-	$(VENV)/bin/jupyter nbconvert --to html reports/report.ipynb --output-dir reports
-	@echo "report: reports/report.ipynb, reports/report.html and reports/report.json"
+	MPLBACKEND=Agg $(PY) -m accumlib.report.render notebooks/report.ipynb "$(REPORT_DIR)" \
+		-p task "$(TASK)" -p accum_steps "$(ACCUM)" -p batch_size "$(BATCH)" -p norm "$(NORM)" \
+		-p precision "$(PRECISION)" -p device "$(DEVICE)" -p seed "$(SEED)" -p results_path "$(REPORT_DIR)/report.json"
 
 # The verifier notebook (7) as a Voila app: a page where participants paste a loop and read
 # the verdict (code cells hidden). Share it on a workshop network with APP_IP=0.0.0.0.

@@ -1,16 +1,19 @@
-"""The papermill report: run it with small parameters, then check what it wrote and what it shows.
+"""The papermill report: ``make report`` run once with small parameters, then what it wrote and shows.
 
-The report writes its numbers as JSON to ``results_path``; the test reads that file (not the
-function's return value) and converts the executed notebook to HTML as ``make report`` does,
-so it checks what a reader of the report gets: tables and figures with alt text, no raw JSON.
+The fixture runs the real ``make report`` (papermill, then nbconvert) into a folder of its own and
+reads what a person gets: the HTML page (outputs only: no code, no prompts, the parameters once, as
+a table; figures with alt text whose opening sentence is the figure's title, computed from the
+findings), the executed notebook, the JSON numbers and the command's stderr (no warning).
 """
 
 import ast
+import html
 import json
+import logging
 import math
-import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -29,21 +32,32 @@ RATIO_TOL = 0.1
 # (which weights every micro-batch 1/k) misweights the last window even where k divides 28
 PARAMS = dict(task="mlp-digits", accum_steps="1 2 4", batch_size=4, norm="batch", precision="bfloat16", device="cpu", seed=0)
 N_BATCHES = 28
+MAKE_VARS = dict(TASK="mlp-digits", ACCUM="1 2 4", BATCH="4", NORM="batch", PRECISION="bfloat16", DEVICE="cpu", SEED="0")
+PARAMETERS_CAPTION = "The report's parameters"
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    """The report run by papermill as make report runs it: (notebook, HTML body, JSON results)."""
-    papermill = pytest.importorskip("papermill")
-    from nbconvert import HTMLExporter
-
+def made(tmp_path_factory):
+    """``make report`` as a person runs it, into a folder of its own: the executed notebook, the HTML
+    page, the JSON numbers and the command's stderr. The venv's install stamp is taken as up to date
+    (``-o``): the test runs the report, never a reinstall."""
+    pytest.importorskip("papermill")
     folder = tmp_path_factory.mktemp("report")
-    out, results = folder / "report.ipynb", folder / "report.json"
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    papermill.execute_notebook(str(NOTEBOOK), str(out), kernel_name="python3", progress_bar=False,
-                               parameters=dict(PARAMS, results_path=str(results)))
-    body, _ = HTMLExporter().from_filename(str(out))
-    return nbformat.read(out, as_version=4), body, json.loads(results.read_text())
+    venv = Path(sys.prefix)
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "-o", str(venv / ".installed-stamp"), "report", f"VENV={venv}", f"PY={sys.executable}",
+         f"REPORT_DIR={folder}", *(f"{name}={value}" for name, value in MAKE_VARS.items())],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return dict(nb=nbformat.read(folder / "report.ipynb", as_version=4), html=(folder / "report.html").read_text(),
+                summary=json.loads((folder / "report.json").read_text()), stderr=proc.stderr, folder=folder)
+
+
+@pytest.fixture(scope="module")
+def executed(made):
+    """(executed notebook, HTML page, JSON numbers), as ``make report`` wrote them."""
+    return made["nb"], made["html"], made["summary"]
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +115,10 @@ def test_report_shows_tables_findings_and_figures_with_alt_text(executed):
     assert not [o for o in outputs if o.get("output_type") == "error"]
     html_outputs = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     assert sum("<table>" in h for h in html_outputs) >= 4  # settings, loops, memory, norm
-    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-    assert "naive: exact at k = 1; off by ~k at k = 2, 4" in text
-    assert "SmallCNN with batch norm" in text and "not exact" in text
+    # the findings, a bulleted list of the page
+    assert "<li>naive: exact at k = 1; off by ~k at k = 2, 4" in body
+    (norm,) = re.findall(r"<li>(SmallCNN with batch norm[^<]*)</li>", body)
+    assert "not exact at k = 2, 4" in norm
     imgs = re.findall(r"<img\b[^>]*>", body)
     assert len(imgs) == 3 and len(re.findall(r"src=\"data:image/png;base64,", body)) == 3  # every figure is an <img> ...
     for img in imgs:  # ... with alt text that states the figure's numbers
@@ -116,6 +131,138 @@ def test_report_html_carries_no_raw_json(executed):
     assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "application/json" in o.get("data", {})]
     for key in ('"rel_errors"', '"max_rel_error"', '"norm_max_rel_error"', "rel_errors"):
         assert key not in body
+
+
+# --- the page a person reads: no code, the parameters once, no warnings, titles that match ----------
+
+
+def _text(page: str, tag: str = " ") -> str:
+    """The page's visible text: no style, script or embedded image, each tag read as ``tag``, entities read,
+    white space collapsed. ``tag=""`` joins highlighted code back into its lines (a span per token)."""
+    page = re.sub(r"<(style|script)\b.*?</\1>", " ", page, flags=re.S)
+    page = re.sub(r'src="data:[^"]*"', "", page)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", tag, page)))
+
+
+def _code_on_the_page(page: str, nb) -> list[str]:
+    """Whatever shows code or its prompts: an input area or prompt in a code cell, an ``In [n]``, a line of any code cell."""
+    found = []
+    cells = re.split(r'(?=<div[^>]*class="jp-Cell )', page)
+    found += [f"an input area in a code cell: {c[:120]!r}" for c in cells if "jp-CodeCell" in c[:200] and "jp-InputArea" in c]
+    found += [f"a prompt: {m!r}" for m in re.findall(r'class="[^"]*jp-(?:Input|Output)Prompt[^"]*"', page)]
+    text = _text(page)
+    found += [f"a prompt: {m!r}" for m in re.findall(r"(?:In|Out)\s*\[\s*\d*\s*\]", text)]
+    joined = _text(page, tag="")
+    lines = {re.sub(r"\s+", " ", ln.strip()) for c in nb.cells if c.cell_type == "code" for ln in c.source.splitlines()}
+    found += [f"a line of code: {ln!r}" for ln in sorted(lines) if len(ln) > 8 and ln in joined]
+    return found
+
+
+def test_the_page_shows_no_code_and_no_prompts(executed):
+    nb, body, _ = executed
+    assert _code_on_the_page(body, nb) == []
+    # every output still shows, in its own cell: 3 tables and the findings' list, 3 figures, the JSON note
+    assert body.count('class="jp-Cell jp-CodeCell') == sum(1 for c in nb.cells if c.cell_type == "code" and c.outputs) == 8
+
+
+def test_the_code_check_sees_code_where_nbconvert_shows_it(executed):
+    """The negative: the same executed notebook as nbconvert writes it by default (the old make report)."""
+    from nbconvert import HTMLExporter
+
+    nb, _, _ = executed
+    default, _ = HTMLExporter().from_notebook_node(nb)
+    found = "\n".join(_code_on_the_page(default, nb))
+    assert "an input area in a code cell" in found and "a prompt" in found
+    assert "a line of code: 'result = report.run(task, accum_steps, batch_size, norm, precision, device, seed, results_path)'" in found
+    assert "accum_steps = " in _text(default) and "accum_steps = " not in _text(executed[1])  # both parameters cells
+
+
+def _tables(page: str) -> dict[str, list[tuple[str, ...]]]:
+    out: dict[str, list[tuple[str, ...]]] = {}
+    for table in re.findall(r"<table\b.*?</table>", page, flags=re.S):
+        caption = re.search(r"<caption[^>]*>(.*?)</caption>", table, flags=re.S)
+        rows = [tuple(html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", r, flags=re.S))
+                for r in re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)]
+        out.setdefault(html.unescape(caption.group(1)) if caption else "", []).append([r for r in rows if r])
+    return out
+
+
+def test_the_page_shows_the_parameters_once_as_a_table_of_the_values_given(executed):
+    _, body, _ = executed
+    (table,) = _tables(body)[PARAMETERS_CAPTION]  # one table, not the notebook's defaults and papermill's values as code
+    rows = dict(table)
+    assert (rows["task"], rows["accumulation steps k"], rows["micro-batch size"], rows["norm layer (CNN section)"],
+            rows["precision (amp loop)"], rows["device"], rows["seed"]) == ("mlp-digits", "1 2 4", "4", "batch", "bfloat16", "cpu", "0")
+    assert rows["optimizer steps per epoch"] == "28 at k = 1, 14 at k = 2, 7 at k = 4"
+    text = _text(body)
+    assert "batch_size = " not in text and "Parameters" not in text.replace(PARAMETERS_CAPTION, "")
+    assert text.count(PARAMETERS_CAPTION) == 1
+
+
+def test_make_report_writes_no_warning(made):
+    stderr = made["stderr"]
+    assert not re.search(r"warn|unable to parse|unknown parameter|error", stderr, flags=re.I), stderr[-2000:]
+    # nor does the notebook: no stderr stream, no error, in any cell
+    outputs = [o for c in made["nb"].cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.get("name") == "stderr" or o.get("output_type") == "error"]
+
+
+def test_papermill_reads_every_parameter_of_the_parameters_cell(caplog):
+    """papermill refuses a line holding two '=' ("Unable to parse line 3", then "Passed unknown parameter:
+    batch_size" on every run): the cell parses whole, and the old cell, the negative, does not."""
+    from papermill.translators import PythonTranslator
+
+    (cell,) = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    with caplog.at_level(logging.WARNING, logger="papermill"):
+        parsed = PythonTranslator.inspect(cell)
+    assert [p.name for p in parsed] == list(report.DEFAULTS) and all(p.help for p in parsed)
+    assert not caplog.records
+    old = cell.source.replace("so the largest k (8) still", "so k = 8 still")  # the comment of the old cell
+    with caplog.at_level(logging.WARNING, logger="papermill"):
+        parsed = PythonTranslator.inspect(nbformat.v4.new_code_cell(old))
+    assert "batch_size" not in [p.name for p in parsed]
+    assert any("Unable to parse line 3" in r.getMessage() for r in caplog.records)
+
+
+def _alt(page: str, start: str) -> str:
+    (alt,) = [html.unescape(a) for a in re.findall(r'\balt="([^"]*)"', page) if html.unescape(a).startswith(start)]
+    return alt
+
+
+def test_the_figures_titles_agree_with_the_computed_numbers(executed):
+    """Each figure's alt text opens with its title: batch norm's error at k >= 2 is far above float32
+    rounding, so the title says accumulation cannot fix it (it once said so of group norm, which it fixes)."""
+    _, body, s = executed
+    off = [int(k) for k, e in s["norm_max_rel_error"].items() if e > FLOAT32_RTOL]
+    assert off == [2, 4]  # batch norm: exact only where one micro-batch is the large batch
+    mem = s["memory"]["4"]
+    ratio = mem["large_batch_bytes"] / mem["micro_batch_bytes"]
+    alt = _alt(body, "What accumulation saves")
+    assert alt.startswith(f"What accumulation saves: {ratio:.1f}x less activation memory at k = 4, "
+                          "and what it cannot fix: batch norm, off at k = 2, 4.")
+    assert "keeps exact" not in alt
+    verdicts: dict[str, set[str]] = {}
+    for c in s["loops"]:
+        verdicts.setdefault(c["loop"], set()).add(c["verdict"])
+    exact = [loop for loop, v in verdicts.items() if v == {"exact"}]
+    assert exact == ["ragged", "large_batch"]
+    assert _alt(body, "Each loop's worst step").startswith(
+        f"Each loop's worst step against the large batch (mlp-digits), exact at every k: {', '.join(exact)}.")
+
+
+def test_a_refused_parameter_fails_the_run_by_its_rule_and_writes_no_page(tmp_path, capsys, monkeypatch):
+    """The report's own check, through the command make report calls: exit 1, the rule and the value, no HTML."""
+    pytest.importorskip("papermill")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    from accumlib.report import render
+
+    (tmp_path / "report.html").write_text("an earlier report")
+    status = render.main([str(NOTEBOOK), str(tmp_path), "-p", "accum_steps", "1 2 4 8", "-p", "batch_size", "16", "-p", "device", "cpu"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "the notebook raised ValueError: accum_steps and batch_size must give every k at least 3 optimizer steps" in err
+    assert "batch_size=16" in err
+    assert not (tmp_path / "report.html").exists() and not (tmp_path / "report.json").exists()
 
 
 def _line_styles(axes):
@@ -152,12 +299,12 @@ def test_log_axes_draw_an_exact_zero_on_its_own_tick(result):
 
 def test_make_report_passes_the_parameters():
     dry = subprocess.run(
-        ["make", "-n", "report", "ACCUM=1 2 4 8", "NORM=group", "TASK=lm-tokens"], cwd=REPO, capture_output=True, text=True, check=True
+        ["make", "-n", "-o", ".venv/.installed-stamp", "report", "ACCUM=1 2 4 8", "NORM=group", "TASK=lm-tokens"],
+        cwd=REPO, capture_output=True, text=True, check=True,
     ).stdout
-    assert "papermill notebooks/report.ipynb reports/report.ipynb" in dry
+    assert "-m accumlib.report.render notebooks/report.ipynb \"reports\"" in dry
     assert '-p accum_steps "1 2 4 8"' in dry and '-p norm "group"' in dry and '-p task "lm-tokens"' in dry
-    assert "-p results_path reports/report.json" in dry
-    assert "nbconvert --to html reports/report.ipynb" in dry
+    assert '-p results_path "reports/report.json"' in dry
 
 
 def _makefile_defaults() -> dict:

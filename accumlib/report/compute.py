@@ -5,6 +5,7 @@ activation memory and the CNN's norm layer; the ``ReportResult`` that the tables
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,21 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class Findings:
+    """The report's findings: a bulleted list in the HTML report, one ``- `` line each as text."""
+
+    lines: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return "\n".join(f"- {line}" for line in self.lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in self.lines) + "</ul>"
+
+
+@dataclass(frozen=True)
 class ReportResult:
     task: str
     description: str
@@ -69,6 +85,18 @@ class ReportResult:
     @property
     def loops(self) -> list[str]:
         return list(dict.fromkeys(name for name, _ in self.cells))
+
+    @property
+    def exact_loops(self) -> list[str]:
+        """The loops whose verdict is "exact" at every k (what the error figure's title names)."""
+        return [name for name in self.loops if all(self.cells[(name, k)].verdict == "exact" for k in self.ks)]
+
+    @property
+    def norm_inexact_ks(self) -> list[int]:
+        """The k at which the exact loop on the CNN misses the large batch by more than float32 rounding:
+        none for group norm or no norm (per-sample), every k >= 2 for batch norm. The norm finding and
+        the figure titles read this one rule."""
+        return [k for k, e in self.norm_errors.items() if e > FLOAT32_RTOL]
 
     def settings(self) -> Table:
         return Table(("setting", "value"), [
@@ -126,9 +154,14 @@ class ReportResult:
         norm_worst = max(self.norm_errors.values())
         out.append(f"SmallCNN with {self.norm} norm, accumulated exactly (accumlib.ragged): worst relative error "
                    f"{fmt_error(norm_worst)} over k = {', '.join(map(str, self.ks))}"
-                   + (" (exact: per-sample normalization does not see the micro-batching)." if norm_worst <= FLOAT32_RTOL
-                      else " (not exact: the layer's batch statistics differ between micro-batches and the large batch)."))
+                   + (" (exact: per-sample normalization does not see the micro-batching)." if not self.norm_inexact_ks
+                      else f" (not exact at k = {', '.join(map(str, self.norm_inexact_ks))}: the layer's batch statistics "
+                           f"differ between micro-batches and the large batch)."))
         return out
+
+    def findings_list(self) -> Findings:
+        """``findings()`` as the report shows them: a bulleted list."""
+        return Findings(tuple(self.findings()))
 
     def summary(self) -> dict[str, Any]:
         """Everything the report states, as plain JSON: what ``make report`` writes and ``tests/test_report.py`` checks."""

@@ -51,11 +51,40 @@ def _k_axis(ax: Any, ks: tuple[int, ...]) -> None:
     ax.set_xlabel("accumulation steps k")
 
 
+def _ks(ks: list[int]) -> str:
+    return ", ".join(map(str, ks))
+
+
+def title_errors(result: ReportResult) -> str:
+    """The error figure's title: which loops its numbers show exact at every k (their verdicts)."""
+    exact = result.exact_loops
+    headline = (f"exact at every k: {', '.join(exact)}" if len(exact) < len(result.loops)
+                else "every loop exact at every k") if exact else "no loop exact at every k"
+    return f"Each loop's worst step against the large batch ({result.task}),\n{headline}"
+
+
+def title_memory_and_norm(result: ReportResult) -> str:
+    """The memory and norm figure's title: what accumulation saves at the largest k, and whether the exact
+    loop stays exact with the report's norm layer (``ReportResult.norm_inexact_ks``, the findings' rule)."""
+    k = max(result.ks)
+    m, big = result.memory[k]
+    layer = "no norm layer" if result.norm == "none" else f"{result.norm} norm"
+    off = result.norm_inexact_ks
+    norm = (f"and what it keeps exact: {layer}, at every k" if not off
+            else f"and what it cannot fix: {layer}, off at k = {_ks(off)}")
+    return f"What accumulation saves: {big / m:.1f}x less activation memory at k = {k},\n{norm}"
+
+
+def _norm_panel_title(result: ReportResult) -> str:
+    off = result.norm_inexact_ks
+    verdict = "exact at every k" if not off else f"off by up to {_alt_number(max(result.norm_errors.values()))}"
+    return f"ragged, SmallCNN, {result.norm} norm:\n{verdict}"
+
+
 @_style.styled
 def plot_errors(result: ReportResult) -> Figure:
     """Each loop's worst step: relative gradient error against the large batch vs k (log axis, 0 drawn as "0")."""
-    fig, ax = _style.figure(width=8.5, height=5.5,
-                            title=f"Worst optimizer step's gradient error against the large batch, by k ({result.task})")
+    fig, ax = _style.figure(width=9, height=6.5, title=title_errors(result))
     values = []
     for name in result.loops:
         ys = [result.cells[(name, k)].max_rel_error for k in result.ks]
@@ -64,9 +93,9 @@ def plot_errors(result: ReportResult) -> Figure:
     _tolerance_band(ax)
     _log_axis_with_zero(ax, values)
     _k_axis(ax, result.ks)
-    ax.set_ylabel("worst step's relative error ||g - g*|| / ||g*||")
+    ax.set_ylabel("relative error ||g - g*|| / ||g*||")
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=3)
+    fig.legend(handles, labels, loc="outside lower center", ncols=2)  # two columns fit 14 pt text in 9 inches
     return fig
 
 
@@ -75,8 +104,13 @@ def alt_errors(result: ReportResult) -> str:
     lines = "; ".join(
         f"{name}: " + ", ".join(f"{_alt_number(result.cells[(name, k)].max_rel_error)} at k = {k}" for k in result.ks)
         for name in result.loops)
-    return (f"Line chart, log scale: the worst optimizer step's relative gradient error against the large batch, "
+    return (f"{_sentence(title_errors(result))} Line chart, log scale: the worst optimizer step's relative gradient error against the large batch, "
             f"for k = {', '.join(map(str, result.ks))} on {result.task} with micro-batches of {result.batch_size}. {lines}.")
+
+
+def _sentence(title: str) -> str:
+    """A two-line figure title as the sentence an alt text opens with."""
+    return title.replace(",\n", ", ").replace("\n", ": ") + "."
 
 
 def _alt_number(x: float) -> str:
@@ -96,7 +130,7 @@ def plot_steps(result: ReportResult, k: int | None = None) -> Figure:
     logged loss minus the large-batch run's, so the effect is on the axis rather than hidden in an offset."""
     k = k or max(result.ks)
     ref = result.cells[("large_batch", k)]
-    fig, (ax, bx) = _style.figure(2, width=12, height=5,
+    fig, (ax, bx) = _style.figure(2, width=10, height=6,
                                   title=f"Step by step at k = {k} ({result.task}, micro-batches of {result.batch_size}, "
                                         f"{ref.steps} optimizer steps)")
     steps = list(range(1, ref.steps + 1))
@@ -110,7 +144,7 @@ def plot_steps(result: ReportResult, k: int | None = None) -> Figure:
     _log_axis_with_zero(ax, values)
     ax.set_title("Gradient error of each step")
     ax.set_ylabel("relative error vs large batch")
-    bx.set_title("Logged loss minus the large-batch run's")
+    bx.set_title("Logged loss minus\nthe large batch's")
     bx.set_ylabel("loss difference (nats)")
     bx.ticklabel_format(axis="y", useOffset=False)
     for a in (ax, bx):
@@ -118,7 +152,7 @@ def plot_steps(result: ReportResult, k: int | None = None) -> Figure:
         a.xaxis.set_minor_locator(NullLocator())
         a.set_xlabel("optimizer step")
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels))
+    fig.legend(handles, labels, loc="outside lower center", ncols=3)
     return fig
 
 
@@ -138,8 +172,7 @@ def alt_steps(result: ReportResult, k: int | None = None) -> str:
 @_style.styled
 def plot_memory_and_norm(result: ReportResult) -> Figure:
     """Left: activation memory vs k. Right: ragged's error with the chosen norm layer vs k."""
-    fig, (ax, bx) = _style.figure(2, width=12, height=4.5,
-                                  title=f"What accumulation saves (activation memory) and what it cannot fix ({result.norm} norm)")
+    fig, (ax, bx) = _style.figure(2, width=10, height=6.5, title=title_memory_and_norm(result))
     ax.plot(result.ks, [big / 1024 for _, big in result.memory.values()], label="one large batch of k micro-batches",
             **_style.ROLE["other"])
     ax.plot(result.ks, [m / 1024 for m, _ in result.memory.values()], label="one micro-batch (accumulation)",
@@ -147,16 +180,17 @@ def plot_memory_and_norm(result: ReportResult) -> Figure:
     _k_axis(ax, result.ks)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("activations saved for backward (KiB)")
-    ax.set_title(f"Activation memory, micro-batches of {result.batch_size}")
-    ax.legend(loc="upper left")
+    ax.set_title(f"Activation memory\n(micro-batches of {result.batch_size})")
     errors = list(result.norm_errors.values())
     bx.plot(result.ks, [_zero(e) for e in errors], label=f"accumlib.ragged, {result.norm} norm", **_style.ROLE["correct"])
     _tolerance_band(bx)
     _log_axis_with_zero(bx, errors)
     _k_axis(bx, result.ks)
     bx.set_ylabel("relative error vs large batch")
-    bx.set_title(f"Exact loop on SmallCNN with {result.norm} norm")
-    bx.legend(loc="best")
+    bx.set_title(_norm_panel_title(result))
+    handles, labels = ax.get_legend_handles_labels()  # one legend below both panels: none covers a line
+    more, names = bx.get_legend_handles_labels()
+    fig.legend(handles + more, labels + names, loc="outside lower center", ncols=2)
     return fig
 
 
@@ -164,7 +198,7 @@ def alt_memory_and_norm(result: ReportResult) -> str:
     """Alt text of ``plot_memory_and_norm``."""
     memory = ", ".join(f"k = {k}: {m / 1024:.1f} against {big / 1024:.1f} KiB" for k, (m, big) in result.memory.items())
     norm = ", ".join(f"{_alt_number(e)} at k = {k}" for k, e in result.norm_errors.items())
-    return (f"Two line charts against k. Left: activation memory of one micro-batch against one large batch, {memory}. "
+    return (f"{_sentence(title_memory_and_norm(result))} Two line charts against k. Left: activation memory of one micro-batch against one large batch, {memory}. "
             f"Right, log scale: worst relative gradient error of accumlib.ragged on SmallCNN with {result.norm} norm, {norm}.")
 
 
