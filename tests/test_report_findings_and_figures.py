@@ -255,3 +255,75 @@ def test_a_wrong_low_precision_loop_is_not_exact_in_the_report(wrong_loops):
     assert len(cell.ref_errors) == cell.steps == N_BATCHES
     assert all(abs(e - 1) <= BF16_RTOL for e in cell.ref_errors)
     assert wrong_loops.cells[("ragged", 1)].verdict == "exact"  # the others are judged as before
+
+
+# --- titles that say what the numbers say ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def group_norm(result):
+    """The same report with group norm: its norm section run as ``run`` runs it (the exact loop on the CNN at
+    every k, each step against the oracle); the loop section, which does not depend on the norm, is kept."""
+    from dataclasses import replace
+
+    from accumlib import ragged
+    from accumlib.harness import trace_loop
+
+    cnn = report.cnn_task("group", SEED)
+    errors = {k: max(c.rel_error for c in trace_loop(ragged, cnn, accum_steps=k, batch_size=BATCH, seed=SEED, device="cpu").comparisons)
+              for k in KS}
+    return replace(result, norm="group", norm_errors=errors)
+
+
+def test_the_norm_title_says_what_accumulation_cannot_fix_only_where_the_numbers_say_so(result, group_norm):
+    # batch norm: the exact loop misses the large batch at every k >= 2, far above float32 rounding
+    assert [k for k, e in result.norm_errors.items() if e > FLOAT32_RTOL] == [2, 3] == result.norm_inexact_ks
+    m, big = result.memory[3]
+    batch = report.title_memory_and_norm(result)
+    assert batch == f"What accumulation saves: {big / m:.1f}x less activation memory at k = 3,\nand what it cannot fix: batch norm, off at k = 2, 3"
+    # group norm normalizes each sample alone: exact at every k, and the title says so (it once said "cannot fix")
+    assert max(group_norm.norm_errors.values()) <= FLOAT32_RTOL and group_norm.norm_inexact_ks == []
+    group = report.title_memory_and_norm(group_norm)
+    assert group.endswith("and what it keeps exact: group norm, at every k") and "cannot fix" not in group
+    fig = report.plot_memory_and_norm(group_norm)
+    assert fig.get_suptitle() == group and fig.axes[1].get_title() == "ragged, SmallCNN, group norm:\nexact at every k"
+    assert report.alt_memory_and_norm(group_norm).startswith(group.replace(",\n", ", ") + ". ")
+    assert report.plot_memory_and_norm(result).axes[1].get_title() == (
+        f"ragged, SmallCNN, batch norm:\noff by up to {max(result.norm_errors.values()):.2g}")
+    # the finding reads the same rule
+    (finding,) = [f for f in group_norm.findings() if f.startswith("SmallCNN with group norm")]
+    assert finding.endswith("(exact: per-sample normalization does not see the micro-batching).")
+
+
+def test_the_norm_title_follows_the_numbers_not_the_layers_name(result, group_norm):
+    """The same titles with the two norm sections' numbers swapped: the claim moves with the numbers."""
+    from dataclasses import replace
+
+    swapped = replace(result, norm_errors=group_norm.norm_errors)  # "batch" with exact numbers
+    assert report.title_memory_and_norm(swapped).endswith("and what it keeps exact: batch norm, at every k")
+    swapped = replace(group_norm, norm_errors=result.norm_errors)
+    assert report.title_memory_and_norm(swapped).endswith("and what it cannot fix: group norm, off at k = 2, 3")
+    assert report.title_memory_and_norm(replace(result, norm="none", norm_errors=group_norm.norm_errors)).endswith(
+        "and what it keeps exact: no norm layer, at every k")
+
+
+def test_the_error_title_names_the_loops_exact_at_every_k(result, summary, wrong_loops):
+    exact = [loop for loop in result.loops if all(c["verdict"] == "exact" for c in summary["loops"] if c["loop"] == loop)]
+    assert exact == result.exact_loops == ["ragged", "large_batch"]  # naive and normalized miss at k >= 2
+    title = report.title_errors(result)
+    assert title == "Each loop's worst step against the large batch (mlp-digits),\nexact at every k: ragged, large_batch"
+    assert report.plot_errors(result).get_suptitle() == title
+    assert report.alt_errors(result).startswith(title.replace(",\n", ", ") + ". Line chart")
+    # at k = 1 alone, normalized is exact too; the doubled amp loop is not, nor the naive loop that forgets the last
+    # micro-batch, although each step it takes is exact (its verdict): 2 items reach no step
+    assert wrong_loops.cells[("naive", 1)].verdict == "exact"
+    assert report.title_errors(wrong_loops).endswith("exact at every k: normalized, ragged, large_batch")
+
+
+def test_the_findings_show_as_a_list(result):
+    findings = result.findings_list()
+    assert findings.lines == tuple(result.findings())
+    assert str(findings) == "\n".join(f"- {line}" for line in result.findings())
+    page = findings._repr_html_()
+    assert page.count("<li>") == len(result.findings()) and page.startswith("<ul>")
+    assert "<= 1e-04" not in page and "&lt;= 1e-04" in page  # escaped: "<=" in a finding is text, not a tag

@@ -88,8 +88,12 @@ class ReportResult:
 
     @property
     def exact_loops(self) -> list[str]:
-        """The loops whose verdict is "exact" at every k (what the error figure's title names)."""
-        return [name for name in self.loops if all(self.cells[(name, k)].verdict == "exact" for k in self.ks)]
+        """The loops exact at every k (what the error figure's title names): every step they took "exact", and
+        every item stepped; a loop that drops its last micro-batch takes only exact steps, yet is not exact."""
+        def exact(c: Cell) -> bool:
+            return c.verdict == "exact" and c.items_used == c.items and c.steps == c.expected_steps
+
+        return [name for name in self.loops if all(exact(self.cells[(name, k)]) for k in self.ks)]
 
     @property
     def norm_inexact_ks(self) -> list[int]:
