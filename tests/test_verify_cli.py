@@ -141,16 +141,19 @@ def test_ddp_world_size_beyond_the_machine_is_a_usage_error(capsys):
     assert "world_size must be <=" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("target, extra, status, said", [
+EXIT_CASES = [
     ("divided", [], 0, "verdict: OK"),
     ("naive", [], 1, "unscaled-sum"),
     ("divided", ["--batch-size", "0"], 2, "batch_size must be an integer >= 1 (got 0)"),
     ("broken", [], 3, "the loop raised (exit 3)"),
     ("own_data", [], 4, "CANNOT JUDGE (untracked-data)"),
-])
-def test_each_exit_status_from_a_real_command_line_run(loops, target, extra, status, said):
-    """0 correct, 1 bug, 2 usage, 3 the loop raised, 4 verify could not judge: what a CI job acts on,
-    from the installed `accumlib` command in its own process."""
+]
+
+
+@pytest.fixture(scope="module")
+def command_line_runs(tmp_path_factory):
+    """Each case from the installed `accumlib` command in its own process, the five started together
+    (most of each run is importing torch: side by side they take the time of about two)."""
     import shutil
     import subprocess
     import sys
@@ -158,10 +161,30 @@ def test_each_exit_status_from_a_real_command_line_run(loops, target, extra, sta
 
     exe = shutil.which("accumlib", path=str(Path(sys.executable).parent))
     assert exe, "the accumlib console script is installed beside this Python"
-    done = subprocess.run([exe, "verify", f"{loops}:{target}", "--batch-size", "5", *extra],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == status, done.stdout + done.stderr
-    assert said in done.stdout + done.stderr, done.stdout + done.stderr
+    path = tmp_path_factory.mktemp("cli") / "my_loops.py"
+    path.write_text(LOOPS)
+    started = [subprocess.Popen([exe, "verify", f"{path}:{target}", "--batch-size", "5", *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for target, extra, _, _ in EXIT_CASES]
+    done = []
+    try:
+        for process in started:
+            out, err = process.communicate(timeout=180)
+            done.append((process.returncode, out + err))
+    finally:
+        for process in started:
+            process.kill()
+    return done
+
+
+@pytest.mark.parametrize("case", range(len(EXIT_CASES)), ids=[f"{t}-{s}" for t, _, s, _ in EXIT_CASES])
+def test_each_exit_status_from_a_real_command_line_run(command_line_runs, case):
+    """0 correct, 1 bug, 2 usage, 3 the loop raised, 4 verify could not judge: what a CI job acts on,
+    from the installed `accumlib` command in its own process."""
+    _, _, status, said = EXIT_CASES[case]
+    returncode, printed = command_line_runs[case]
+    assert returncode == status, printed
+    assert said in printed, printed
 
 
 def test_a_failure_inside_verify_is_cannot_judge_not_the_loops_fault(loops, capsys, monkeypatch):
