@@ -397,8 +397,10 @@ def test_a_loop_that_never_ends_is_stopped_and_said_so():
 
     source = "import time\n\ndef train_fn(model, optimizer, loader):\n    time.sleep(3600)\n"
     start = time.perf_counter()
-    (result,) = _ddp_exercise.grade([_loop("sleeps", source)], k=lesson.EXERCISE_K, timeout=20)
-    assert time.perf_counter() - start < 40
+    # 8 s: past the ranks' start on an idle machine; on a busy one they may still be importing when
+    # stopped, which is the same timeout to the learner
+    (result,) = _ddp_exercise.grade([_loop("sleeps", source)], k=lesson.EXERCISE_K, timeout=8)
+    assert time.perf_counter() - start < 30
     assert isinstance(result, _ddp_exercise.LoopFailed) and result.feedback.startswith("TimeoutError: the ranks did not finish")
     assert not multiprocessing.active_children()
 
