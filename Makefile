@@ -45,9 +45,12 @@ $(STAMP): pyproject.toml constraints.txt
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(if $(DISPLAY),,--no-browser) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test: unit and property tests, then nbval over every notebook.
+# Every test: unit and property tests, nbval over every notebook, the browser tests. Test files are
+# spread over TEST_WORKERS processes (pytest-xdist; a file stays in one worker, so its shared runs and
+# launches are made once); TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 verify: $(STAMP)
 	$(VENV)/bin/accumlib verify
