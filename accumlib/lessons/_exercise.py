@@ -106,7 +106,7 @@ class Exercise:
     make_dataset: Callable[[], Any] | None = None
     run: Callable[[Callable[..., Any]], Any] | None = None
     call: str = ""  # how the notebook cell names this exercise, for the plain-text verdict
-    logged_loss: bool = False  # grade the epoch loss the loop returns against the true mean item loss
+    logged_loss: str = ""  # "required" / "if-returned": grade the epoch loss the loop returns against the true mean item loss
     clip_each_step: bool = False  # every step must be clipped, before the step
 
     def __post_init__(self) -> None:
@@ -154,7 +154,7 @@ class Exercise:
         except Exception as e:  # the learner's code: show the error as feedback, not a traceback wall
             frozen = frozen_check(watch, None) if watch.all_frozen else None
             if frozen is not None:  # a frozen model, not a crash: say what the loop froze
-                return self._grade([frozen], True, None, None)
+                return self._grade([frozen], False, None, None)
             return self.grade(error=getattr(e, "feedback", "") or f"{type(e).__name__}: {e}")
         return self.grade(report, watch=watch)
 
@@ -170,7 +170,7 @@ class Exercise:
             frozen = frozen_check(watch, n_steps)
             if frozen is not None and "frozen-inside-window" not in codes:
                 bad.append(frozen)
-            if self.logged_loss:
+            if self.logged_loss == "required" or (self.logged_loss and watch.returned is not None):
                 bad += logged_loss_checks(watch.returned, getattr(report, "true_loss", None), codes)
             if self.clip_each_step:
                 bad += clip_checks(watch, n_steps)

@@ -335,16 +335,41 @@ EXERCISE = Exercise(
     "06-keep-g-out-of-d",
     "Accumulate a GAN with two optimizers",
     run=_verify_gan_exercise,
+    call="gan.EXERCISE",
     hints={
         "leak-into-D": (
             "G's backward runs through D, so it writes into D's .grad too, and in this loop it does so in every "
-            "micro-batch, before D steps. Section 2 shows three ways to keep G's loss out of D's .grad. One of them, "
-            "a zero_grad, would also wipe the part of D's window already accumulated; look for one that stops autograd "
-            "from writing into D's parameters while G's loss goes backward, and undo it afterwards."),
+            "micro-batch, before D steps.",
+            "Section 2 shows three ways to keep G's loss out of D's .grad. One of them, a zero_grad, would also wipe "
+            "the part of D's window already accumulated; look for one that stops autograd from writing into D's "
+            "parameters while G's loss goes backward, and undo it afterwards.",
+            "Around G's backward: D.requires_grad_(False); (gan.g_loss(D, fake) / k).backward(); D.requires_grad_(True)."),
         "zero-grad-inside-window": (
             "D's .grad was cleared between micro-batches of its window: that removes the leak and D's earlier "
-            "micro-batches with it (section 3's 'interleaved, zero_grad(D) per micro-batch'). Keep G's loss out of "
-            "D's .grad without clearing it."),
+            "micro-batches with it (section 3's 'interleaved, zero_grad(D) per micro-batch').",
+            "Keep G's loss out of D's .grad without clearing it: stop autograd from writing there instead.",
+            "Remove the zero_grad inside the window; freeze D (requires_grad_(False)) around G's backward."),
+        "g-unscaled-sum": (
+            "D is right now, but G's steps are k times too long: G's loss reaches backward undivided.",
+            "G accumulates over the same k micro-batches as D: each of its micro-batch means weighs 1/k too.",
+            "(gan.g_loss(D, fake) / k).backward()."),
+        "g-misscaled": (
+            "D is right now, but G's steps are scaled by one factor c.",
+            "G's loss is a mean over a micro-batch's fakes: divide it by k, once.",
+            "(gan.g_loss(D, fake) / k).backward()."),
+        "g-never-stepped": (
+            "D is right, but G never trained: g_opt never stepped.",
+            "A GAN trains two players; each window ends with a step of each optimizer.",
+            "Inside the if: d_opt.step(); g_opt.step(); d_opt.zero_grad(); g_opt.zero_grad()."),
+        "g-no-gradient": (
+            "g_opt stepped, but G's parameters had no gradient: G's loss never went backward.",
+            "G's gradient comes from G's loss, through D, back to G's parameters.",
+            "Keep (gan.g_loss(D, fake) / k).backward() in every micro-batch, with D frozen around it."),
+        "g-no-zero-grad": (
+            "G's gradient of the previous window was still in G's .grad at its next step.",
+            "backward() adds into .grad for G as for D.",
+            "Call g_opt.zero_grad() after g_opt.step(), once per window."),
+        "g-early-step": "G stepped more often than once per window of k micro-batches: step G inside the if, with D.",
         "unexplained": (
             "D's step matches neither its own window gradient nor its own gradient plus the leak. Check that D's loss is "
             "divided by k, that the fakes D sees are detached, and that G steps after D (the oracle makes each window's "

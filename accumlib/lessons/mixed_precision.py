@@ -327,15 +327,30 @@ EXERCISE = Exercise(
     make_dataset=functools.partial(digits, 128),  # every window full: only the AMP order is judged
     accum_steps=4,
     batch_size=8,
+    call="mp.EXERCISE",
+    clip_each_step=True,  # the exercise clips every window's gradient, before the step
     hints={
         "clip-before-unscale": (
             "After the window's last scaler.scale(loss).backward(), .grad holds S times the window's gradient "
             "(S = scaler.get_scale(), 65536 here), so clip_grad_norm_ compares S|g| with max_norm and shrinks "
-            "every step to max_norm / S. One GradScaler call turns .grad back into the true gradient, in place; "
-            "it has to run, once per window, before anything reads the gradient's size."),
+            "every step to max_norm / S.",
+            "One GradScaler call turns .grad back into the true gradient, in place; it has to run, once per window, "
+            "before anything reads the gradient's size.",
+            "Call scaler.unscale_(optimizer) right before clip_grad_norm_ (scaler.step then does not unscale again)."),
+        "clip-after-step": (
+            "clip_grad_norm_ now runs after the step: the step has already used the unclipped gradient.",
+            "A clip changes .grad; only a step that comes after it sees the change. What order do unscale, clip and "
+            "step need?",
+            "Inside the if: scaler.unscale_(optimizer), clip_grad_norm_(..., max_norm=0.1), scaler.step(optimizer), "
+            "scaler.update(), zero_grad."),
+        "no-clip": (
+            "The steps match the unclipped gradient, but the exercise clips every window's gradient at 0.1.",
+            "Keep the clip; what it needs is to see the true gradient, not S times it.",
+            "scaler.unscale_(optimizer) then clip_grad_norm_(model.parameters(), max_norm=0.1), before scaler.step."),
         "clip-per-micro-batch": (
-            "Clipping now runs before the window's gradient is complete: it sees a partial sum. Clip once per "
-            "window, after the last backward of the window and right before the scaler steps."),
+            "Clipping now runs before the window's gradient is complete: it sees a partial sum.",
+            "The window's gradient is complete only after its k-th backward.",
+            "Clip once per window, inside the if, after unscale_ and right before scaler.step(optimizer)."),
         "non-finite": "A step saw inf or nan: the scaler must step (and may skip), not the optimizer directly.",
         "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them only after a step.",
         "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every step.",

@@ -337,20 +337,50 @@ EXERCISE = Exercise(
     accum_steps=4,
     batch_size=8,
     make_dataset=exercise_dataset,
+    call="normalizing.EXERCISE",
+    logged_loss="required",  # the number returned must be the epoch's mean item loss, to float32 rounding
     hints={
         "logged-loss-scaled": (
             "The gradient is already right: every step matches the large batch. The number the loop returns is k "
-            "times too small because the same variable serves two purposes. backward() needs the divided value; "
-            "the running loss needs the micro-batch mean itself. Let them be two different expressions."),
+            "times too small.",
+            "The same variable serves two purposes: backward() needs the divided value, the running loss needs the "
+            "micro-batch mean itself. Let them be two different expressions.",
+            "Keep loss undivided, call (loss / k).backward(), and add loss.item() * len(y) to the running loss."),
+        "logged-loss-wrong": (
+            "The gradient is right, but the number the loop returns is not the mean loss over the epoch's items "
+            "(the verdict gives both numbers and their ratio).",
+            "The epoch loss is the sum of every item's loss divided by the number of items: does your running loss "
+            "add up every micro-batch (not only the last), each undivided, weighted by its item count?",
+            "Accumulate running_loss += loss.item() * len(y) and n_items += len(y) for every micro-batch, with loss "
+            "the undivided micro-batch mean, and return running_loss / n_items."),
+        "logged-loss-tensor": (
+            "The number is right, but the loop returns a tensor, not a Python number.",
+            "Adding a loss tensor to a running total keeps every micro-batch's autograd graph alive until the epoch "
+            "ends: memory grows with every micro-batch. A logged number needs no graph.",
+            "Add loss.item() (a Python float) to the running loss, not loss."),
+        "no-logged-loss": (
+            "The loop returns no epoch loss.",
+            "The exercise asks train_fn to return the epoch loss the progress bar would show.",
+            "End the loop with return running_loss / n_items."),
         "unscaled-sum": (
             "The reported loss may be right now, but the gradient is k times too long: the division no longer "
-            "reaches backward(). Divide what you call backward() on, not what you log."),
+            "reaches backward().",
+            "The division has to be in the expression you call backward() on; the log reads the undivided value.",
+            "Call (loss / k).backward() and log loss.item()."),
         "misscaled": (
             "Every step is scaled by one factor c: the division happens more than once, or by the wrong number, "
-            "on the way to backward(). Divide the micro-batch mean by k exactly once."),
+            "on the way to backward().",
+            "Follow loss from the forward to backward(): how many divisions does it pass through?",
+            "Divide the micro-batch mean by k exactly once: (loss / k).backward()."),
         "zero-grad-inside-window": (
-            ".grad is emptied (or divided again) between micro-batches of one window: only zero after the step."),
-        "early-step": "The optimizer stepped before all k micro-batches of a window were in .grad.",
+            ".grad is emptied (or divided again) between micro-batches of one window.",
+            "Only the step ends a window: nothing between two backward() calls of one window may touch .grad.",
+            "Call optimizer.zero_grad() only right after optimizer.step()."),
+        "early-step": (
+            "The optimizer stepped before all k micro-batches of a window were in .grad.",
+            "Which values of i should reach optimizer.step()?",
+            "Step only when (i + 1) % k == 0."),
+        "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
     },
 )
 

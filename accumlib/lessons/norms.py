@@ -267,16 +267,30 @@ EXERCISE = Exercise(
     make_dataset=functools.partial(digits, 64, image=True),
     accum_steps=4,
     batch_size=4,
+    call="norms.EXERCISE",
     hints={
         "batchnorm": (
             "No division or step placement fixes this one: the difference is in the forward pass. In training mode a "
             "BatchNorm layer normalizes each image with the mean and variance of the micro-batch it sits in, so an "
-            "image's loss depends on which images share its micro-batch. This model arrives with running statistics "
-            "already estimated on the data. Which mode makes BatchNorm use those instead, and how can you put only "
-            "the BatchNorm layers into it, inside train_fn, before the first forward?"),
-        "unscaled-sum": "Each micro-batch's loss must still be divided so that every image of the window weighs 1/N.",
+            "image's loss depends on which images share its micro-batch.",
+            "This model arrives with running statistics already estimated on the data. Which mode makes BatchNorm "
+            "use those instead, and how can you put only the BatchNorm layers into it, inside train_fn, before the "
+            "first forward?",
+            "Before the loop: for m in model.modules(): if isinstance(m, torch.nn.BatchNorm2d): m.eval()."),
+        "frozen-parameter": (
+            "Your loop froze parameters (requires_grad=False): the verdict names them.",
+            "eval() changes how BatchNorm normalizes; it does not need BatchNorm's weight and bias frozen, and the "
+            "large batch trains them.",
+            "Keep m.eval() for the BatchNorm layers and remove requires_grad_(False): every parameter trains."),
+        "unscaled-sum": (
+            "Each micro-batch's loss reaches backward undivided.",
+            "Every image of the window should weigh 1/N, N = k x 4 images.",
+            "backward F.cross_entropy(..., reduction='sum') / (k * len(y))."),
         "mean-of-means": "Weigh images, not micro-batches: divide each micro-batch's summed loss by the window's image count.",
-        "misscaled": "Every step is off by one factor: check what you divide by.",
+        "misscaled": (
+            "Every step is off by one factor c: the division is there, but by the wrong number.",
+            "The loss is a sum over 4 images; the window holds k x 4 = 16.",
+            "Divide the summed loss by k * len(y), once."),
         "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them only after a step.",
         "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every step.",
         "early-step": "The optimizer steps more often than once per k micro-batches.",

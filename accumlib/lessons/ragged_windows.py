@@ -301,22 +301,43 @@ EXERCISE = Exercise(
     accum_steps=4,
     batch_size=8,
     make_dataset=exercise_dataset,
+    call="ragged_windows.EXERCISE",
     hints={
         "tail-misscaled": (
-            "The last window holds 2 micro-batches (8 and 6 samples), not k = 4, yet each of its losses is still "
-            "divided as if the window were full, so its step is about half as long as it should be. What should "
-            "each sample of a window weigh, and how many samples does each window hold? The loader can tell you "
-            "the micro-batch sizes before training starts."),
+            "The full windows are right; the last window holds 2 micro-batches (8 and 6 samples), not k = 4, yet "
+            "each of its losses is still divided as if the window were full, so its step is about half as long as "
+            "it should be.",
+            "What should each sample of a window weigh, and how many samples does each window hold? The loader can "
+            "tell you the micro-batch sizes before training starts.",
+            "Collect sizes = [len(y) for _, y in loader] first; for micro-batch i, n_window = sum(sizes[i - i % k:"
+            "i - i % k + k]); backward F.cross_entropy(model(x), y, reduction='sum') / n_window."),
         "mean-of-means": (
             "The window's micro-batches hold different numbers of samples (8 and 6), and your loop weighs each "
-            "micro-batch's mean equally, so the 6 samples count more than the 8. Weigh samples, not micro-batches: "
-            "sum the item losses and divide by the number of samples in the whole window."),
+            "micro-batch's mean equally, so the 6 samples count more than the 8.",
+            "Weigh samples, not micro-batches: a sum of item losses divided by the window's sample count weighs "
+            "each sample the same, whatever micro-batch it sits in.",
+            "Use reduction='sum' and divide by the number of samples in the whole window (32, or 14 for the tail)."),
         "tail-dropped": (
-            "Some samples never reached an optimizer step: the last, partial window is never stepped. Step also at "
-            "the last micro-batch of the loader."),
-        "early-step": "The optimizer stepped before a full window of k micro-batches (other than the last one) was in .grad.",
-        "unscaled-sum": "Each step is the sum of its micro-batch gradients: divide the losses so each sample weighs 1 / (samples in its window).",
-        "misscaled": "Every step is off by one factor c: divide each window's summed losses by its sample count exactly once.",
+            "Some samples never reached an optimizer step: the last, partial window is never stepped.",
+            "(i + 1) % k == 0 never holds for the last micro-batch when k does not divide the count.",
+            "Step also at the last micro-batch of the loader: if (i + 1) % k == 0 or i + 1 == len(loader)."),
+        "misscaled@last": (
+            "Only the last step is off, by the factor c shown: the full windows are right, the tail's divisor is not.",
+            "The tail holds 14 samples (8 + 6), not 16 and not 32: what does your loop divide the tail's losses by?",
+            "Divide each tail micro-batch's summed loss by the tail's own sample count, sum(sizes[12:14]) = 14."),
+        "misscaled": (
+            "Every step the verdict names is off by one factor c: the division is there, but by the wrong number.",
+            "A window's summed item losses should be divided by the number of samples in that window, once.",
+            "backward F.cross_entropy(..., reduction='sum') / n_window, n_window the samples of the micro-batch's window."),
+        "early-step": (
+            "The optimizer stepped before a full window of k micro-batches (other than the last one) was in .grad.",
+            "Only a window's k-th micro-batch, or the loader's last, may step.",
+            "if (i + 1) % k == 0 or i + 1 == len(loader): step and zero."),
+        "unscaled-sum": (
+            "Each step is the sum of its micro-batch gradients: the losses are not divided.",
+            "Each sample of a window should weigh 1 / (samples in its window).",
+            "backward F.cross_entropy(..., reduction='sum') / n_window."),
+        "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
     },
 )
 

@@ -251,28 +251,54 @@ def paste_box(source: str = EXAMPLE) -> PasteBox:
     return PasteBox(source)
 
 
-# --- the exercise: the seed question's GradScaler loop, made to handle the ragged last window ----------
+# --- the exercise: paste your own loop; verify grades it, with a nudge and a remedy for every finding ----
+
+def _own_loop_dataset() -> Any:
+    """128 digits: 4 full windows of 4 x 8."""
+    return accumlib.data.digits(128)
+
+
+def _own_loop_hints() -> dict[str, str | tuple[str, ...]]:
+    """A pasted loop can hold any bug: a nudge and verify's own remedy for every code, and written hints for the
+    starting loop's (a warmup scheduler stepped per micro-batch, the divided loss logged)."""
+    from accumlib._verify import CODES
+
+    hints: dict[str, str | tuple[str, ...]] = {
+        code: ("Read the finding: it names the steps it concerns. Compare your loop at those steps with a loop of the "
+               "gallery that verify passes.", f"In general terms: {c.message.split(' (')[0]}.", f"verify's remedy: {c.fix}.")
+        for code, c in CODES.items() if c.kind in ("bug", "limit")}
+    hints.update({
+        "scheduler-per-micro-batch": (
+            "The learning rate changed between micro-batches of one window: the scheduler counts micro-batches.",
+            "A schedule (warmup, decay) is written in optimizer steps: the large batch changes its learning rate only "
+            "between steps, so every micro-batch of a window must see the same one.",
+            "Move scheduler.step() inside the if, right after scaler.step(optimizer) and scaler.update()."),
+        "logged-loss-scaled": (
+            "The gradient may be right; the loss the loop reports is k times too small.",
+            "The reported loss adds up loss after it was divided for backward().",
+            "Log the undivided micro-batch mean: keep the division only in what goes backward, e.g. "
+            "running_loss += loss.item() * accum_steps."),
+        "logged-loss-wrong": (
+            "The loss the loop reports is not the mean loss over the epoch's items (the verdict gives both).",
+            "Every micro-batch's undivided mean, weighted by its item count, over all items of the epoch.",
+            "running_loss += mean.item() * len(y); n_items += len(y); return running_loss / n_items."),
+        "untracked-data": (
+            "Your loop trained on data of its own, not the loader train_fn receives, so verify could not judge those steps.",
+            "verify follows the items it hands your loop.",
+            "Iterate the loader argument (for x, y in loader) where your loop had its own DataLoader."),
+        "error": (
+            "Your loop raised an error: read its last line. A pasted loop often needs its names adapted: the model, "
+            "the optimizer and the loader are train_fn's arguments, and each batch is (x, y)."),
+    })
+    return hints
+
 
 EXERCISE = Exercise(
-    "07-ragged-gradscaler-loop",
-    "Make the seed question's GradScaler loop step every digit, weighted right",
+    "07-paste-your-own-loop",
+    "Paste your own training loop and make verify pass it",
     task="mlp-digits", accum_steps=4, batch_size=8,
-    hints={
-        "tail-dropped": (
-            "110 digits in micro-batches of 8 make 14 micro-batches: 3 full windows of 4 and a last window of 2. "
-            "`(i + 1) % 4 == 0` never fires for that last window, so its 14 digits never reach a step. The loop needs "
-            "to know when it has reached the last micro-batch (the loader has a length)."),
-        "tail-misscaled": (
-            "The last window now steps, but its loss was divided as if the window held 4 micro-batches. What should "
-            "each digit of a window weigh, when the window holds fewer digits than the others?"),
-        "mean-of-means": (
-            "Each micro-batch's *mean* loss weighs the same, but the last micro-batch holds 6 digits, not 8. Divide "
-            "each micro-batch's summed loss by the number of digits in its window; to know that number before the "
-            "window's first backward, you can collect the window's micro-batches first."),
-        "misscaled": "Every step is off by one factor: divide the window's summed losses by exactly its number of digits.",
-        "unscaled-sum": "The loss reaches backward undivided: every digit of a window must weigh 1 / (digits in the window).",
-        "zero-grad-inside-window": "Gradients are cleared inside a window: zero them only right after a step.",
-        "early-step": "The optimizer steps more often than once per window of 4 micro-batches.",
-        "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
-    },
+    make_dataset=_own_loop_dataset,  # 4 full windows of 4 x 8 digits: your loop's shape is judged, not a ragged tail
+    call="vl.EXERCISE",
+    logged_loss="if-returned",  # a loop that reports its epoch loss is graded on it too
+    hints=_own_loop_hints(),
 )

@@ -201,24 +201,38 @@ EXERCISE = Exercise(
     accum_steps=2,
     batch_size=32,
     make_dataset=exercise_dataset,
+    call="why.EXERCISE",
     hints={
         "unscaled-sum": (
             "Every micro-batch's loss is the mean over its 32 digits, and backward() adds its gradient to what .grad "
-            "already holds. After k of them, how many times the large batch's mean gradient does .grad hold? The "
-            "large batch weighs each of its 64 digits 1/64; change one line so each micro-batch contributes its share."),
+            "already holds. After k of them, how many times the large batch's mean gradient does .grad hold?",
+            "The large batch weighs each of its 64 digits 1/64; each micro-batch's mean weighs its 32 digits 1/32. "
+            "Change one line so that each micro-batch contributes its share: half of its mean.",
+            "Call backward on the micro-batch mean divided by k: (loss / k).backward()."),
         "misscaled": (
-            "Every step is now too small by the one factor c shown above. A mean is already divided by its items; "
-            "count how many times your loop divides, and by what, then keep only the division that turns k means "
-            "into one mean."),
+            "Every step is now too small (or too large) by the one factor c shown above: the division is there, "
+            "but by the wrong number.",
+            "A mean is already divided by its 32 items. Count how many times your loop divides, and by what; keep "
+            "only the division that turns k means into one mean.",
+            "Divide the micro-batch mean by k = 2 once, and by nothing else: (loss / k).backward()."),
         "early-step": (
-            "The optimizer stepped before the window's k micro-batches were all in .grad. Step (and zero) only after "
-            "the k-th backward of a window."),
+            "The optimizer stepped before the window's k micro-batches were all in .grad.",
+            "Which micro-batches should the condition around optimizer.step() let through? Count i from 0.",
+            "Step (and zero) only after the k-th backward of a window: if (i + 1) % k == 0."),
         "zero-grad-inside-window": (
-            ".grad is emptied between the micro-batches of one window, so only the last one reaches the step. "
-            "Zero the gradients only right after optimizer.step()."),
+            ".grad is emptied between the micro-batches of one window, so only the last one reaches the step.",
+            "optimizer.zero_grad() belongs to the step, not to the micro-batch.",
+            "Zero the gradients only right after optimizer.step(), inside the same if."),
         "no-zero-grad": (
-            "Gradients of the previous window are still in .grad when the next window starts. Empty .grad once per "
-            "window, right after the step."),
+            "Gradients of the previous window are still in .grad when the next window starts.",
+            "backward() adds to .grad; only zero_grad empties it. Where does the window begin?",
+            "Call optimizer.zero_grad() right after optimizer.step(), once per window."),
+        "frozen-parameter": (
+            "Your loop froze parameters of the model (requires_grad=False): the verdict names them.",
+            "The large batch trains every parameter; a frozen one never moves, so the accumulated model can no longer "
+            "match it, however the loss is divided.",
+            "Remove the requires_grad_(False) lines: leave every parameter trainable and only divide the loss."),
+        "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
     },
 )
 
