@@ -7,7 +7,8 @@ under ``make report``), so the HTML carries tables and figures, never raw JSON.
     make report ACCUM="1 2 4 8" TASK=mlp-digits BATCH=3 NORM=group PRECISION=float32 DEVICE=auto SEED=0
 
 One module per stage: ``params`` (defaults and checks), ``compute`` (the computation, ``run``), ``figures``
-(plots with alt text). Every k must give at least ``MIN_STEPS`` optimizer steps, or the per-step figures show one dot:
+(plots with titles computed from the findings, and alt text), ``render`` (``make report``: papermill, then the HTML
+page without code). Every k must give at least ``MIN_STEPS`` optimizer steps, or the per-step figures show one dot:
 
 >>> check_parameters(accum_steps="1 2 4 8", batch_size=16)
 Traceback (most recent call last):
