@@ -342,6 +342,7 @@ def _exercise_hints() -> dict[str, str | tuple[str, ...]]:
             "Compare c with 1/R and with R.",
             "DDP's all-reduce already divides the sum of the ranks' gradients by R: scale each rank's loss so that "
             "the mean over ranks, not the sum, gives every token 1/N.",
+            "With n_global the all-reduced token count: loss = token_losses.sum() * dist.get_world_size() / n_global.",
         ),
         "ranks-diverged": ("The ranks stepped with different gradients: no all-reduce ran in that window. DDP "
                            "all-reduces in the backward of a forward run outside no_sync(): which micro-batch of the "
@@ -375,4 +376,5 @@ EXERCISE = Exercise(
     accum_steps=EXERCISE_K,
     hints=_exercise_hints(),
     run=_on_ranks,
+    call="distributed.EXERCISE",
 )
