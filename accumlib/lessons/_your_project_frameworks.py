@@ -115,7 +115,9 @@ def _lightning(n_digits: int) -> Any:
 def _trl_peft(which: str) -> Any:
     from ..examples import trl_peft
 
-    return _hf(trl_peft.sft_gpt2() if which == "sft" else trl_peft.prompt_tuning())
+    with _quiet():  # TRL's config warns of renamed arguments while it is built
+        trainer = trl_peft.sft_gpt2() if which == "sft" else trl_peft.prompt_tuning()
+    return _hf(trainer)
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,8 @@ def plot_schedules(result: ScheduleResult, ax: Any) -> None:
         ax.plot(range(result.n_steps), result.lrs[shape], label=shape, markevery=every, **_style.ROLE[role])
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("learning rate")
-    ax.set_title(f"Warmup {result.warmup_steps} steps, k = {result.accum_steps}")
+    ax.set_title(f"Planned: warmup {result.warmup_steps} steps, then a linear fall to 0")
+    ax.set_ylim(0, 1.6 * result.base_lr)  # room for the legend above the curves
     ax.legend(loc="upper right")
 
 

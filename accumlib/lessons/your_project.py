@@ -33,6 +33,8 @@ from . import _style
 from ._common import Table, check_choice, check_float, check_int
 from ._exercise import Exercise
 from ._explorer import Explorer
+from ._your_project_frameworks import RUNS, FrameworkResult, frameworks
+from ._your_project_memory import MemoryResult, checkpointing
 from ._your_project_schedule import (
     BASE_LR, WARMUP, LessonFinding, LessonReport, ScheduleResult, exercise_dataset, linear_warmup, planned_lrs,
     plot_schedules, run_exercise, schedule_check, schedules, total_steps,
@@ -206,6 +208,15 @@ def alt_text(result: CurveResult) -> str:
             + f"; float32 rounding bound {FLOAT32_RTOL:.0e}.")
 
 
+@_style.styled
+def plot_schedule(result: ScheduleResult) -> Figure:
+    """The lr at every optimizer step for each way of counting and stepping the scheduler."""
+    fig, ax = _style.figure(1, width=10.0, height=5.0, title=(
+        f"One schedule, three loops: {result.n_steps} optimizer steps of k = {result.accum_steps} micro-batches"))
+    plot_schedules(result, ax)
+    return fig
+
+
 def widget(batch_size: int = 8, accum_steps: int = 4, loop: str = "ragged", *, device: Any = "auto",
            initial: CurveResult | None = None) -> Explorer:
     """Pick a micro-batch size, k and a loop: the run is drawn against 32 x 1 (cached per choice).
@@ -264,7 +275,8 @@ EXERCISE = Exercise(
 
 
 __all__ = [
-    "BASE_LR", "Curve", "CurveResult", "EXERCISE", "LABELS", "LOOPS", "LessonFinding", "LessonReport", "SETTINGS",
+    "BASE_LR", "Curve", "CurveResult", "EXERCISE", "FrameworkResult", "MemoryResult", "RUNS", "checkpointing",
+    "frameworks", "plot_schedule", "LABELS", "LOOPS", "LessonFinding", "LessonReport", "SETTINGS",
     "ScheduleResult", "WARMUP", "alt_text", "compute", "exercise_dataset", "linear_warmup", "planned_lrs", "plot",
     "plot_schedules", "run_exercise", "schedule_check", "schedules", "total_steps", "widget",
 ]
