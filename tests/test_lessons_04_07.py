@@ -179,7 +179,7 @@ def train_fn(model, optimizer, loader):
 
 
 def test_gallery_rows_agree_with_their_expected_codes():
-    table = vl.gallery(["seed-001-mindspore", "seed-002-last-batch", "correct-inner-for"])
+    table = vl.gallery(["mindspore-accumulator", "last-batch-step", "correct-inner-for"])
     assert all(r.agrees for r in table.rows)
     assert [r.ok for r in table.rows] == [False, False, True]
     assert "tail-dropped" in table.codes and "3/3 loops get exactly their expected findings" in str(table)
@@ -246,7 +246,7 @@ def test_every_figure_uses_text_of_10_pt_or_more_and_no_pyplot():
         mp.plot(mp.compute(device="cpu")), mp.plot_inf_run(mp.inf_run(device="cpu")),
         norms.plot(norms.compute((1, 2), large_batch=16, device="cpu")),
         norms.plot_curves(norms.training_curves(accum_steps=2, epochs=1, n=64, device="cpu")),
-        gan.plot(gan.compute()), vl.plot(vl.compute(["seed-001-mindspore", "correct-inner-for"])),
+        gan.plot(gan.compute()), vl.plot(vl.compute(["mindspore-accumulator", "correct-inner-for"])),
     ]
     for fig in figures:
         sizes = _style.font_sizes(fig)

@@ -5,13 +5,16 @@ Every loop is ``train_fn(model, optimizer, loader)``, written the way people wri
 and ``K = 4``. ``GALLERY[name].run()`` verifies one on its dataset:
 
 >>> from accumlib.gallery import GALLERY
->>> sorted(GALLERY["seed-002-last-batch"].run().codes)
+>>> sorted(GALLERY["last-batch-step"].run().codes)
 ['mean-of-means', 'tail-misscaled']
 
-The seed documents' loops are ported to torch and a tiny model (``seed-*``); the rest
-trigger one finding code each (``bug-*``), or must pass (``correct-*``).
+The loops of the sources the course cites (a BERT fine-tuning post, the MindSpore tutorial, a blog
+post's extra step for the last batch, the GAN article, the Stack Overflow thread) are ported to torch and
+a tiny model, named by what they do; the rest trigger one finding code each (``bug-*``), or must
+pass (``correct-*``). The keys these loops had before (``seed-000-bert`` ...) still look them up
+(``LEGACY_NAMES``) but are not listed.
 
-One module per origin: ``seeds`` (the seed documents), ``stackoverflow`` (the thread of seed 004),
+One module per origin: ``seeds`` (the posts and the tutorial), ``stackoverflow`` (the thread),
 ``bugs``, ``correct`` and ``frameworks`` (Accelerate, Lightning); the registry is here.
 """
 
@@ -38,11 +41,11 @@ from .correct import (
 )
 from .frameworks import accelerate_loop, lightning_loop
 from .seeds import (
-    Accumulator, bert_train_one_epoch, seed_000_bert, seed_001_mindspore, seed_002_last_batch, seed_003_gan_grad_division,
-    seed_003_gan_normalized,
+    Accumulator, bert_train_one_epoch, bert_style_epoch, mindspore_accumulator, last_batch_step, gan_grad_divided,
+    gan_loss_divided,
 )
 from .stackoverflow import (
-    divide_by_window_batches, seed_004_answer, seed_004_question, seed_004_question_last_batch, step_at_end, step_every_k,
+    divide_by_window_batches, stackoverflow_answer, stackoverflow_question, stackoverflow_question_last_batch, step_at_end, step_every_k,
 )
 
 
@@ -71,21 +74,40 @@ class GalleryLoop:
                       batch_size=t.batch_size, collate_fn=t.collate_fn)
 
 
+class _Gallery(dict):
+    """The registry: a dict whose former keys (``LEGACY_NAMES``) still look a loop up, unlisted."""
+
+    def __missing__(self, key: str) -> GalleryLoop:
+        if key in LEGACY_NAMES:
+            return self[LEGACY_NAMES[key]]
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key) or (isinstance(key, str) and LEGACY_NAMES.get(key) in self.keys())
+
+
+LEGACY_NAMES: dict[str, str] = {
+    "seed-000-bert": "bert-train-one-epoch", "seed-001-mindspore": "mindspore-accumulator",
+    "seed-002-last-batch": "last-batch-step", "seed-003-gan-normalized": "gan-loss-divided",
+    "seed-003-gan-grad-division": "gan-grad-divided", "seed-004-question": "stackoverflow-question",
+    "seed-004-question-last-batch": "stackoverflow-question-last-batch", "seed-004-answer": "stackoverflow-answer",
+}
+
 _E = frozenset
-GALLERY: dict[str, GalleryLoop] = {
-    "seed-000-bert": GalleryLoop(seed_000_bert, _E({"tail-dropped", "logged-loss-scaled"}),
-                                 "seed 000: BERT train_one_epoch; 110 items leave a 2-micro-batch tail it never steps"),
-    "seed-001-mindspore": GalleryLoop(seed_001_mindspore, _E({"tail-dropped"}),
-                                      "seed 001: MindSpore Accumulator ported to torch; counter % K never fires for the tail"),
-    "seed-002-last-batch": GalleryLoop(seed_002_last_batch, _E({"tail-misscaled", "mean-of-means"}),
-                                       "seed 002: the extra step for the last batch divides a 2-batch tail (8 + 6 items) by K"),
-    "seed-003-gan-normalized": GalleryLoop(seed_003_gan_normalized, _E(), "seed 003: loss / n_accumulation_steps", n_items=128),
-    "seed-003-gan-grad-division": GalleryLoop(seed_003_gan_grad_division, _E(), "seed 003: p.grad / n once per window", n_items=128),
-    "seed-004-question": GalleryLoop(seed_004_question, _E({"tail-dropped"}), "seed 004: the question's GradScaler loop"),
-    "seed-004-question-last-batch": GalleryLoop(seed_004_question_last_batch, _E({"tail-misscaled", "mean-of-means"}),
-                                                "seed 004: the asker's `or (i + 1) == len(data)`"),
-    "seed-004-answer": GalleryLoop(seed_004_answer, _E({"mean-of-means"}),
-                                   "seed 004: the answer divides by the window's micro-batch count, not its items (8 + 6)"),
+GALLERY: dict[str, GalleryLoop] = _Gallery({
+    "bert-train-one-epoch": GalleryLoop(bert_style_epoch, _E({"tail-dropped", "logged-loss-scaled"}),
+                                 "How Gradient accumulation is implemented (BERT post): train_one_epoch; 110 items leave a 2-micro-batch tail it never steps"),
+    "mindspore-accumulator": GalleryLoop(mindspore_accumulator, _E({"tail-dropped"}),
+                                      "MindSpore tutorial: its Accumulator ported to torch; counter % K never fires for the tail"),
+    "last-batch-step": GalleryLoop(last_batch_step, _E({"tail-misscaled", "mean-of-means"}),
+                                       "Gradient Accumulation explained (blog post): the extra step for the last batch divides a 2-batch tail (8 + 6 items) by K"),
+    "gan-loss-divided": GalleryLoop(gan_loss_divided, _E(), "GAN article: loss / n_accumulation_steps", n_items=128),
+    "gan-grad-divided": GalleryLoop(gan_grad_divided, _E(), "GAN article: p.grad / n once per window", n_items=128),
+    "stackoverflow-question": GalleryLoop(stackoverflow_question, _E({"tail-dropped"}), "Stack Overflow question: its GradScaler loop"),
+    "stackoverflow-question-last-batch": GalleryLoop(stackoverflow_question_last_batch, _E({"tail-misscaled", "mean-of-means"}),
+                                                "Stack Overflow question: the asker's `or (i + 1) == len(data)`"),
+    "stackoverflow-answer": GalleryLoop(stackoverflow_answer, _E({"mean-of-means"}),
+                                   "Stack Overflow answer: divides by the window's micro-batch count, not its items (8 + 6)"),
     "bug-unscaled-sum": GalleryLoop(bug_unscaled_sum, _E({"unscaled-sum"}), "loss never divided", n_items=128),
     "bug-tail-misscaled": GalleryLoop(bug_tail_misscaled, _E({"tail-misscaled"}), "a 2 x 8-item tail divided by K", n_items=112),
     "bug-zero-grad-inside-window": GalleryLoop(bug_zero_grad_inside_window, _E({"zero-grad-inside-window"}), "zero_grad every micro-batch", n_items=128),
@@ -121,9 +143,9 @@ GALLERY: dict[str, GalleryLoop] = {
     "lightning": GalleryLoop(lightning_loop, _E(), "Lightning accumulate_grad_batches, 128 items: full windows", n_items=128),
     "lightning-tail": GalleryLoop(lightning_loop, _E({"tail-misscaled", "mean-of-means"}),
                                   "Lightning steps on the final batch but divides it by accumulate_grad_batches"),
-}
+})
 
 __all__ = [
-    "CLIP", "GALLERY", "GalleryLoop", "K", "Accumulator", "bert_train_one_epoch", "clip_by_total_norm",
+    "CLIP", "GALLERY", "LEGACY_NAMES", "GalleryLoop", "K", "Accumulator", "bert_train_one_epoch", "clip_by_total_norm",
     "divide_by_window_batches", "step_at_end", "step_every_k",
 ]

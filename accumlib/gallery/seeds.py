@@ -1,9 +1,10 @@
-"""The seed documents' loops, ported to torch and the digits MLP, line for line where they can be.
+"""The cited posts' and tutorial's loops, ported to torch and the digits MLP, line for line where they can be.
 
-Seed 000 is a BERT fine-tuning ``train_one_epoch`` (divides the loss, logs the divided loss,
-never steps the tail); seed 001 MindSpore's ``Accumulator`` tutorial; seed 002 a blog post's
-"step the last batch too"; seed 003 a GAN with two optimizers (loss / n, or ``.grad / n``).
-The seed documents are in ``../shared/seeds/``; lessons 1, 2 and 6 show these loops.
+"How Gradient accumulation is implemented" is a BERT fine-tuning ``train_one_epoch`` (divides the
+loss, logs the divided loss, never steps the tail); the MindSpore tutorial "Gradient Accumulation
+Algorithm" has an ``Accumulator``; the blog post "Gradient Accumulation explained" steps the last
+batch too; the article "Gradient Accumulation in PyTorch, GANs and other Nightmares" trains a GAN with
+two optimizers (loss / n, or ``.grad / n``). Lessons 1, 2 and 6 show these loops and link the sources.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ._common import K
 
 
 def bert_train_one_epoch(model, optimizer, scheduler, dataloader, device, epoch, *, n_accumulate, criterion, progress=False, collect=True):
-    """The seed's ``train_one_epoch``, line for line, with (ids, mask) -> the digits' (x, y).
+    """The BERT post's ``train_one_epoch``, line for line, with (ids, mask) -> the digits' (x, y).
 
     It divides the loss by ``n_accumulate`` before ``backward`` (right), steps and moves the
     scheduler every ``n_accumulate`` micro-batches (right), but adds the *divided* loss to
@@ -45,12 +46,12 @@ def bert_train_one_epoch(model, optimizer, scheduler, dataloader, device, epoch,
         dataset_size += batch_size
         epoch_loss = running_loss / dataset_size
         bar.set_postfix(Epoch=epoch, Train_Loss=epoch_loss, LR=optimizer.param_groups[0]["lr"])
-    if collect:  # the seed's gc.collect(); it frees nothing here and costs ~0.5 s, so compute() skips it
+    if collect:  # the post's gc.collect(); it frees nothing here and costs ~0.5 s, so compute() skips it
         gc.collect()
     return epoch_loss
 
 
-def seed_000_bert(model, optimizer, loader):
+def bert_style_epoch(model, optimizer, loader):
     """BERT-style epoch: divided loss, step on (step + 1) % K, scheduler per step, running_loss of the divided loss."""
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s))
     device = next(model.parameters()).device
@@ -59,7 +60,7 @@ def seed_000_bert(model, optimizer, loader):
 
 
 class Accumulator:
-    """MindSpore's Accumulator (seed 001) in torch: grads summed in inner_grads, applied every K calls."""
+    """The MindSpore tutorial's Accumulator in torch: grads summed in inner_grads, applied every K calls."""
 
     def __init__(self, optimizer, accumulate_step):
         self.optimizer = optimizer
@@ -80,7 +81,7 @@ class Accumulator:
         self.counter += 1
 
 
-def seed_001_mindspore(model, optimizer, loader):
+def mindspore_accumulator(model, optimizer, loader):
     """forward_fn divides by accumulate_step; grads come functionally; no step after the last call."""
     accumulator = Accumulator(optimizer, K)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -89,8 +90,8 @@ def seed_001_mindspore(model, optimizer, loader):
         accumulator(torch.autograd.grad(loss, params))
 
 
-def seed_002_last_batch(model, optimizer, loader):
-    """Seed 002: divide by K, step on (i + 1) % K, then 'handle the last batch' with one more step."""
+def last_batch_step(model, optimizer, loader):
+    """The blog post: divide by K, step on (i + 1) % K, then 'handle the last batch' with one more step."""
     optimizer.zero_grad()
     for i, (x, y) in enumerate(loader):
         loss = F.cross_entropy(model(x), y) / K
@@ -103,21 +104,21 @@ def seed_002_last_batch(model, optimizer, loader):
         optimizer.zero_grad()
 
 
-def seed_003_gan_normalized(model, optimizer, loader):
-    """Seed 003, first form: loss / n_accumulation_steps inside an inner loop that draws its samples."""
+def gan_loss_divided(model, optimizer, loader):
+    """The GAN article's first form: loss / n_accumulation_steps inside an inner loop that draws its samples."""
     data = iter(loader)
     for _ in range(len(loader) // K):
         for _ in range(K):
             x, y = next(data)
             loss = F.cross_entropy(model(x), y)
             loss = loss / K
-            loss.backward()  # the seed's snippet leaves the backward implicit
+            loss.backward()  # the article's snippet leaves the backward implicit
         optimizer.step()
         optimizer.zero_grad()
 
 
-def seed_003_gan_grad_division(model, optimizer, loader):
-    """Seed 003, second form: undivided losses, then every .grad divided by n once per window."""
+def gan_grad_divided(model, optimizer, loader):
+    """The GAN article's second form: undivided losses, then every .grad divided by n once per window."""
     data = iter(loader)
     for _ in range(len(loader) // K):
         for _ in range(K):

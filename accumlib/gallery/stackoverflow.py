@@ -1,8 +1,8 @@
-"""The Stack Overflow thread (seed 004) on accumulating with a last, short batch: its three loops.
+"""The Stack Overflow thread on accumulating with a last, short batch: its three loops.
 
 Once for any k, ``item_losses`` and device (``step_every_k``, ``step_at_end``,
 ``divide_by_window_batches``: lesson 3 sweeps them over k), and once as the thread wrote them
-(``seed_004_*``: GradScaler and autocast on, ``K`` micro-batches), which verify judges.
+(``stackoverflow_*``: GradScaler and autocast on, ``K`` micro-batches), which verify judges.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ._common import K
 
 
 # The Stack Overflow thread's three loops, once for any k, item_losses and device (lesson 3 sweeps
-# them over k, autocast off), and once as the thread wrote them (seed_004_*: GradScaler and autocast
+# them over k, autocast off), and once as the thread wrote them (stackoverflow_*: GradScaler and autocast
 # on, K micro-batches), which lesson 3 shows and verify judges.
 
 
@@ -70,8 +70,8 @@ def divide_by_window_batches(model, optimizer, loader, item_losses, *, accum_ste
         bi = nbi
 
 
-def seed_004_question(model, optimizer, loader):
-    """Seed 004, the PyTorch-docs loop the question quotes: GradScaler, steps only on (i + 1) % K."""
+def stackoverflow_question(model, optimizer, loader):
+    """The PyTorch-docs loop the question quotes: GradScaler, steps only on (i + 1) % K."""
     device = next(model.parameters()).device.type
     scaler = torch.amp.GradScaler(device)
     for i, (x, y) in enumerate(loader):
@@ -85,8 +85,8 @@ def seed_004_question(model, optimizer, loader):
             optimizer.zero_grad()
 
 
-def seed_004_question_last_batch(model, optimizer, loader):
-    """Seed 004, the asker's fix: also step when (i + 1) == len(data), still dividing by K."""
+def stackoverflow_question_last_batch(model, optimizer, loader):
+    """The asker's fix: also step when (i + 1) == len(data), still dividing by K."""
     device = next(model.parameters()).device.type
     scaler = torch.amp.GradScaler(device)
     for i, (x, y) in enumerate(loader):
@@ -100,8 +100,8 @@ def seed_004_question_last_batch(model, optimizer, loader):
             optimizer.zero_grad()
 
 
-def seed_004_answer(model, optimizer, loader):
-    """Seed 004, the accepted answer: inner loop over [bi, nbi), loss / (nbi - bi) micro-batches."""
+def stackoverflow_answer(model, optimizer, loader):
+    """The accepted answer: inner loop over [bi, nbi), loss / (nbi - bi) micro-batches."""
     device = next(model.parameters()).device.type
     scaler = torch.amp.GradScaler(device)
     bi = 0
