@@ -84,3 +84,109 @@ def test_every_figure_in_the_notebook_has_alt_text_with_numbers(name):
         alts = ALT.findall(html)
         assert alts, f"{name}: a figure without alt text"
         assert all(re.search(r"\d", alt) and len(alt) > 40 for alt in alts), alts
+
+
+# --- the lessons' text: references not seeds, no test-runner talk, numbered headings, folded checks ---------
+
+from accumlib.lessons import course  # noqa: E402
+
+MAP_AND_OWNED = ["00_start_here.ipynb", *OWNED]
+SEED_TALK = re.compile(r"(?i)seed[ -](documents?|posts?|blog|00\d)|\bseeds'|\bthe seed's\b|in the seeds\b")
+EXTERNAL = re.compile(r"\]\((https?://[^)\s]+)\)")
+
+
+def _cells(name):
+    return json.loads((NOTEBOOKS / name).read_text())["cells"]
+
+
+def _src(cell):
+    return "".join(cell["source"])
+
+
+@pytest.mark.parametrize("name", MAP_AND_OWNED)
+def test_learner_text_cites_sources_not_seeds_and_never_mentions_the_test_runner(name):
+    for cell in _cells(name):
+        text = _src(cell)
+        shown = text if cell["cell_type"] == "markdown" else "".join(
+            o.get("text", "") if isinstance(o.get("text", ""), str) else "".join(o["text"]) for o in cell.get("outputs", []))
+        assert not SEED_TALK.search(shown), (name, SEED_TALK.search(shown).group(0), shown[:120])
+        if cell["cell_type"] == "markdown":
+            assert "nbval" not in text and "assertion" not in text, (name, text[:120])
+        if cell["cell_type"] == "code":
+            assert not re.search(r"seed-00\d", text), (name, text[:120])
+
+
+def test_the_seed_check_can_fail():
+    assert SEED_TALK.search("the seed post says") and SEED_TALK.search("GALLERY['seed-004-answer']")
+    assert not SEED_TALK.search("seed = 0; torch.manual_seed(seed)")
+
+
+@pytest.mark.parametrize("name", MAP_AND_OWNED)
+def test_every_external_link_is_a_cited_reference(name):
+    urls = {ref.url for ref in course.REFERENCES.values()}
+    links = [u for c in _cells(name) if c["cell_type"] == "markdown" for u in EXTERNAL.findall(_src(c))]
+    assert set(links) <= urls, set(links) - urls
+
+
+def test_the_map_lists_every_reference_and_the_lessons_cite_the_issue_sources():
+    text = "\n".join(_src(c) for c in _cells("00_start_here.ipynb"))
+    assert all(ref.link() in text for ref in course.REFERENCES.values())
+    cited = "\n".join(_src(c) for name in OWNED for c in _cells(name) if c["cell_type"] == "markdown")
+    for key in ("stackoverflow", "mindspore", "huggingface", "unsloth", "pytorch-amp", "gan-article"):
+        assert course.cite(key) in cited, key
+    with pytest.raises(ValueError, match=r"key must be one of .* \(got 'seed-000'\)"):
+        course.cite("seed-000")
+
+
+@pytest.mark.parametrize("name", MAP_AND_OWNED)
+def test_second_level_headings_are_numbered_in_order(name):
+    headings = [line for c in _cells(name) if c["cell_type"] == "markdown"
+                for line in _src(c).splitlines() if line.startswith("## ")]
+    assert headings, name
+    numbers = [int(m.group(1)) if (m := re.match(r"## (\d+)\. \S", h)) else None for h in headings]
+    assert numbers == list(range(1, len(headings) + 1)), headings
+
+
+@pytest.mark.parametrize("name", OWNED)
+def test_cells_that_only_check_claims_are_folded_and_tagged(name):
+    for cell in _cells(name):
+        if cell["cell_type"] != "code":
+            continue
+        lines = [line for line in _src(cell).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        checks = [line for line in lines if line.lstrip().startswith(("assert ", "for ", "print(", "from ", "import "))
+                  or line.startswith((" ", "\t"))]
+        only_checks = any(line.startswith("assert ") for line in lines) and len(checks) == len(lines) \
+            and not any(re.match(r"\w+ = ", line) and "assert" not in line for line in lines)
+        if only_checks:
+            assert "assertions" in cell["metadata"].get("tags", []), _src(cell)[:80]
+            assert cell["metadata"].get("jupyter", {}).get("source_hidden") is True, _src(cell)[:80]
+
+
+def test_lesson_1_defines_the_glossary_before_any_use():
+    first = _src(_cells("01_why_accumulate.ipynb")[0])
+    glossary = first[first.index("**Words this course uses**"):first.index("**What you will learn**")]
+    for word in ("micro-batch", "item", "window", "oracle"):
+        assert f"- **{word}**:" in glossary, word
+    before = first[:first.index("**Words this course uses**")]
+    assert not re.search(r"(?i)micro-batch|window|oracle", before)
+
+
+def test_naive_at_lr_over_k_is_the_divided_loop_at_lr_even_with_a_short_last_window():
+    """Lesson 1, question 2: under SGD, the naive loop at lr / k and the loss / k loop at lr take identical
+    steps on every window, the short last one included (both divide by k there); neither is the exact loop."""
+    import torch
+
+    import accumlib
+
+    task = accumlib.get_task("mlp-digits")
+    data = accumlib.data.digits(110)  # 14 micro-batches of 8 (the last of 6): windows of 4, 4, 4 and 2
+
+    def train(loop, lr):
+        model = task.make_model(0)
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        loop(model, torch.optim.SGD(model.parameters(), lr=lr), loader, task.item_losses, accum_steps=4)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    naive, divided, exact = train(accumlib.naive, 0.1 / 4), train(accumlib.normalized, 0.1), train(accumlib.ragged, 0.1)
+    assert torch.equal(naive, divided)  # the same floats: (lr / k) * sum == lr * sum / k, exactly for k a power of 2
+    assert (divided - exact).abs().max() > 1e-3  # both are wrong on the short window

@@ -4,7 +4,7 @@
   stays distinct under the common colour-vision deficiencies; each role also has its own
   marker and line style, so no contrast rests on colour alone (and grey-scale prints work).
 - Text is 14 pt or larger at the size the figure is shown: a figure is at most ``MAX_WIDTH_IN``
-  inches wide at ``figure.dpi`` (a wider request is scaled down whole), so JupyterLab shows it at
+  inches wide at ``figure.dpi`` (a wider request keeps its height), so JupyterLab shows it at
   its own size on a 1024-pixel projector, and long titles are wrapped to the figure's width.
 - Every figure carries alt text built from its numbers (``describe``): titles, axis labels, each
   curve's or bar's values. ``show``, ``output`` and the figure's own display in a notebook cell
@@ -78,8 +78,8 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None, height
            title: str | None = None, **subplot_kw: Any) -> tuple[Figure, Any]:
     """A styled Figure (constrained layout, no pyplot) and its axes, like ``plt.subplots``."""
     width = width or 5.5 * ncols
-    if width > MAX_WIDTH_IN:  # scale the whole figure down: the fonts stay at their size in pixels
-        width, height = MAX_WIDTH_IN, height * MAX_WIDTH_IN / width
+    if width > MAX_WIDTH_IN:  # narrower panels, same height: the text keeps its size and room
+        width = MAX_WIDTH_IN
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(width, height), layout="constrained")
         axes = fig.subplots(nrows, ncols, squeeze=True, subplot_kw=subplot_kw or None)
@@ -113,10 +113,15 @@ def readable(fig: Figure) -> Figure:
     for text in fig.findobj(Text):
         if text.get_fontsize() < MIN_FONT_PT:
             text.set_fontsize(MIN_FONT_PT)
-    titles = [(fig._suptitle, fig.get_figwidth())] if fig._suptitle is not None else []
-    titles += [(ax.title, ax.get_position().width * fig.get_figwidth()) for ax in fig.axes]
+    titles = [(fig._suptitle, 0.95 * fig.get_figwidth())] if fig._suptitle is not None else []
+    for ax in fig.axes:
+        spec = ax.get_subplotspec()
+        if spec is not None:  # the panel's share of the width, less room for its tick labels
+            grid = spec.get_gridspec()
+            columns = spec.colspan.stop - spec.colspan.start
+            titles.append((ax.title, 0.85 * fig.get_figwidth() * columns / grid.ncols))
     for text, inches in titles:
-        chars = max(20, int(inches * 72 / (0.55 * text.get_fontsize())))  # ~0.55 em per character
+        chars = max(20, int(inches * 72 / (0.5 * text.get_fontsize())))  # ~0.5 em per character
         lines = text.get_text().splitlines()
         if any(len(line) > chars for line in lines):
             text.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
@@ -159,7 +164,7 @@ def describe(fig: Figure, *, limit: int = 1500) -> str:
     for i, ax in enumerate(panels, 1):
         title = " ".join(ax.get_title().split())
         head = f"Panel {i}" + (f" ({title})" if title else "")
-        axes = [f"{name} {label}" + (f" ({scale} scale)" if scale != "linear" else "")
+        axes = [f"{name} {label}" + (f" ({scale} scale)" if scale != "linear" and scale not in label.lower() else "")
                 for name, label, scale in (("x", ax.get_xlabel(), ax.get_xscale()), ("y", ax.get_ylabel(), ax.get_yscale()))
                 if label.strip()]
         head += (": " + ", ".join(axes)) if axes else ""
