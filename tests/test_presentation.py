@@ -190,3 +190,48 @@ def test_naive_at_lr_over_k_is_the_divided_loop_at_lr_even_with_a_short_last_win
     naive, divided, exact = train(accumlib.naive, 0.1 / 4), train(accumlib.normalized, 0.1), train(accumlib.ragged, 0.1)
     assert torch.equal(naive, divided)  # the same floats: (lr / k) * sum == lr * sum / k, exactly for k a power of 2
     assert (divided - exact).abs().max() > 1e-3  # both are wrong on the short window
+
+
+# --- the instructor's guide ------------------------------------------------------------------------------
+
+GUIDE = NOTEBOOKS / "INSTRUCTORS.md"
+
+
+def _questions(name):
+    cell = next(_src(c) for c in _cells(name) if re.match(r"## (\d+\. )?Questions to think about", _src(c).lstrip()))
+    return [line for line in cell.splitlines() if re.match(r"\d+\.\s", line)]
+
+
+def _guide_section(number):
+    text = GUIDE.read_text()
+    start = text.index(f"### Lesson {number} · ")
+    end = text.find("\n### ", start + 1)
+    return text[start:end if end > 0 else None].split("\n## ")[0]
+
+
+@pytest.mark.parametrize("lesson", course.COURSE, ids=lambda lesson: lesson.file)
+def test_the_guide_answers_every_question_and_states_the_planned_time(lesson):
+    section = _guide_section(lesson.number)
+    assert section.startswith(f"### Lesson {lesson.number} · {lesson.title}")
+    answers = section[section.index("**Answers.**"):]
+    numbered = [line for line in answers.splitlines() if re.match(r"\d+\.\s", line)]
+    assert len(numbered) == len(_questions(lesson.file)), (lesson.file, numbered)
+    row = next(line for line in GUIDE.read_text().splitlines() if line.startswith(f"| {lesson.number} | "))
+    assert f"| {lesson.minutes} min |" in row and lesson.file in row
+
+
+def test_the_guide_states_each_routes_slack_and_every_reference():
+    text = GUIDE.read_text()
+    for name in course.ROUTES:
+        line = next(line for line in text.splitlines() if line.startswith(f"- **{name}**"))
+        assert f"**{course.slack(name)} min of slack**" in line and f"in {course.ROUTE_MINUTES[name]} min" in line
+    assert all(ref.link() in text for ref in course.REFERENCES.values())
+
+
+def test_the_guides_arithmetic_for_lesson_3_question_1():
+    """10 000 samples, micro-batch 32, k = 8: 313 micro-batches, the last window one micro-batch of 16."""
+    n, b, k = 10_000, 32, 8
+    sizes = [min(b, n - i) for i in range(0, n, b)]
+    windows = [sizes[i:i + k] for i in range(0, len(sizes), k)]
+    assert (len(sizes), len(windows), windows[-1]) == (313, 40, [16])
+    assert "313 = 39 × 8 + 1" in _guide_section(3) and "one\n   micro-batch of 16" in _guide_section(3)
