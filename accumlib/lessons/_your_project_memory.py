@@ -105,13 +105,12 @@ def checkpointing(batch_size: int = 256, accum_steps: int = 4, *, depth: int = 4
     >>> checkpointing(batch_size=10, accum_steps=4)
     Traceback (most recent call last):
     ...
-    ValueError: accum_steps must be an integer between 1 and 10; batch_size must split into accum_steps equal micro-batches (got 4)
+    ValueError: accum_steps must divide batch_size=10 into equal micro-batches (got 4)
     """
     from ._common import digits_subset
 
     batch_size = check_int("batch_size", batch_size, low=1, high=1024)
-    accum_steps = check_int("accum_steps", accum_steps, low=1, high=batch_size,
-                            why="batch_size must split into accum_steps equal micro-batches")
+    accum_steps = check_int("accum_steps", accum_steps, low=1, high=batch_size, why="one item per micro-batch at least")
     if batch_size % accum_steps:
         raise ValueError(f"accum_steps must divide batch_size={batch_size} into equal micro-batches (got {accum_steps})")
     depth = check_int("depth", depth, low=1, high=64)
