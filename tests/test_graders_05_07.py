@@ -145,3 +145,25 @@ def test_lesson_7_is_paste_your_own_loop_not_lesson_3_again():
     text = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     assert "seed doc" not in text and "seed post" not in text and "seed-0" not in text
     assert "https://pytorch.org/docs/stable/notes/amp_examples.html" in text and "https://huggingface.co/blog/gradient_accumulation" in text
+
+
+def test_lesson_7_a_tail_only_misscale_says_only_the_last_step_is_off():
+    """On 110 digits a loop that steps its 2-micro-batch tail divided by 16 samples (not 14) is off at the last step only."""
+    from accumlib.data import digits
+    from accumlib.lessons._exercise import Exercise
+
+    ragged = Exercise(vl.EXERCISE.name, vl.EXERCISE.title, accum_steps=4, batch_size=8, hints=vl.EXERCISE.hints,
+                      make_dataset=lambda: digits(110), call=vl.EXERCISE.call)
+
+    def train_fn(model, optimizer, loader):
+        k = 4
+        sizes = [len(y) for _, y in loader]
+        for i, (x, y) in enumerate(loader):
+            window = sizes[i - i % k:i - i % k + k]
+            (F.cross_entropy(model(x), y, reduction="sum") / (8 * len(window))).backward()
+            if (i + 1) % k == 0 or i + 1 == len(loader):
+                optimizer.step()
+                optimizer.zero_grad()
+
+    grade = _fails(ragged, train_fn, "misscaled", last=True, where="the last step (step 3)")
+    assert "Only the last step" in grade.stages[0] and "every step" not in grade.stages[0]

@@ -361,7 +361,7 @@ def logged_loss_off(logged: float, true: float, k: int) -> bool:
 def _logged(returned: Any, steps: list[StepNumbers], k: int, true_loss: float | None, findings: list[Finding]) -> float | None:
     """A number is the epoch loss the loop reports; a list with one number per step, per-step losses."""
     if isinstance(returned, torch.Tensor) and returned.numel() == 1:
-        returned = float(returned)
+        returned = float(returned.detach())  # a running loss kept as a tensor: its value, without the warning
     if isinstance(returned, numbers.Real) and not isinstance(returned, bool) and true_loss is not None:
         if logged_loss_off(float(returned), true_loss, k):
             findings.append(Finding(

@@ -282,6 +282,11 @@ def _own_loop_hints() -> dict[str, str | tuple[str, ...]]:
             "The loss the loop reports is not the mean loss over the epoch's items (the verdict gives both).",
             "Every micro-batch's undivided mean, weighted by its item count, over all items of the epoch.",
             "running_loss += mean.item() * len(y); n_items += len(y); return running_loss / n_items."),
+        "misscaled@last": (
+            "Only the last step is off, by the factor c the verdict gives: the full windows are right.",
+            "A last window shorter than the others (your data's tail, or a loop that steps at the end) holds fewer "
+            "items than a full one: what does your loop divide its losses by?",
+            "Divide the last window's summed item losses by its own item count, not by a full window's."),
         "untracked-data": (
             "Your loop trained on data of its own, not the loader train_fn receives, so verify could not judge those steps.",
             "verify follows the items it hands your loop.",
