@@ -25,3 +25,16 @@ def test_a_per_rank_mean_verdict_names_its_steps_and_a_grade_that_exists():
     assert grade.stages == distributed.EXERCISE.hints["per-rank-mean"]
     assert "grade = distributed.EXERCISE.check(train_fn), then print(grade.hint)" in str(grade)
     assert "ALL-REDUCE THE COUNT" not in str(grade) + grade._repr_html_()  # verify's fix would be the answer
+
+
+def test_every_hint_of_every_exercise_is_for_a_code_a_grader_can_give():
+    """A hint under a misspelt code would never show; every key is verify's code, a grader's, or 'error'."""
+    from accumlib import CODES
+    from accumlib.lessons import gan, mixed_precision, normalizing, norms, ragged_windows, verify_lesson, why
+    from accumlib.lessons._grading import GRADER_CODES
+
+    for lesson in (why, normalizing, ragged_windows, mixed_precision, norms, gan, verify_lesson, distributed):
+        for key in lesson.EXERCISE.hints:
+            code = key.removesuffix("@last")
+            assert code == "error" or code in CODES or code in GRADER_CODES, f"{lesson.__name__}: {key}"
+    assert not set(GRADER_CODES) & set(CODES)  # a grader's code never shadows one of verify's

@@ -22,6 +22,25 @@ import torch
 from ..tolerances import FLOAT32_RTOL
 
 
+# The codes a grader adds to verify's (``accumlib.CODES``): what an exercise asks beyond an exact accumulation.
+GRADER_CODES: dict[str, str] = {
+    "logged-loss-wrong": "the epoch loss the loop returns is not the mean item loss, beyond float32 rounding",
+    "logged-loss-tensor": "the loop returns its running loss as a tensor (holding the autograd graph), not a number",
+    "no-logged-loss": "the loop returns no epoch loss where the exercise asks for one",
+    "frozen-parameter": "the loop froze parameters (requires_grad=False) the large batch trains",
+    "clip-after-step": "clip_grad_norm_ ran after the step, on a gradient no step used",
+    "no-clip": "a step of an exercise that clips every step ran without a clip",
+    "leak-into-D": "D stepped on its own window gradient plus G's loss's gradient with respect to D (lesson 6)",
+    "g-never-stepped": "G's optimizer never stepped (lesson 6)",
+    "g-no-gradient": "G stepped without a gradient (lesson 6)",
+    "g-unscaled-sum": "G's step is about k x G's window gradient (lesson 6)",
+    "g-misscaled": "G's step is G's window gradient times one factor c != 1 (lesson 6)",
+    "g-no-zero-grad": "G's step held the previous window's G gradient (lesson 6)",
+    "g-early-step": "G stepped more often than once per window (lesson 6)",
+    "g-unexplained": "G's step differs from G's window gradient in a way no known bug explains (lesson 6)",
+}
+
+
 @dataclass(frozen=True)
 class Check:
     """A finding of the grader's own, in the shape of verify's (code, message, steps, severity)."""
@@ -153,4 +172,4 @@ def clip_checks(watch: Watch, n_steps: int | None) -> list[Check]:
     return []
 
 
-__all__ = ["Check", "Watch", "clip_checks", "frozen_check", "logged_loss_checks", "where"]
+__all__ = ["GRADER_CODES", "Check", "Watch", "clip_checks", "frozen_check", "logged_loss_checks", "where"]
