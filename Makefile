@@ -84,5 +84,13 @@ APP_IP ?= 127.0.0.1
 app: $(STAMP)
 	$(VENV)/bin/voila notebooks/07_verify_your_loop.ipynb --Voila.ip=$(APP_IP) --port=$(PORT) $(if $(DISPLAY),,--no-browser)
 
+# Binder, reproduced without Docker (tools/binder_check.py): repo2docker's base environment for
+# binder/runtime.txt's Python (its lock file) in a fresh venv, then binder/requirements.txt and binder/postBuild
+# as repo2docker runs them, `pip check` clean, JupyterLab from that venv with the course map opened and run in
+# headless Chromium. It downloads from PyPI, so it is not part of `make test` (CI has no internet).
+.PHONY: binder-check
+binder-check: $(STAMP)
+	$(PY) tools/binder_check.py
+
 clean:
 	rm -rf $(VENV) reports .pytest_cache .hypothesis
