@@ -220,39 +220,6 @@ def test_the_widget_refuses_a_class_it_does_not_offer():
         real_bugs.widget(report="gpt2")
 
 
-# --- the survey tables ship in the package ----------------------------------------------------------
-
-
-def test_the_packaged_tables_are_the_committed_ones():
-    packaged = Path(survey.__file__).parent / "tables"
-    committed = {p.name: p.read_bytes() for p in (REPO / "surveys").glob("transformers-*.json")}
-    shipped = {p.name: p.read_bytes() for p in packaged.glob("transformers-*.json")}
-    assert shipped == committed, "copy surveys/transformers-*.json to accumlib/survey/tables/ after `make survey`"
-    for task in survey.TASKS:
-        for v in survey.versions(task):
-            assert survey.load(task, version=v).task == task
-
-
-def test_load_reads_the_installed_version_and_names_the_versions_it_has():
-    if transformers.__version__ in survey.versions():
-        assert survey.load().versions["transformers"] == transformers.__version__
-    with pytest.raises(survey.NoTable, match=r"no sequence-classification survey ships for transformers 4\.0\.0; "
-                                             r"accumlib holds one for transformers 5\.23\.0"):
-        survey.load("sequence-classification", version="4.0.0")
-    with pytest.raises(ValueError, match=r"task must be one of causal-lm, sequence-classification \(got 'vision'\)"):
-        survey.load("vision")
-    with pytest.raises(ValueError, match=r"version must be a transformers version string .* \(got 5\.23\)"):
-        survey.load(version=5.23)
-
-
-def test_load_refuses_an_installed_version_without_a_table(monkeypatch):
-    import importlib
-
-    monkeypatch.setattr(importlib.import_module("accumlib.survey.run"), "_version", lambda dist: "9.9.9")
-    with pytest.raises(survey.NoTable, match=r"transformers 9\.9\.9.*accumlib holds one for transformers 5\.23\.0"):
-        survey.load()
-
-
 # --- the notebook ------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """accumlib survey transformers: the committed tables (surveys/) and a subset re-run in CI.
 
-The subset runs the command itself (`accumlib survey transformers --models ... --out ... --json`)
+The committed JSON also ships inside the package (accumlib/survey/tables/), where ``survey.load`` reads
+it by transformers version. The subset runs the command itself (`accumlib survey transformers --models ... --out ... --json`)
 on four causal-LM classes, one per outcome the full survey found (GPT-2: labels counted before
 the shift; Llama and Qwen2: exact; BART's causal LM: a mean loss the Trainer never divides), and
 on one sequence classifier, and checks each row against the committed JSON.
@@ -132,3 +133,36 @@ def test_a_class_name_resolves_to_its_own_model_type(task, named, expected):
     """Several model types share a class: GPT2LMHeadModel served gpt-sw3 and LlamaForCausalLM internlm3
     (the first type listed for the class), so `--models GPT2LMHeadModel` surveyed another model's config."""
     assert survey.resolve(named, task) == expected
+
+
+# --- the survey tables ship in the package ----------------------------------------------------------
+
+
+def test_the_packaged_tables_are_the_committed_ones():
+    packaged = Path(survey.__file__).parent / "tables"
+    committed = {p.name: p.read_bytes() for p in SURVEYS.glob("transformers-*.json")}
+    shipped = {p.name: p.read_bytes() for p in packaged.glob("transformers-*.json")}
+    assert shipped == committed, "copy surveys/transformers-*.json to accumlib/survey/tables/ after `make survey`"
+    for task in survey.TASKS:
+        for v in survey.versions(task):
+            assert survey.load(task, version=v).task == task
+
+
+def test_load_reads_the_installed_version_and_names_the_versions_it_has():
+    if VERSION in survey.versions():
+        assert survey.load().versions["transformers"] == VERSION
+    with pytest.raises(survey.NoTable, match=r"no sequence-classification survey ships for transformers 4\.0\.0; "
+                                             r"accumlib holds one for transformers 5\.23\.0"):
+        survey.load("sequence-classification", version="4.0.0")
+    with pytest.raises(ValueError, match=r"task must be one of causal-lm, sequence-classification \(got 'vision'\)"):
+        survey.load("vision")
+    with pytest.raises(ValueError, match=r"version must be a transformers version string .* \(got 5\.23\)"):
+        survey.load(version=5.23)
+
+
+def test_load_refuses_an_installed_version_without_a_table(monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("accumlib.survey.run"), "_version", lambda dist: "9.9.9")
+    with pytest.raises(survey.NoTable, match=r"transformers 9\.9\.9.*accumlib holds one for transformers 5\.23\.0"):
+        survey.load()
