@@ -3,6 +3,7 @@ lesson 3's figure without overlapping labels; every owned notebook's figures car
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -84,6 +85,9 @@ def test_every_figure_in_the_notebook_has_alt_text_with_numbers(name):
         alts = ALT.findall(html)
         assert alts, f"{name}: a figure without alt text"
         assert all(re.search(r"\d", alt) and len(alt) > 40 for alt in alts), alts
+        for src in re.findall(r'src="data:image/png;base64,([^"]+)"', html):  # shown unscaled on a 1024-px projector
+            width = int.from_bytes(base64.b64decode(src)[16:20], "big")  # the PNG header's IHDR width
+            assert width <= 1024, (name, width)
 
 
 # --- the lessons' text: references not seeds, no test-runner talk, numbered headings, folded checks ---------

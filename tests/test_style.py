@@ -147,3 +147,19 @@ def test_checks_name_the_argument_the_rule_and_the_value(call, message):
 def test_tables_refuse_rows_of_the_wrong_width():
     with pytest.raises(ValueError, match=r"rows must have 2 cells like the header \(got 3"):
         Table(("a", "b"), [(1, 2, 3)])
+
+
+def test_a_figure_legend_wider_than_the_figure_gets_fewer_columns_and_a_long_label_wraps():
+    @_style.styled
+    def plot():
+        fig, ax = _style.figure(width=6)
+        for i in range(4):
+            ax.plot([0, 1], [i, i], label=f"a rather long curve name {i}")
+        ax.set_xlabel("a very long x-axis label that cannot fit under a six-inch panel at fourteen points")
+        fig.legend(loc="outside lower center", ncols=4)
+        return fig
+
+    fig = plot()
+    image = _style.png(fig)
+    assert fig.legends[0]._ncols < 4 and "\n" in fig.axes[0].get_xlabel()
+    assert int.from_bytes(image[16:20], "big") <= 6 * fig.dpi + 20  # nothing pushed past the figure's width

@@ -120,6 +120,12 @@ def readable(fig: Figure) -> Figure:
             grid = spec.get_gridspec()
             columns = spec.colspan.stop - spec.colspan.start
             titles.append((ax.title, 0.85 * fig.get_figwidth() * columns / grid.ncols))
+    for ax in fig.axes:  # axis labels wrap to their panel too
+        spec = ax.get_subplotspec()
+        if spec is not None and ax.xaxis.label.get_text():
+            grid = spec.get_gridspec()
+            share = (spec.colspan.stop - spec.colspan.start) / grid.ncols
+            titles.append((ax.xaxis.label, 0.85 * fig.get_figwidth() * share))
     for text, inches in titles:
         chars = max(20, int(inches * 72 / (0.5 * text.get_fontsize())))  # ~0.5 em per character
         lines = text.get_text().splitlines()
@@ -221,10 +227,34 @@ def png(fig: Figure) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     with _RENDER_LOCK, matplotlib.rc_context(RC):  # tick labels made while drawing get the style's sizes
-        FigureCanvasAgg(fig)  # attaches a canvas to a pyplot-free Figure
+        canvas = FigureCanvasAgg(fig)  # attaches a canvas to a pyplot-free Figure
+        _fit_legends(fig, canvas)
         buf = io.BytesIO()
-        fig.savefig(buf, format="png")
+        fig.savefig(buf, format="png", bbox_inches="tight", pad_inches=0.05)  # nothing clipped at the edges
         return buf.getvalue()
+
+
+def _fit_legends(fig: Figure, canvas: Any) -> None:
+    """Fewer legend columns while a legend is wider than the figure (14 pt text in a 10-inch figure),
+    and an x-axis label wider than its panel, as drawn, wrapped to it."""
+    import textwrap
+
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes:
+        label = ax.xaxis.label
+        width, room = label.get_window_extent(renderer).width, ax.get_window_extent(renderer).width
+        if label.get_text() and "\n" not in label.get_text() and width > room > 0:
+            label.set_text(textwrap.fill(label.get_text(), max(20, int(len(label.get_text()) * room / width))))
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    for legend in legends:
+        while legend._ncols > 1:
+            canvas.draw()
+            if legend.get_window_extent(canvas.get_renderer()).width <= fig.bbox.width:
+                break
+            legend.set_ncols(legend._ncols - 1)  # set_ncols alone keeps the old box: rebuild it
+            legend._init_legend_box(legend.legend_handles, [t.get_text() for t in legend.texts],
+                                    markerfirst=legend._markerfirst if hasattr(legend, "_markerfirst") else True)
 
 
 def show(fig: Figure, alt: str | None = None) -> None:
