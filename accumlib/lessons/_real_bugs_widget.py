@@ -181,6 +181,7 @@ EXERCISE = Exercise(
     "09-count-after-the-shift",
     "Configure the Trainer (GPT-2, a custom compute_loss_func) so that every step is the true gradient",
     run=_grade_trainer,
+    call="real_bugs.EXERCISE",  # as the notebook names it (this module is private)
     hints={
         "misscaled": (
             "c = N/(N+S) at every step: the Trainer divides the summed loss of the window's N predicted tokens by "
