@@ -84,6 +84,11 @@ def test_starting_cell_fails_with_a_hint_and_the_solution_passes(notebook, index
     assert grade.hint and grade.hint != GENERIC_HINT, f"{notebook} cell {index}: no hint matched {grade.codes} {grade.error}"
     assert "fix:" not in str(grade) and "fix:" not in grade._repr_html_()  # verify's fix would be the answer
     assert "<details>" in grade._repr_html_()  # the hint is folded
+    if "print(grade.hint)" in str(grade):  # the plain-text verdict names only what exists: it says how to get grade
+        assert (f"grade = {exercise.call}.check(train_fn)" in str(grade) and f"{exercise.call}.check(train_fn)" in source
+                if exercise.call else "put 'grade = ' in front of the check" in str(grade))
+    if notebook[:2] in {f"0{n}" for n in range(1, 9)}:  # lessons 1-8: a nudge, a stronger hint, the solution
+        assert len(grade.stages) == 3, f"{notebook} cell {index}: {len(grade.stages)} hint stage(s) for {grade.codes}"
 
     solution = SOLUTIONS / f"{exercise.name}.py"
     assert solution.exists(), f"missing solution {solution.relative_to(REPO)}"

@@ -21,6 +21,7 @@ may come in stages (a nudge, a stronger hint, the solution), each folded under t
 from __future__ import annotations
 
 import html
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -58,8 +59,10 @@ class Grade:
             return f"{self.exercise}: passes. Every optimizer step matched the true large-batch gradient." + "".join(
                 f"\nAt a cost: {c}" for c in self.costs)
         found = "\n".join(f"  - [{c}]{_at(w)} {m}" for c, m, w in zip(self.codes, self.messages, self._where()))
+        get = (f"grade = {self.call}.check(train_fn)" if self.call else
+               "put 'grade = ' in front of the check on the cell's last line, run it")
         return (f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nIn JupyterLab the hints are folded below "
-                f"the verdict. Here: grade = {self.call or 'EXERCISE'}.check(train_fn), then print(grade.hint).")
+                f"the verdict. Here: {get}, then print(grade.hint).")
 
     def _where(self) -> tuple[str, ...]:
         return self.where or ("",) * len(self.codes)
@@ -110,6 +113,11 @@ class Exercise:
     clip_each_step: bool = False  # every step must be clipped, before the step
 
     def __post_init__(self) -> None:
+        if not self.call:  # the lesson module's EXERCISE, as a notebook imports it: from accumlib.lessons import <module>
+            module = sys._getframe(2).f_globals.get("__name__", "")  # the module whose EXERCISE = Exercise(...) this is
+            name = module.rpartition(".")[2]
+            public = module.startswith("accumlib.lessons.") and not name.startswith("_")  # a private module is not imported
+            object.__setattr__(self, "call", f"{name}.EXERCISE" if public else "")
         check_int("accum_steps", self.accum_steps, low=1)
         if self.batch_size is not None:
             check_int("batch_size", self.batch_size, low=1)
