@@ -71,7 +71,8 @@ def test_the_figure_and_its_alt_text_carry_the_numbers(curves):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(settings=[(8, 0)]), r"accum_steps must be an integer between 1 and 8"),
+    (dict(settings=[(8, 0)]), r"accum_steps must be an integer between 1 and 64 \(got 0\)"),
+    (dict(settings=[(8, 65)]), r"accum_steps must be an integer between 1 and 64 \(got 65\)"),
     (dict(settings=[(0, 4)]), r"batch_size must be an integer between 1 and 64 \(got 0\)"),
     (dict(settings=[(8, 4, 1)]), r"settings must hold \(batch_size, accum_steps\) pairs"),
     (dict(settings=[]), r"settings must hold at least one"),
@@ -93,6 +94,11 @@ def test_the_widget_redraws_for_a_new_choice(curves):
     ex.controls["batch_size"].value = 16
     ex.controls["accum_steps"].value = 2
     assert (ex.result.curves[0].batch_size, ex.result.curves[0].accum_steps) == (16, 2)
+    assert ex.result.gap(ex.result.curves[0]) > 0.1  # 16 x 2 with the naive sum
+    ex.controls["loop"].value = "ragged"
+    assert ex.result.gap(ex.result.curves[0]) <= FLOAT32_RTOL  # 16 x 2 = 32: the large batch again
+    ex.controls["accum_steps"].value = 3
+    assert ex.result.gap(ex.result.curves[0]) > 10 * FLOAT32_RTOL  # a window of 48: another large batch
     with pytest.raises(ValueError, match="loop must be one of"):
         yp.widget(loop="sum")
 

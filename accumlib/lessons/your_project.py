@@ -105,8 +105,8 @@ class CurveResult:
 
 def _check_setting(batch_size: Any, accum_steps: Any) -> tuple[int, int]:
     batch_size = check_int("batch_size", batch_size, low=1, high=N_SEQUENCES)
-    accum_steps = check_int("accum_steps", accum_steps, low=1, high=N_SEQUENCES // batch_size,
-                            why=f"a window of batch_size x accum_steps must fit in the {N_SEQUENCES} sequences")
+    # a window larger than the data is the whole epoch in one step: another large batch, drawn as such
+    accum_steps = check_int("accum_steps", accum_steps, low=1, high=N_SEQUENCES)
     return batch_size, accum_steps
 
 
@@ -141,7 +141,7 @@ def compute(settings: Any = SETTINGS, loops: Any = tuple(LOOPS), *, epochs: int 
     >>> compute(settings=[(8, 0)])
     Traceback (most recent call last):
     ...
-    ValueError: accum_steps must be an integer between 1 and 8; a window of batch_size x accum_steps must fit in the 64 sequences (got 0)
+    ValueError: accum_steps must be an integer between 1 and 64 (got 0)
     """
     if isinstance(settings, (str, bytes)) or not hasattr(settings, "__iter__"):
         raise ValueError(f"settings must be a sequence of (batch_size, accum_steps) pairs (got {settings!r})")
@@ -171,7 +171,11 @@ def _shown(result: CurveResult) -> list[Curve]:
 @_style.styled
 def plot(result: CurveResult) -> Figure:
     """Left: the loss of every optimizer step per run. Right: each run's gap to 32 x 1, on a log scale."""
-    fig, (ax, bx) = _style.figure(2, width=13.0, height=6.5, title="Windows of 32 sequences cut into micro-batches")
+    windows = sorted({min(c.batch_size * c.accum_steps, N_SEQUENCES) for c in _shown(result)})
+    title = (f"Windows of {WINDOW} sequences cut into micro-batches" if windows in ([WINDOW], []) else
+             f"Windows of {', '.join(map(str, windows))} sequences against {WINDOW} x 1: another large batch, "
+             "another curve")
+    fig, (ax, bx) = _style.figure(2, width=13.0, height=6.5, title=title)
     steps = range(1, len(result.reference.losses) + 1)
     ax.plot(steps, result.reference.losses, label="32 x 1 (the large batch)", **_style.ROLE["oracle"], lw=2.5)
     styles = {"ragged": ("-", "o"), "normalized": ("--", "D"), "naive": ("-.", "s")}
@@ -229,7 +233,7 @@ def widget(batch_size: int = 8, accum_steps: int = 4, loop: str = "ragged", *, d
     check_choice("loop", loop, tuple(LOOPS))
 
     def run(batch_size: int, accum_steps: int, loop: str) -> CurveResult:
-        return compute([(batch_size, min(accum_steps, N_SEQUENCES // batch_size))], (loop,), device=device)
+        return compute([(batch_size, accum_steps)], (loop,), device=device)
 
     start = None
     if initial is not None:
