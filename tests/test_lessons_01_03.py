@@ -339,7 +339,7 @@ def test_over_division_is_named_misscaled_with_its_factor(divisor, factor, cause
     assert all(row.rel_error == pytest.approx(1 - factor, rel=RATIO_TOL) for row in report.steps)
     assert CAUSES[cause][0] in report.findings[0].message
     grade = why.EXERCISE.check(train_fn)
-    assert not grade.ok and grade.hint == why.EXERCISE.hints["misscaled"]
+    assert not grade.ok and grade.stages == why.EXERCISE.hints["misscaled"]
 
 
 def test_a_window_that_never_reaches_the_step_is_still_not_misscaled():

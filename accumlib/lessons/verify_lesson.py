@@ -161,7 +161,7 @@ def run_gallery_loop(name: str) -> Verified:
     return Verified(f"{name}: {loop.source_note}", inspect.getsource(loop.fn), loop.run())
 
 
-def gallery_explorer(initial: Verified | None = None, value: str = "seed-002-last-batch") -> Any:
+def gallery_explorer(initial: Verified | None = None, value: str = "last-batch-step") -> Any:
     """A dropdown of every gallery loop; shows its source and re-runs ``accumlib.verify`` on it."""
     import ipywidgets as w
 
