@@ -163,6 +163,7 @@ def test_each_framework_setting_gets_the_verdict_the_lesson_states():
     for key in ("trainer-loss-type", "trainer-average-tokens", "trainer-loss-func-sum", "accelerate-counted", "lightning-full"):
         assert r[key].ok, key
     assert "unscaled-sum" in r["trainer-loss-func-mean"].codes
+    assert all(abs(c - m) < OFF_BY_K_TOL * m for c, m in zip(r["trainer-loss-func-mean"].scales, r["trainer-loss-func-mean"].micro_batches))
     assert set(r["accelerate"].codes) == set(r["lightning-tail"].codes) == {"mean-of-means", "tail-misscaled"}
     assert "misscaled" in r["trl-sft"].codes and r["peft-prompt"].codes == ("misscaled",)
     assert all(c > 1 for c in r["peft-prompt"].scales)

@@ -159,6 +159,7 @@ class Judged:
     ok: bool
     codes: tuple[str, ...]
     scales: tuple[float, ...]
+    micro_batches: tuple[int, ...]  # per step: how many micro-batches its window held
     seconds: float
 
 
@@ -197,7 +198,7 @@ def frameworks(keys: Any = tuple(RUNS)) -> FrameworkResult:
         start = time.perf_counter()
         report = RUNS[key].run()
         out.append(Judged(key, bool(report.ok), tuple(sorted(report.codes)), tuple(s.scale for s in report.steps),
-                          time.perf_counter() - start))
+                          tuple(s.micro_batches for s in report.steps), time.perf_counter() - start))
     return FrameworkResult(tuple(out))
 
 
