@@ -42,7 +42,8 @@ def pins() -> dict[str, str]:
     return {
         name: version
         for name, version in (
-            line.split("#", 1)[0].strip().split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
+            line.split("#", 1)[0].strip().split("==")
+            for line in (REPO / "constraints.txt").read_text().splitlines()
             if "==" in line.split("#", 1)[0]
         )
     }
@@ -53,7 +54,9 @@ def pinned_floors() -> dict[str, Version]:
     out = {}
     for name, version in pins().items():
         dist = md.distribution(name)
-        assert dist.version.split("+")[0] == version, f"{name}: constraints.txt pins {version}, .venv has {dist.version}"
+        assert dist.version.split("+")[0] == version, (
+            f"{name}: constraints.txt pins {version}, .venv has {dist.version}"
+        )
         out[name] = floor(SpecifierSet(dist.metadata.get("Requires-Python") or ""))
     return out
 
@@ -92,21 +95,31 @@ def test_a_patch_floor_above_x_y_0_is_stated_in_the_readme():
     needed = max(pinned_floors().values())
     readme = (REPO / "README.md").read_text()
     if needed.micro:
-        assert f"{needed} or later" in readme, f"the pinned set needs Python {needed}; the README does not say so"
+        assert f"{needed} or later" in readme, (
+            f"the pinned set needs Python {needed}; the README does not say so"
+        )
 
 
 def test_readme_states_the_minimum():
     readme = (REPO / "README.md").read_text()
     stated = re.findall(r"Python\s*(?:≥|>=)\s*(\d+\.\d+)", readme)
     assert stated, "the README states no minimum Python (Python ≥ X.Y)"
-    assert set(stated) == {STATED}, f"README says Python ≥ {stated}; pyproject's requires-python is {REQUIRES_PYTHON}"
+    assert set(stated) == {STATED}, (
+        f"README says Python ≥ {stated}; pyproject's requires-python is {REQUIRES_PYTHON}"
+    )
 
 
 def test_classifiers_agree_with_requires_python():
     classifiers = PYPROJECT["project"]["classifiers"]
-    versions = [Version(c.rsplit("::", 1)[1]) for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
+    versions = [
+        Version(c.rsplit("::", 1)[1])
+        for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    ]
     assert versions, "no 'Programming Language :: Python :: 3.X' classifier"
-    assert min(versions) == Version(STATED), f"classifiers start at {min(versions)}, requires-python at {STATED}"
+    assert min(versions) == Version(STATED), (
+        f"classifiers start at {min(versions)}, requires-python at {STATED}"
+    )
     assert all(Version(f"{v}.0") in REQUIRES_PYTHON for v in versions)
     assert "Programming Language :: Python :: 3 :: Only" in classifiers
 
@@ -116,7 +129,9 @@ def test_binder_and_conda_pythons_are_admitted():
     assert Version(python) >= Version(STATED) and Version(f"{python}.99") in REQUIRES_PYTHON, (
         f"binder/runtime.txt asks for Python {python}; requires-python is {REQUIRES_PYTHON}"
     )
-    conda = re.search(r"^\s*-\s*python\s*=\s*(\d+\.\d+)\s*(#.*)?$", (REPO / "environment.yml").read_text(), re.M)
+    conda = re.search(
+        r"^\s*-\s*python\s*=\s*(\d+\.\d+)\s*(#.*)?$", (REPO / "environment.yml").read_text(), re.M
+    )
     assert conda, "environment.yml pins no python=X.Y"
     assert Version(f"{conda.group(1)}.99") in REQUIRES_PYTHON and Version(conda.group(1)) >= Version(STATED)
 
@@ -140,7 +155,10 @@ def test_base_environment_is_read():
     base = base_pins()
     # The front end repo2docker ships, and no C library or meta-package taken for a wheel.
     assert {"jupyterlab", "notebook", "jupyter-server", "jupyterhub", "ipykernel"} <= base.keys()
-    assert not {"python", "nodejs", "libgcc", "jupyterhub-singleuser", "bleach-with-css", "openssl"} & base.keys()
+    assert (
+        not {"python", "nodejs", "libgcc", "jupyterhub-singleuser", "bleach-with-css", "openssl"}
+        & base.keys()
+    )
     assert base["jupyterlab"].startswith("4.") and base["notebook"].startswith("7.")
 
 
@@ -171,12 +189,17 @@ def test_a_downgrade_below_the_base_is_caught():
     base = base_pins()
     binder = binder_pins() | {"tornado": "6.0.0"}
     found = binder_check.contradictions(base, binder)
-    assert len(found) == 1 and found[0].startswith(f"tornado: binder/requirements.txt pins 6.0.0, below the base environment's {base['tornado']}")
+    assert len(found) == 1 and found[0].startswith(
+        f"tornado: Binder pins 6.0.0, below the base environment's {base['tornado']}"
+    )
 
 
 def test_postbuild_pins_reads_pip_installs(tmp_path):
     script = tmp_path / "postBuild"
-    script.write_text("#!/bin/bash\n# pip install old==0.1\nset -e\npython -m pip install --no-cache-dir Note_Book==7.6.5 x>=1\necho a==b\n")
+    script.write_text(
+        "#!/bin/bash\n# pip install old==0.1\nset -e\n"
+        "python -m pip install --no-cache-dir Note_Book==7.6.5 x>=1\necho a==b\n"
+    )
     assert binder_check.postbuild_pins(script) == {"note-book": "7.6.5"}
     assert binder_check.postbuild_pins(tmp_path / "missing") == {}
 
@@ -184,5 +207,7 @@ def test_postbuild_pins_reads_pip_installs(tmp_path):
 def test_requirement_pins_follows_files(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "c.txt").write_text("Foo_Bar==1.2  # pinned\nbaz>=2\n")
-    (tmp_path / "sub" / "r.txt").write_text("-c ../c.txt\nqux[extra]==3.0+cpu ; python_version>'3'\n# x==9\n-e .[notebooks]\n")
+    (tmp_path / "sub" / "r.txt").write_text(
+        "-c ../c.txt\nqux[extra]==3.0+cpu ; python_version>'3'\n# x==9\n-e .[notebooks]\n"
+    )
     assert binder_check.requirement_pins(tmp_path / "sub" / "r.txt") == {"foo-bar": "1.2", "qux": "3.0+cpu"}

@@ -18,7 +18,7 @@ root on top of it. Docker and conda are not needed to see what that gives: this 
 It downloads from PyPI, so it is not part of `make test` (CI has no internet). Exit status 0: Binder
 builds and opens the course map; 1: a step failed (the step and its output are printed).
 `--keep DIR` builds the venv in DIR and leaves it there. The offline half (the pins of
-`binder/requirements.txt` against the base environment's) is `tests/test_installs.py`.
+`binder/` against the base environment's) is `tests/test_installs.py`.
 """
 
 from __future__ import annotations
@@ -64,10 +64,12 @@ def binder_python() -> str:
 
 
 def base_lock(python: str) -> Path:
-    """repo2docker's frozen base environment for `python` on linux-64 (the installed jupyter-repo2docker's)."""
+    """repo2docker's frozen base environment for `python` on linux-64 (installed repo2docker's)."""
     import repo2docker
 
-    path = Path(repo2docker.__file__).parent / "buildpacks" / "conda" / f"environment.py-{python}-linux-64.lock"
+    path = (
+        Path(repo2docker.__file__).parent / "buildpacks" / "conda" / f"environment.py-{python}-linux-64.lock"
+    )
     if not path.is_file():
         raise FileNotFoundError(f"repo2docker has no base environment for Python {python}: {path} is missing")
     return path
@@ -117,7 +119,9 @@ def postbuild_pins(path: Path) -> dict[str, str]:
     if path.is_file():
         for line in path.read_text().splitlines():
             if re.search(r"\bpip\s+install\b", line.split("#", 1)[0]):
-                for name, version in re.findall(r"(?<![\w=-])([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;'\"]+)", line):
+                for name, version in re.findall(
+                    r"(?<![\w=-])([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;'\"]+)", line
+                ):
                     pins[normalize(name)] = version
     return pins
 
@@ -129,29 +133,28 @@ def binder_pins() -> dict[str, str]:
 
 
 def contradictions(base: dict[str, str], binder: dict[str, str]) -> list[str]:
-    """Where binder/requirements.txt's pins (`binder`) contradict repo2docker's base environment (`base`),
+    """Where Binder's pins (`binder`: binder_pins()) contradict repo2docker's base environment (`base`),
     both {normalized name: version}; an empty list when they agree.
 
-    pip installs binder/requirements.txt on top of the base environment, so a newer pin is an upgrade
+    pip installs binder/ on top of the base environment, so a newer pin is an upgrade
     pip makes; contradictions are (1) a pin below the base's version (pip would downgrade a package the
     rest of the base environment was solved against) and (2) JupyterLab and the notebook front end in
     different series: notebook 7.N requires JupyterLab 4.N (7.4.7: `jupyterlab>=4.4.9,<4.5`; 7.6.5:
-    `jupyterlab>=4.6.6,<4.7`), and a package binder/requirements.txt does not pin keeps the base's version."""
+    `jupyterlab>=4.6.6,<4.7`), and a package Binder does not pin keeps the base's version."""
     from packaging.version import Version
 
     found = [
-        f"{name}: binder/requirements.txt pins {binder[name]}, below the base environment's {base[name]} "
+        f"{name}: Binder pins {binder[name]}, below the base environment's {base[name]} "
         "(pip would downgrade a package the base environment was solved with)"
         for name in sorted(base.keys() & binder.keys())
         if Version(binder[name]) < Version(base[name])
     ]
     lab, notebook = (binder.get(name, base.get(name)) for name in ("jupyterlab", "notebook"))
     if lab and notebook and Version(notebook).release[:2] != (7, Version(lab).minor):
-        where = "binder/requirements.txt" if "notebook" in binder else "the base environment"
+        where = "Binder's pins" if "notebook" in binder else "the base environment"
         found.append(
             f"notebook {notebook} (from {where}) needs JupyterLab 4.{Version(notebook).minor}, "
-            f"but binder/requirements.txt gets JupyterLab {lab}: pin notebook==7.{Version(lab).minor}.* "
-            "in binder/requirements.txt"
+            f"but Binder gets JupyterLab {lab}: pin notebook==7.{Version(lab).minor}.* for Binder"
         )
     return found
 
@@ -159,9 +162,14 @@ def contradictions(base: dict[str, str], binder: dict[str, str]) -> list[str]:
 def _run(step: str, cmd: list[str], cwd: Path = ROOT) -> str:
     print(f"\n== {step}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # One retry, not pip's five with back-off: where an index is unreachable (PyTorch's, on a machine
+    # that reaches PyPI alone) five cost about 8 s per package, over 20 minutes in all.
+    env = {"PIP_RETRIES": "1", **os.environ}
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # pip's config here adds local index folders; their "is ignored" warnings say nothing about Binder.
-    shown = "".join(line for line in proc.stdout.splitlines(keepends=True) if "is ignored: it is neither" not in line)
+    shown = "".join(
+        line for line in proc.stdout.splitlines(keepends=True) if "is ignored: it is neither" not in line
+    )
     print(shown[-6000:], end="")
     print(f"-- {step}: exit {proc.returncode} in {time.monotonic() - started:.0f} s", flush=True)
     if proc.returncode != 0:
@@ -170,7 +178,8 @@ def _run(step: str, cmd: list[str], cwd: Path = ROOT) -> str:
 
 
 def build(venv: Path, python: str, work: Path) -> Path:
-    """The Binder environment in `venv`: base pins, then binder/requirements.txt. Returns its python."""
+    """The Binder environment in `venv`: base pins, then binder/requirements.txt and binder/postBuild.
+    Returns its python."""
     interpreter = shutil.which(f"python{python}")
     if interpreter is None:
         raise SystemExit(f"binder-check needs python{python} (binder/runtime.txt) on PATH")
@@ -187,14 +196,23 @@ def build(venv: Path, python: str, work: Path) -> Path:
     _run("base environment", pip + ["install", "--quiet", "-r", str(base_txt)])
     # What repo2docker's Python build pack runs, from the repository root.
     _run("binder/requirements.txt", pip + ["install", "-r", "binder/requirements.txt"])
-    if (BINDER / "postBuild").is_file():  # repo2docker runs it next, with the environment's bin/ first on PATH
-        _run("binder/postBuild", ["env", f"PATH={venv / 'bin'}:{os.environ['PATH']}", "bash", "binder/postBuild"])
+    if (
+        BINDER / "postBuild"
+    ).is_file():  # repo2docker runs it next, with the environment's bin/ first on PATH
+        _run(
+            "binder/postBuild",
+            ["env", f"PATH={venv / 'bin'}:{os.environ['PATH']}", "bash", "binder/postBuild"],
+        )
     return py
 
 
 def resolved(py: Path, names: list[str]) -> dict[str, str]:
-    out = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
-    have = {normalize(name): version for name, _, version in (line.partition("==") for line in out.splitlines())}
+    out = subprocess.run(
+        [str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
+    ).stdout
+    have = {
+        normalize(name): version for name, _, version in (line.partition("==") for line in out.splitlines())
+    }
     return {name: have.get(normalize(name), "(absent)") for name in names}
 
 
@@ -206,7 +224,10 @@ def open_course_map(py: Path) -> list[str]:
     reason = jl.chromium_missing_reason()
     if reason:
         raise SystemExit(f"binder-check cannot open the course map: {reason}")
-    command = lambda state, port, token: [str(py)] + jl._lab_command(ROOT, state, port, token)[1:]  # noqa: E731
+
+    def command(state, port, token):  # the suite's JupyterLab command line, run by the Binder venv's python
+        return [str(py), *jl._lab_command(ROOT, state, port, token)[1:]]
+
     with jl._serve(ROOT, "lab", command) as server, tempfile.TemporaryDirectory() as profile:
         with jl.chromium_page(Path(profile), timeout_ms=120_000) as page:
             jl.open_notebook(page, server, COURSE_MAP, timeout_ms=180_000)
@@ -216,7 +237,9 @@ def open_course_map(py: Path) -> list[str]:
             if errors:
                 raise SystemExit(f"binder-check FAILED: the course map's cells raised:\n{errors[0][:2000]}")
             if page.external_requests:
-                raise SystemExit(f"binder-check FAILED: the page asked the network for {page.external_requests[:3]}")
+                raise SystemExit(
+                    f"binder-check FAILED: the page asked the network for {page.external_requests[:3]}"
+                )
             print(f"course map opened: {title!r}; code cells ran: {prompts}")
             return prompts
 
@@ -234,8 +257,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         py = build(venv, python, work)
         _run("pip check", [str(py), "-m", "pip", "check"])
-        versions = resolved(py, ["jupyterlab", "notebook", "jupyter_server", "jupyterhub", "ipykernel",
-                                 "ipywidgets", "voila", "torch", "numpy", "accumlib"])
+        versions = resolved(
+            py,
+            [
+                "jupyterlab",
+                "notebook",
+                "jupyter_server",
+                "jupyterhub",
+                "ipykernel",
+                "ipywidgets",
+                "voila",
+                "torch",
+                "numpy",
+                "accumlib",
+            ],
+        )
         print("resolved: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
         open_course_map(py)
     finally:
