@@ -422,6 +422,10 @@ def run_all_cells(page, server: LabServer, path: str, timeout_ms: int) -> list[s
 
     nb = nbformat.read(server.root / path, as_version=4)
     n_code = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
+    if any(c.get("metadata", {}).get("jupyter", {}).get("source_hidden") for c in nb.cells):
+        # a folded input (the lessons' check cells) shows a placeholder without a prompt, so its
+        # execution count could never be read: View > Expand All Code first
+        menu_command(page, "View", "notebook:show-all-cell-code")
     menu_command(page, "Edit", "editmenu:clear-all")
     page.wait_for_function(_PROMPTS_JS.replace("() =>", "() => !(") + ".some(p => /\\d/.test(p)))")
     menu_command(page, "Run", "runmenu:run-all")

@@ -52,7 +52,7 @@ NOTEBOOKS = REPO / "notebooks"
 ARTIFACTS = Path(os.environ.get("ACCUMLIB_ARTIFACTS", REPO / "test-artifacts")) / "browser"
 
 # Every lesson notebook and the course map, found at collection time (new lessons join by name).
-LESSONS = sorted(p.name for p in NOTEBOOKS.glob("0[0-9]_*.ipynb"))
+LESSONS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 NB_VERIFY = "07_verify_your_loop.ipynb"
 DATA_BESIDE_NOTEBOOKS: tuple[str, ...] = ()  # nothing: lesson 9 loads its survey tables from the package
 
