@@ -106,7 +106,7 @@ def lab(tmp_path_factory):
     _require_chromium()
     root = tmp_path_factory.mktemp("lab-root")
     _copy_notebooks(root / "notebooks")
-    for data in DATA_BESIDE_NOTEBOOKS:  # what notebooks read from ../ (lesson 9: ../surveys/*.json)
+    for data in DATA_BESIDE_NOTEBOOKS:  # what notebooks would read from ../ (none: lesson 9's tables ship in the package)
         if (REPO / data).is_dir():
             shutil.copytree(REPO / data, root / data)
     (root / "scratch").mkdir()
