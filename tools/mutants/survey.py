@@ -71,4 +71,11 @@ MUTANTS = [
            'what = "per-token"'),
     Mutant("a judged row counted only when it has codes", S, 'return [r for r in self.rows if r.status == "judged"]',
            'return [r for r in self.rows if r.status == "judged" and r.codes]'),
+    # --- results.py: the packaged tables (lesson 9 loads them by version)
+    Mutant("load ignores the version asked for (any table of the task)", S, "table = _tables().get((version, task))",
+           "table = next((f for (v, t), f in _tables().items() if t == task), None)"),
+    Mutant("NoTable does not list the versions accumlib holds", S, "f\"transformers {', '.join(have) or '(none)'} (survey.load",
+           "f\"transformers (none) (survey.load"),
+    Mutant("a table without a task suffix read as sequence classification", S,
+           'found[(m.group(1), m.group(2) or "causal-lm")] = f', 'found[(m.group(1), m.group(2) or "sequence-classification")] = f'),
 ]
