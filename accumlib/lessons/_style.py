@@ -235,7 +235,8 @@ def png(fig: Figure) -> bytes:
 
 
 def _fit_legends(fig: Figure, canvas: Any) -> None:
-    """Fewer legend columns while a legend is wider than the figure (14 pt text in a 10-inch figure),
+    """Fewer legend columns while a legend is wider than the figure, or an axes legend than its panel's share
+    of it (14 pt text in a 10-inch figure),
     and an x-axis label wider than its panel, as drawn, wrapped to it."""
     import textwrap
 
@@ -246,15 +247,22 @@ def _fit_legends(fig: Figure, canvas: Any) -> None:
         width, room = label.get_window_extent(renderer).width, ax.get_window_extent(renderer).width
         if label.get_text() and "\n" not in label.get_text() and width > room > 0:
             label.set_text(textwrap.fill(label.get_text(), max(20, int(len(label.get_text()) * room / width))))
-    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
-    for legend in legends:
-        while legend._ncols > 1:
+    for ax in fig.axes:  # an axes legend fits its panel's share of the width (the layout makes room for it)
+        legend, spec = ax.get_legend(), ax.get_subplotspec()
+        if legend is None or spec is None:
+            continue
+        room = 0.9 * fig.bbox.width * (spec.colspan.stop - spec.colspan.start) / spec.get_gridspec().ncols
+        while legend._ncols > 1 and legend.get_window_extent(renderer).width > room:
+            legend = ax.legend(legend.legend_handles, [t.get_text() for t in legend.texts], loc=legend._loc,
+                               ncols=legend._ncols - 1, fontsize=max(MIN_FONT_PT, legend.texts[0].get_fontsize()))
             canvas.draw()
-            if legend.get_window_extent(canvas.get_renderer()).width <= fig.bbox.width:
-                break
+            renderer = canvas.get_renderer()
+    for legend in fig.legends:
+        while legend._ncols > 1 and legend.get_window_extent(renderer).width > fig.bbox.width:
             legend.set_ncols(legend._ncols - 1)  # set_ncols alone keeps the old box: rebuild it
-            legend._init_legend_box(legend.legend_handles, [t.get_text() for t in legend.texts],
-                                    markerfirst=legend._markerfirst if hasattr(legend, "_markerfirst") else True)
+            legend._init_legend_box(legend.legend_handles, [t.get_text() for t in legend.texts])
+            canvas.draw()
+            renderer = canvas.get_renderer()
 
 
 def show(fig: Figure, alt: str | None = None) -> None:
