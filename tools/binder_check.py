@@ -177,7 +177,7 @@ def _run(step: str, cmd: list[str], cwd: Path = ROOT) -> str:
     return proc.stdout
 
 
-def build(venv: Path, python: str, work: Path) -> Path:
+def build(venv: Path, python: str) -> Path:
     """The Binder environment in `venv`: base pins, then binder/requirements.txt and binder/postBuild.
     Returns its python."""
     interpreter = shutil.which(f"python{python}")
@@ -185,10 +185,10 @@ def build(venv: Path, python: str, work: Path) -> Path:
         raise SystemExit(f"binder-check needs python{python} (binder/runtime.txt) on PATH")
     lock = base_lock(python)
     pins = base_pins(lock)
-    base_txt = work / "base-requirements.txt"
+    _run("venv", [interpreter, "-m", "venv", str(venv)])
+    base_txt = venv / "binder-base-requirements.txt"  # kept with the venv under --keep
     base_txt.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
     print(f"base environment: {lock.name}: {len(pins)} pip-installable pins ({base_txt})")
-    _run("venv", [interpreter, "-m", "venv", str(venv)])
     py = venv / "bin" / "python"
     pip = [str(py), "-m", "pip", "--disable-pip-version-check"]
     # repo2docker's base environment comes with its own pip (a pin in the lock): use that one.
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--keep {venv}: already exists; give a new directory")
     started = time.monotonic()
     try:
-        py = build(venv, python, work)
+        py = build(venv, python)
         _run("pip check", [str(py), "-m", "pip", "check"])
         versions = resolved(
             py,
@@ -275,8 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print("resolved: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
         open_course_map(py)
     finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)  # the venv itself, under --keep, is elsewhere
     print(f"binder-check passed: Python {python}, {time.monotonic() - started:.0f} s")
     return 0
 
