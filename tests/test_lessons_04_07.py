@@ -103,14 +103,14 @@ def test_curves_explorer_k1_makes_batchnorm_match():
 
 
 def test_seed_listing_raises_inplace_error_and_leak_is_measured():
-    c = gan.check_step("seed as written")
+    c = gan.check_step("the article as written")
     assert c.error is not None and "inplace" in c.error
     leaky = gan.check_step("leaky (seed's broken order)")
     assert leaky.rel_error["D"] == pytest.approx(gan.leak_norm(), rel=1e-3)  # D's error is exactly the leak
     assert leaky.rel_error["G"] < FLOAT32_RTOL
 
 
-@pytest.mark.parametrize("name", ["zero_grad(D) after G's backward", "requires_grad toggle (seed's fix)", "D first, detach"])
+@pytest.mark.parametrize("name", ["zero_grad(D) after G's backward", "requires_grad toggle (the article's fix)", "D first, detach"])
 def test_fixed_orderings_are_exact_for_both_optimizers(name):
     assert gan.check_step(name).exact(FLOAT32_RTOL)
 

@@ -106,7 +106,7 @@ REFERENCES: dict[str, Reference] = {
         "Hugging Face blog post (October 2024): the Trainer's mean of per-micro-batch means, fixed with num_items_in_batch",
         (3, 9, 10)),
     "unsloth": Reference(
-        "Bug Fixes in LLM Training - Gradient Accumulation", "https://unsloth.ai/blog/gradient",
+        "Bugs in LLM Training - Gradient Accumulation Fix", "https://unsloth.ai/blog/gradient",
         "Unsloth blog post (October 2024): accumulated and full-batch losses differ when sequences differ in length",
         (3, 9, 10)),
     "pytorch-amp": Reference(
@@ -125,6 +125,25 @@ REFERENCES: dict[str, Reference] = {
         "Gradient Accumulation explained",
         "https://www.google.com/search?q=%22%E3%80%90ML%E3%80%91Gradient+Accumulation+explained%22",
         "blog post '【ML】Gradient Accumulation explained': an extra optimizer step for the last batch", (3,)),
+    # the libraries' own documentation of the settings lesson 10 tells you to write
+    "accelerate-docs": Reference(
+        "Performing gradient accumulation", "https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation",
+        "Accelerate's guide: accelerator.accumulate() and counting a window's tokens yourself", (10,)),
+    "lightning-docs": Reference(
+        "Trainer: accumulate_grad_batches",
+        "https://lightning.ai/docs/pytorch/stable/common/trainer.html#accumulate-grad-batches",
+        "Lightning's Trainer flag that accumulates k batches per optimizer step", (10,)),
+    "ddp-no-sync": Reference(
+        "DistributedDataParallel.no_sync",
+        "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
+        "#torch.nn.parallel.DistributedDataParallel.no_sync",
+        "PyTorch reference: skip DDP's all-reduce inside a window", (8, 10)),
+    "fsdp2": Reference(
+        "torch.distributed.fsdp.fully_shard", "https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html",
+        "PyTorch reference: FSDP2's FSDPModule.set_requires_gradient_sync", (10,)),
+    "checkpoint": Reference(
+        "torch.utils.checkpoint", "https://pytorch.org/docs/stable/checkpoint.html",
+        "PyTorch reference: gradient (activation) checkpointing", (10,)),
 }
 
 

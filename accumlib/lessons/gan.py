@@ -82,7 +82,7 @@ def zero_grad_after_g(G, D, g_opt, d_opt, z, x_real) -> None:
 
 
 def requires_grad_toggle(G, D, g_opt, d_opt, z, x_real) -> None:
-    """The seed's fix: D's parameters stop requiring grad while G trains, so nothing leaks at all."""
+    """The article's fix: D's parameters stop requiring grad while G trains, so nothing leaks at all."""
     D.requires_grad_(False)  # autograd no longer writes D's .grad (and skips that work)
     x_fake = G(z)
     _bce(D(x_fake), 1.0).mean().backward()
@@ -106,10 +106,10 @@ def d_first_detach(G, D, g_opt, d_opt, z, x_real) -> None:
 
 
 STEPS: dict[str, Callable[..., None]] = {
-    "seed as written": seed_as_written,
+    "the article as written": seed_as_written,
     "leaky (seed's broken order)": leaky,
     "zero_grad(D) after G's backward": zero_grad_after_g,
-    "requires_grad toggle (seed's fix)": requires_grad_toggle,
+    "requires_grad toggle (the article's fix)": requires_grad_toggle,
     "D first, detach": d_first_detach,
 }
 
@@ -380,7 +380,7 @@ EXERCISE = Exercise(
         "tail-dropped": "Some pairs never reached a D step: every micro-batch must end up in a window that steps.",
         "error": (
             "Your code raised an error. 'modified by an inplace operation' means a backward ran through a network "
-            "whose weights a step had already changed (section 2's 'seed as written'): step only after both "
+            "whose weights a step had already changed (section 2's 'the article as written'): step only after both "
             "backward passes of the window."),
     },
     default_hint="At d_opt.step(), D's .grad must hold D's own loss over the window and nothing else: what else writes into it?",

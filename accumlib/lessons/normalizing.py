@@ -157,7 +157,7 @@ def plot(result: ErrorResult, highlight: int | None = None) -> Figure:
     ax.set_ylabel("|grad at step| / |large-batch grad|")
     ax.set_title("Gradient length at optimizer.step()")
     ax.legend(loc="upper left")
-    bx.plot(result.ks, result.reported_ratio, label="seed loop: logs loss / k", **_style.ROLE["buggy"])
+    bx.plot(result.ks, result.reported_ratio, label="BERT post's loop: logs loss / k", **_style.ROLE["buggy"])
     bx.plot(result.ks, [1.0 / k for k in result.ks], label="1 / k", **_style.ROLE["oracle"])
     bx.axhline(1.0, label="fixed loop: logs the undivided loss", **{**_style.ROLE["correct"], "marker": ""})
     bx.set_ylim(0, 1.15)
