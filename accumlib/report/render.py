@@ -68,10 +68,29 @@ def render(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str], **
     os.environ.setdefault("MPLBACKEND", "Agg")  # the kernel inherits it: no display needed
     with tempfile.TemporaryDirectory() as sockets:  # a short path: a socket's name is limited to about 100 characters
         ipc = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
-        papermill.execute_notebook(os.fspath(notebook), str(executed), parameters=parameters, progress_bar=False, config=ipc)
+        papermill.execute_notebook(os.fspath(notebook), str(executed), parameters=parameters, progress_bar=False, config=ipc,
+                                   kernel_manager_class=_quiet_shutdown_manager())
     body, _ = HTMLExporter(config=Config(HTML_CONFIG)).from_filename(str(executed))
     page.write_text(body, encoding="utf-8")
     return page
+
+
+def _quiet_shutdown_manager() -> type:
+    """nbclient's kernel manager, less the SIGINT jupyter_client 8 sends before its shutdown request.
+
+    A kernel that is still handling a message when that SIGINT lands logs "[IPKernelApp] ERROR |
+    KeyboardInterrupt caught in kernel." on stderr (ipykernel's kernelbase.py, dispatch_shell), which
+    on a busy machine made some runs of a clean report print an error. The run is over by then: the
+    shutdown request alone stops the kernel (and jupyter_client still terminates it if it does not).
+    """
+    from jupyter_client.manager import AsyncKernelManager
+
+    class QuietShutdownKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
+    return QuietShutdownKernelManager
 
 
 def main(argv: list[str] | None = None) -> int:
