@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from _jupyter import (
+    NOTEBOOK,
     ERROR_IN_WIDGET,
     ERROR_TEXT,
     cell_view,
@@ -558,3 +559,39 @@ def test_app_verdict_for_a_pasted_loop(request, tmp_path):
     assert "NOT OK" in verdict, verdict
     # Voila's lab template links Font Awesome from a CDN (icons only; the page works without).
     assert [u for u in external if not u.startswith(VOILA_CDN_ICONS)] == [], external
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(BROWSER_TEST_TIMEOUT_S)
+def test_the_course_maps_route_links_open_the_lessons_they_name(lab, page):
+    """In the course map, every link of the routes section, clicked in JupyterLab, opens the notebook
+    it names (its tab and its '# N · Title' heading), and the routes name every lesson course.ROUTES holds."""
+    from accumlib.lessons import course
+
+    path = _need("00_start_here.ipynb")
+    open_notebook(page, lab, path)
+    routes = notebook(page).locator(".jp-MarkdownCell", has_text="Two routes").first
+    anchors = routes.locator("a")
+    hrefs = [anchors.nth(i).get_attribute("href") or "" for i in range(anchors.count())]
+    # JupyterLab rewrites a relative link (/files/notebooks/NAME?_xsrf=...); the heading's own anchor has none
+    targets = [re.split(r"[?#]", h)[0].rsplit("/", 1)[-1] for h in hrefs]
+    clickable = [(i, t) for i, t in enumerate(targets) if t.endswith(".ipynb")]
+    wanted = {course.by_number(n).file for numbers in course.ROUTES.values() for n in numbers}
+    assert wanted <= set(targets), (sorted(wanted - set(targets)), hrefs)
+    opened = set()
+    try:
+        for i, target in clickable:
+            if target in opened:
+                continue
+            routes.locator("a").nth(i).click()
+            tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text=target)
+            tab.first.wait_for(timeout=30_000)
+            lesson = next(l for l in course.COURSE if l.file == target)
+            heading = page.locator(f"{NOTEBOOK} .jp-MarkdownCell h1", has_text=f"{lesson.number} · {lesson.title}")
+            heading.first.wait_for(timeout=30_000)
+            opened.add(target)
+            page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text="00_start_here.ipynb").first.click()
+    finally:
+        for target in opened | {path.rsplit("/", 1)[-1]}:
+            lab.shutdown_kernel(f"notebooks/{target}")
+    assert opened == {t for _, t in clickable}, hrefs
