@@ -164,3 +164,30 @@ def test_a_misscale_hidden_by_a_real_clip_is_named_as_hidden():
     # the twin: the same clip on the correctly divided loss
     exact = digits_run(torch_clip_loop(0.1, scale=1.0), n=128)
     assert exact.ok and not exact.codes, str(exact)
+
+
+def _clip_after_step(zero_grad: bool):
+    def loop(model, opt, loader):
+        for i, (x, y) in enumerate(loader):
+            (F.cross_entropy(model(x), y) / K).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # after the step: on no step's gradient...
+                if zero_grad:
+                    opt.zero_grad()  # ...and discarded here
+    return loop
+
+
+def test_a_clip_after_the_step_is_no_clip_only_when_zero_grad_discards_what_it_cut():
+    """The false-pass side of reading a clip after the step as no clip of the next window: where the loop
+    keeps the clipped leftover (no zero_grad), the next window's step holds it, and verify must say so."""
+    def run(loop):
+        return accumlib.verify(loop, model=DIGITS.make_model(0), dataset=accumlib.data.digits(128),
+                               item_losses=DIGITS.item_losses, accum_steps=K, batch_size=8)
+
+    discarded = run(_clip_after_step(zero_grad=True))
+    assert discarded.ok, str(discarded)
+    assert all(row.rel_error < FLOAT32_RTOL for row in discarded.steps)  # against the unclipped truth
+    kept = run(_clip_after_step(zero_grad=False))
+    assert not kept.ok, str(kept)
+    assert all("no-zero-grad" in row.codes for row in kept.steps[1:]), str(kept)  # each holds the clipped leftover
