@@ -21,8 +21,9 @@ class Run:
     make: Callable[[], Any]  # -> accumlib.Report
 
 
-def make_trainer(model: Any, **overrides: Any) -> Any:
-    """The lesson's Trainer: 22 sequences of 3 to 20 tokens, micro-batches of 2, k = 4, one epoch, no clipping, seed 0."""
+def make_trainer(model: Any, compute_loss_func: Any = None, **overrides: Any) -> Any:
+    """The lesson's Trainer: 22 sequences of 3 to 20 tokens, micro-batches of 2, k = 4, one epoch, no clipping, seed 0
+    (``overrides``: TrainingArguments; lesson 10 builds its Trainers here too)."""
     import transformers
 
     from ..examples.data import collate, token_sequences
@@ -31,7 +32,7 @@ def make_trainer(model: Any, **overrides: Any) -> Any:
                 gradient_accumulation_steps=4, num_train_epochs=1, max_grad_norm=0.0, seed=0, use_cpu=True, report_to=[],
                 save_strategy="no", disable_tqdm=True) | overrides
     return transformers.Trainer(model=model, args=transformers.TrainingArguments(**args), train_dataset=token_sequences(),
-                                data_collator=collate)
+                                data_collator=collate, compute_loss_func=compute_loss_func)
 
 
 def _accelerate() -> Any:

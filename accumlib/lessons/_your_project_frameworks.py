@@ -8,46 +8,23 @@ what verify found for each setting; the lesson's text says which one to write.
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ..survey.run import _quiet  # the libraries' advice (config warnings, logging) is not the lesson
 from ._common import Table, check_choice
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The libraries' advice (config warnings, logging) is not the lesson; their levels are put back after."""
-    import transformers
-
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        transformers.logging.set_verbosity(level)
+from ._real_bugs_runs import make_trainer
 
 
 def _trainer(model: Any, compute_loss_func: Any = None, **overrides: Any) -> Any:
-    import transformers
-
-    from ..examples.data import collate, token_sequences
-
-    args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="accumlib-lesson10-"), per_device_train_batch_size=2,
-        gradient_accumulation_steps=4, num_train_epochs=1, max_grad_norm=0.0, seed=0, use_cpu=True, report_to=[],
-        save_strategy="no", logging_strategy="no", disable_tqdm=True, **overrides)
-    return transformers.Trainer(model=model, args=args, train_dataset=token_sequences(), data_collator=collate,
-                                compute_loss_func=compute_loss_func)
+    """Lesson 9's Trainer (22 sequences, micro-batches of 2, k = 4, no clipping, seed 0), no logging."""
+    return make_trainer(model, compute_loss_func=compute_loss_func, logging_strategy="no", **overrides)
 
 
 def shifted_sum_over_items(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
