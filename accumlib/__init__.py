@@ -38,25 +38,62 @@ from .tasks import TASKS, Task, get_task
 __version__ = "0.1.0"
 
 __all__ = [
-    "LOOPS", "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
-    "true_gradient", "grads_of", "compare", "Comparison",
-    "verify", "Report", "Finding", "CODES", "VerifyError",
-    "Task", "get_task", "TASKS", "resolve_device",
+    "LOOPS",
+    "amp",
+    "grad_divided",
+    "large_batch",
+    "naive",
+    "normalized",
+    "ragged",
+    "true_gradient",
+    "grads_of",
+    "compare",
+    "Comparison",
+    "verify",
+    "Report",
+    "Finding",
+    "CODES",
+    "VerifyError",
+    "Task",
+    "get_task",
+    "TASKS",
+    "resolve_device",
 ]
 
 # Submodules served on first attribute access, so that ``import accumlib`` stays light (no
 # torch.distributed, no tqdm, no transformers) and ``accumlib.gallery.GALLERY`` still works.
-_SUBMODULES = frozenset({
-    "cli", "compare", "data", "distributed", "examples", "gallery", "harness", "hf", "lessons", "lightning", "loops",
-    "memory", "models", "oracle", "reference", "report", "survey", "tasks", "tolerances",
-})
+_SUBMODULES = frozenset(
+    {
+        "cli",
+        "compare",
+        "data",
+        "distributed",
+        "examples",
+        "gallery",
+        "harness",
+        "hf",
+        "lessons",
+        "lightning",
+        "loops",
+        "memory",
+        "models",
+        "oracle",
+        "reference",
+        "report",
+        "survey",
+        "tasks",
+        "tolerances",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module 'accumlib' has no attribute {name!r}; the public names are accumlib.__all__, "
-                         f"the rest lives in submodules ({', '.join(sorted(_SUBMODULES))})")
+    raise AttributeError(
+        f"module 'accumlib' has no attribute {name!r}; the public names are accumlib.__all__, "
+        f"the rest lives in submodules ({', '.join(sorted(_SUBMODULES))})"
+    )
 
 
 def __dir__() -> list[str]:

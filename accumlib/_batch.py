@@ -58,7 +58,9 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     except (RuntimeError, TypeError):  # torch's own message lists twenty device types and names no argument
         raise ValueError(f"device must be 'cpu', 'cuda', 'auto' or a torch.device (got {device!r})") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'auto'; 'cuda' needs a GPU and none is present (got {device!r})")
+        raise ValueError(
+            f"device must be 'cpu', 'cuda' or 'auto'; 'cuda' needs a GPU and none is present (got {device!r})"
+        )
     return dev
 
 
@@ -68,10 +70,14 @@ def check_model(model: object) -> torch.nn.Module:
         raise TypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ValueError(f"model must have at least one parameter with requires_grad=True (got {type(model).__name__} with none)")
+        raise ValueError(
+            f"model must have at least one parameter with requires_grad=True (got {type(model).__name__} with none)"
+        )
     if any(p.is_meta for p in params):
-        raise ValueError(f"model must hold real parameters, not parameters on the meta device (got {type(model).__name__}; "
-                         "materialize it with .to_empty(device=...) and load its weights first)")
+        raise ValueError(
+            f"model must hold real parameters, not parameters on the meta device (got {type(model).__name__}; "
+            "materialize it with .to_empty(device=...) and load its weights first)"
+        )
     return model
 
 
@@ -90,7 +96,9 @@ def check_device(device: object, model: torch.nn.Module) -> torch.device:
 def check_accum_steps(accum_steps: object) -> int:
     """``accum_steps`` must be an integer >= 1; bools and floats are refused loudly."""
     if isinstance(accum_steps, bool) or not isinstance(accum_steps, numbers.Integral):
-        raise ValueError(f"accum_steps must be an integer >= 1 (got {accum_steps!r} of type {type(accum_steps).__name__})")
+        raise ValueError(
+            f"accum_steps must be an integer >= 1 (got {accum_steps!r} of type {type(accum_steps).__name__})"
+        )
     if accum_steps < 1:
         raise ValueError(f"accum_steps must be >= 1 (got {accum_steps})")
     return int(accum_steps)
@@ -116,7 +124,9 @@ def windows(loader: Iterable[Batch], accum_steps: int) -> Iterator[list[Batch]]:
         raise ValueError(f"loader must yield at least one micro-batch (got an empty loader: {loader!r})")
 
 
-def checked_losses(item_losses: ItemLosses, model: torch.nn.Module, batch: Batch, check_finite: bool = True) -> torch.Tensor:
+def checked_losses(
+    item_losses: ItemLosses, model: torch.nn.Module, batch: Batch, check_finite: bool = True
+) -> torch.Tensor:
     """Call the task's ``item_losses`` and insist on the contract: a finite 1-D tensor.
 
     ``check_finite=False`` leaves finiteness to ``window_mean``: a per-micro-batch check
@@ -124,18 +134,24 @@ def checked_losses(item_losses: ItemLosses, model: torch.nn.Module, batch: Batch
     """
     losses = item_losses(model, batch)
     if not isinstance(losses, torch.Tensor):
-        raise ValueError(f"item_losses must return a 1-D torch.Tensor of per-item losses (got {type(losses).__name__})")
+        raise ValueError(
+            f"item_losses must return a 1-D torch.Tensor of per-item losses (got {type(losses).__name__})"
+        )
     if losses.dim() != 1:
         raise ValueError(
             "item_losses must return a 1-D tensor with one unreduced loss per item "
             f"(got shape {tuple(losses.shape)}; did it reduce with a mean, or forget to flatten?)"
         )
     if torch.is_grad_enabled() and not losses.requires_grad:
-        raise ValueError("item_losses must return losses attached to the autograd graph (got a tensor with "
-                         "requires_grad=False: computed under torch.no_grad(), or .detach()ed?)")
+        raise ValueError(
+            "item_losses must return losses attached to the autograd graph (got a tensor with "
+            "requires_grad=False: computed under torch.no_grad(), or .detach()ed?)"
+        )
     if check_finite and not torch.isfinite(losses.detach()).all():
         bad = losses.detach()[~torch.isfinite(losses.detach())]
-        raise ValueError(f"item_losses must return finite values (got {bad.numel()} non-finite, e.g. {bad[0].item()})")
+        raise ValueError(
+            f"item_losses must return finite values (got {bad.numel()} non-finite, e.g. {bad[0].item()})"
+        )
     return losses
 
 
@@ -163,7 +179,9 @@ def count_items(batch: Batch) -> int:
     if isinstance(first, dict):
         first = next(iter(first.values()))
     if not isinstance(first, torch.Tensor):
-        raise ValueError(f"count_items cannot find a tensor in the batch (got {type(batch).__name__}); pass count_items=")
+        raise ValueError(
+            f"count_items cannot find a tensor in the batch (got {type(batch).__name__}); pass count_items="
+        )
     return int(first.shape[0])
 
 
@@ -179,7 +197,9 @@ def window_items(window: Sequence[Batch], counter: Callable[[Batch], int]) -> in
     """Total item count of a window; a window with no items cannot be normalized."""
     n = sum(counter(b) for b in window)
     if n <= 0:
-        raise ValueError(f"a window must hold at least one item to normalize by (got {n} items in {len(window)} micro-batches)")
+        raise ValueError(
+            f"a window must hold at least one item to normalize by (got {n} items in {len(window)} micro-batches)"
+        )
     return n
 
 
@@ -197,7 +217,10 @@ def cat_batches(batches: Sequence[Batch], pad_values: Sequence[float] | None = N
         pads = dict(zip(keys, pad_values)) if pad_values is not None else {}
         return {k: _cat([b[k] for b in batches], pads.get(k)) for k in keys}
     if isinstance(first, (list, tuple)):
-        fields = [_cat([b[j] for b in batches], None if pad_values is None else pad_values[j]) for j in range(len(first))]
+        fields = [
+            _cat([b[j] for b in batches], None if pad_values is None else pad_values[j])
+            for j in range(len(first))
+        ]
         return fields if isinstance(first, list) else tuple(fields)
     raise ValueError(f"cat_batches cannot merge batches of type {type(first).__name__}; pass merge=")
 
@@ -206,9 +229,14 @@ def _cat(tensors: list[torch.Tensor], pad: float | None) -> torch.Tensor:
     if tensors[0].dim() >= 2 and len({t.shape[1:] for t in tensors}) > 1:
         if pad is None:
             shapes = sorted({tuple(t.shape) for t in tensors})
-            raise ValueError(f"micro-batches have different trailing shapes {shapes}; pass pad_values= (or merge=) to pad them")
+            raise ValueError(
+                f"micro-batches have different trailing shapes {shapes}; pass pad_values= (or merge=) to pad them"
+            )
         longest = max(t.shape[1] for t in tensors)
-        tensors = [torch.nn.functional.pad(t, (0, longest - t.shape[1]), value=pad) if t.dim() == 2 else t for t in tensors]
+        tensors = [
+            torch.nn.functional.pad(t, (0, longest - t.shape[1]), value=pad) if t.dim() == 2 else t
+            for t in tensors
+        ]
     return torch.cat(tensors, dim=0)
 
 

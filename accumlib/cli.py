@@ -26,7 +26,10 @@ def _verify(args: argparse.Namespace) -> int:
 
         return run_target(args)
     if args.accum_steps is not None or args.batch_size is not None or args.max_steps is not None:
-        print("accumlib verify: error: --accum-steps, --batch-size and --max-steps need a target FILE.py:FUNCTION", file=sys.stderr)
+        print(
+            "accumlib verify: error: --accum-steps, --batch-size and --max-steps need a target FILE.py:FUNCTION",
+            file=sys.stderr,
+        )
         return 2
     try:
         device = resolve_device(args.device)
@@ -54,9 +57,11 @@ def _survey(args: argparse.Namespace) -> int:
         print(f"accumlib survey: error: --{err}", file=sys.stderr)
         return 2
 
-    def progress(row: "survey.Row") -> None:  # one line per class on stderr, so stdout stays the table
+    def progress(row: survey.Row) -> None:  # one line per class on stderr, so stdout stays the table
         said = ", ".join(row.codes) or "ok" if row.status == "judged" else row.reason
-        print(f"{row.model_type:<28} {row.status:<8} {row.seconds:6.2f} s  {said}", file=sys.stderr, flush=True)
+        print(
+            f"{row.model_type:<28} {row.status:<8} {row.seconds:6.2f} s  {said}", file=sys.stderr, flush=True
+        )
 
     result = survey.run(types, args.task, progress=progress)
     if args.out:
@@ -67,7 +72,9 @@ def _survey(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="accumlib", description="Gradient accumulation, checked against the large batch.")
+    parser = argparse.ArgumentParser(
+        prog="accumlib", description="Gradient accumulation, checked against the large batch."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser(
         "verify",
@@ -80,15 +87,37 @@ def build_parser() -> argparse.ArgumentParser:
         "error; 3: the loop raised; 4: verify could not judge (a limit such as data it did not hand out).",
     )
     v.add_argument("target", nargs="?", metavar="FILE.py:FUNCTION", help="your training loop (optional)")
-    v.add_argument("--task", action="append", metavar="NAME", help="only this built-in task (repeatable); with a target, the task to run it on")
-    v.add_argument("--accum-steps", type=int, metavar="K", help="with a target: micro-batches per optimizer step")
+    v.add_argument(
+        "--task",
+        action="append",
+        metavar="NAME",
+        help="only this built-in task (repeatable); with a target, the task to run it on",
+    )
+    v.add_argument(
+        "--accum-steps", type=int, metavar="K", help="with a target: micro-batches per optimizer step"
+    )
     v.add_argument("--batch-size", type=int, metavar="B", help="with a target: micro-batch size")
-    v.add_argument("--max-steps", type=int, metavar="N", help="with a target: judge the first N optimizer steps, then end the loop")
-    v.add_argument("--world-size", type=int, metavar="R", default=1,
-                   help="with a target: run it on R local processes (gloo on 127.0.0.1, NCCL when every rank has a GPU) "
-                   "and judge the whole job (verify(..., ranks='all')); the loop wraps its model in DDP or fully_shard")
-    v.add_argument("--timeout", type=float, metavar="SECONDS", default=600.0,
-                   help="with --world-size: stop the ranks after this long (default 600)")
+    v.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="with a target: judge the first N optimizer steps, then end the loop",
+    )
+    v.add_argument(
+        "--world-size",
+        type=int,
+        metavar="R",
+        default=1,
+        help="with a target: run it on R local processes (gloo on 127.0.0.1, NCCL when every rank has a GPU) "
+        "and judge the whole job (verify(..., ranks='all')); the loop wraps its model in DDP or fully_shard",
+    )
+    v.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        default=600.0,
+        help="with --world-size: stop the ranks after this long (default 600)",
+    )
     v.add_argument("--loop", action="append", metavar="NAME", help="only this reference loop (repeatable)")
     v.add_argument("--json", action="store_true", help="print the results as JSON")
     v.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
@@ -112,10 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR/transformers-VERSION[-TASK].md and .json. Exit 0 when the survey ran, 2 on bad usage.",
     )
     s.add_argument("library", choices=["transformers"], help="the library to survey")
-    s.add_argument("--task", choices=["causal-lm", "sequence-classification"], default="causal-lm",
-                   help="which classes: causal LMs (default; surveys/transformers-VERSION.md) or sequence classifiers "
-                   "(surveys/transformers-VERSION-sequence-classification.md)")
-    s.add_argument("--models", metavar="A,B", help="only these model types or classes, comma-separated (e.g. gpt2,llama)")
+    s.add_argument(
+        "--task",
+        choices=["causal-lm", "sequence-classification"],
+        default="causal-lm",
+        help="which classes: causal LMs (default; surveys/transformers-VERSION.md) or sequence classifiers "
+        "(surveys/transformers-VERSION-sequence-classification.md)",
+    )
+    s.add_argument(
+        "--models", metavar="A,B", help="only these model types or classes, comma-separated (e.g. gpt2,llama)"
+    )
     s.add_argument("--out", metavar="DIR", help="also write DIR/transformers-VERSION[-TASK].md and .json")
     s.add_argument("--json", action="store_true", help="print the results as JSON")
     s.set_defaults(func=_survey)

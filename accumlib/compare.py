@@ -17,12 +17,18 @@ Grads = Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.nn.Module
 
 def _as_dict(g: Grads, arg: str) -> dict[str, torch.Tensor]:
     if isinstance(g, torch.nn.Module):
-        return {k: (p.grad if p.grad is not None else torch.zeros_like(p)) for k, p in g.named_parameters() if p.requires_grad}
+        return {
+            k: (p.grad if p.grad is not None else torch.zeros_like(p))
+            for k, p in g.named_parameters()
+            if p.requires_grad
+        }
     if isinstance(g, Mapping):
         return dict(g)
     if isinstance(g, (list, tuple)):
         return {str(i): t for i, t in enumerate(g)}
-    raise TypeError(f"{arg} must be a dict of tensors, a list of tensors or an nn.Module (got {type(g).__name__})")
+    raise TypeError(
+        f"{arg} must be a dict of tensors, a list of tensors or an nn.Module (got {type(g).__name__})"
+    )
 
 
 def _rel(diff: float, ref: float) -> float:
@@ -75,7 +81,10 @@ class Comparison:
                 ("norm ratio", f"{self.norm_ratio:.4f}"),
             ]
         )
-        rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{v:.3e}</td></tr>" for k, v in self.per_param.items())
+        rows = "".join(
+            f"<tr><td><code>{html.escape(k)}</code></td><td>{v:.3e}</td></tr>"
+            for k, v in self.per_param.items()
+        )
         return (
             f"<table>{head}</table><details><summary>per parameter</summary>"
             f"<table><tr><th>parameter</th><th>relative error</th></tr>{rows}</table></details>"
@@ -92,16 +101,22 @@ def compare(a: Grads, b: Grads) -> Comparison:
     """
     da, db = _as_dict(a, "a"), _as_dict(b, "b")
     if not db:
-        raise ValueError("a and b must hold at least one gradient tensor (got none: nothing to compare is not a match)")
+        raise ValueError(
+            "a and b must hold at least one gradient tensor (got none: nothing to compare is not a match)"
+        )
     if set(da) != set(db):
-        raise ValueError(f"a and b must name the same parameters (only in a: {sorted(set(da) - set(db))}, only in b: {sorted(set(db) - set(da))})")
+        raise ValueError(
+            f"a and b must name the same parameters (only in a: {sorted(set(da) - set(db))}, only in b: {sorted(set(db) - set(da))})"
+        )
     per_param: dict[str, float] = {}
     diff2 = ref2 = a2 = dot = 0.0
     max_abs = 0.0
     for k in db:
         x, y = da[k].detach().double().cpu(), db[k].detach().double().cpu()
         if x.shape != y.shape:
-            raise ValueError(f"a and b must have the same shape for {k!r} (got {tuple(x.shape)} and {tuple(y.shape)})")
+            raise ValueError(
+                f"a and b must have the same shape for {k!r} (got {tuple(x.shape)} and {tuple(y.shape)})"
+            )
         d = x - y
         dn, yn = float(d.norm()), float(y.norm())
         per_param[k] = _rel(dn, yn)

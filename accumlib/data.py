@@ -11,11 +11,13 @@ import functools
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-PAD_ID = 0          # token id used to pad inputs
+PAD_ID = 0  # token id used to pad inputs
 IGNORE_INDEX = -100  # target id that cross_entropy skips (PyTorch's default)
 
 
-def synthetic_classification(n: int = 256, n_features: int = 20, n_classes: int = 4, seed: int = 0) -> TensorDataset:
+def synthetic_classification(
+    n: int = 256, n_features: int = 20, n_classes: int = 4, seed: int = 0
+) -> TensorDataset:
     """Gaussian blobs around random class centres: (x float32 [n, n_features], y int64 [n]).
 
     >>> x, y = synthetic_classification(8)[:]
@@ -78,7 +80,9 @@ class TokenSequences(Dataset):
 
     def __init__(self, n: int = 96, vocab: int = 32, min_len: int = 4, max_len: int = 40, seed: int = 0):
         if not 2 <= min_len <= max_len:
-            raise ValueError(f"min_len must be >= 2 and <= max_len (got min_len={min_len}, max_len={max_len})")
+            raise ValueError(
+                f"min_len must be >= 2 and <= max_len (got min_len={min_len}, max_len={max_len})"
+            )
         if vocab < 3:
             raise ValueError(f"vocab must be >= 3 (one id is padding) (got {vocab})")
         g = torch.Generator().manual_seed(seed)
@@ -125,4 +129,12 @@ def count_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
     return int((batch[1] != IGNORE_INDEX).sum())
 
 
-__all__ = ["IGNORE_INDEX", "PAD_ID", "TokenSequences", "count_tokens", "digits", "pad_collate", "synthetic_classification"]
+__all__ = [
+    "IGNORE_INDEX",
+    "PAD_ID",
+    "TokenSequences",
+    "count_tokens",
+    "digits",
+    "pad_collate",
+    "synthetic_classification",
+]

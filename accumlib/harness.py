@@ -87,7 +87,9 @@ def trace_loop(
         loop_kwargs = contract.kwargs_for(task) | loop_kwargs
     handle = optimizer.register_step_pre_hook(before_step)
     try:
-        trace.logged = loop(model, optimizer, loader, task.item_losses, accum_steps=k, device=device, **loop_kwargs)
+        trace.logged = loop(
+            model, optimizer, loader, task.item_losses, accum_steps=k, device=device, **loop_kwargs
+        )
     finally:
         handle.remove()
     everything.extend(loader.take())  # drawn after the last step: a dropped tail
@@ -110,6 +112,8 @@ def classify(trace: Trace, *, low_precision: bool = False) -> str:
         return EXACT
     if low_precision and worst <= BF16_RTOL:
         return CLOSE
-    if all(abs(c.norm_ratio - m) <= OFF_BY_K_TOL * m for c, m in zip(trace.comparisons, trace.window_batches)):
+    if all(
+        abs(c.norm_ratio - m) <= OFF_BY_K_TOL * m for c, m in zip(trace.comparisons, trace.window_batches)
+    ):
         return OFF_BY_K
     return WRONG

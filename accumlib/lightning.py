@@ -32,8 +32,17 @@ from ._verify import Report, verify
 
 # Trainer arguments verify_fit sets itself (a user's values are replaced): none changes how
 # gradients accumulate, and each would write files, print, or run forwards on other data
-OWN = ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "default_root_dir",
-       "limit_val_batches", "num_sanity_val_steps", "max_epochs", "devices")
+OWN = (
+    "logger",
+    "enable_checkpointing",
+    "enable_progress_bar",
+    "enable_model_summary",
+    "default_root_dir",
+    "limit_val_batches",
+    "num_sanity_val_steps",
+    "max_epochs",
+    "devices",
+)
 
 
 def _lightning_for(module: Any) -> Any:
@@ -45,7 +54,9 @@ def _lightning_for(module: Any) -> Any:
             continue
         if isinstance(module, pl.LightningModule):
             return pl
-    raise TypeError(f"module must be a LightningModule (lightning.pytorch or pytorch_lightning) (got {type(module).__name__})")
+    raise TypeError(
+        f"module must be a LightningModule (lightning.pytorch or pytorch_lightning) (got {type(module).__name__})"
+    )
 
 
 class _Steps(torch.nn.Module):
@@ -61,24 +72,41 @@ class _Steps(torch.nn.Module):
         return type(self.module).training_step(self.module, *args, **kwargs)
 
 
-def _check(module: Any, train_dataloaders: Any, item_losses: Any, max_steps: Any, trainer_kwargs: dict[str, Any]) -> Any:
+def _check(
+    module: Any, train_dataloaders: Any, item_losses: Any, max_steps: Any, trainer_kwargs: dict[str, Any]
+) -> Any:
     """Refuse bad input before anything runs; return the Lightning package of ``module``."""
     pl = _lightning_for(module)
     if not isinstance(train_dataloaders, DataLoader):
-        hint = " (pass datamodule.train_dataloader())" if hasattr(train_dataloaders, "train_dataloader") else ""
-        raise TypeError("train_dataloaders must be one torch.utils.data.DataLoader, whose dataset, batch_size and "
-                        f"collate_fn verify takes over{hint} (got {type(train_dataloaders).__name__})")
+        hint = (
+            " (pass datamodule.train_dataloader())" if hasattr(train_dataloaders, "train_dataloader") else ""
+        )
+        raise TypeError(
+            "train_dataloaders must be one torch.utils.data.DataLoader, whose dataset, batch_size and "
+            f"collate_fn verify takes over{hint} (got {type(train_dataloaders).__name__})"
+        )
     if train_dataloaders.batch_size is None:
-        raise ValueError("train_dataloaders must batch with batch_size, not a batch_sampler of its own "
-                         f"(got batch_size=None, batch_sampler={type(train_dataloaders.batch_sampler).__name__})")
+        raise ValueError(
+            "train_dataloaders must batch with batch_size, not a batch_sampler of its own "
+            f"(got batch_size=None, batch_sampler={type(train_dataloaders.batch_sampler).__name__})"
+        )
     if not callable(item_losses):
-        raise TypeError(f"item_losses must be callable as item_losses(module, batch) (got {type(item_losses).__name__})")
-    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1):
+        raise TypeError(
+            f"item_losses must be callable as item_losses(module, batch) (got {type(item_losses).__name__})"
+        )
+    if max_steps is not None and (
+        isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1
+    ):
         raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
     devices = trainer_kwargs.get("devices", 1)
-    if not (devices in (1, "1") or (isinstance(devices, (list, tuple)) and len(devices) == 1)) or trainer_kwargs.get("num_nodes", 1) != 1:
-        raise ValueError("trainer_kwargs must run one process on one device (devices=1, num_nodes=1): verify_fit judges a "
-                         f"single-process run (got devices={devices!r}, num_nodes={trainer_kwargs.get('num_nodes', 1)!r})")
+    if (
+        not (devices in (1, "1") or (isinstance(devices, (list, tuple)) and len(devices) == 1))
+        or trainer_kwargs.get("num_nodes", 1) != 1
+    ):
+        raise ValueError(
+            "trainer_kwargs must run one process on one device (devices=1, num_nodes=1): verify_fit judges a "
+            f"single-process run (got devices={devices!r}, num_nodes={trainer_kwargs.get('num_nodes', 1)!r})"
+        )
     return pl
 
 
@@ -108,8 +136,14 @@ def _rng_kept() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def verify_fit(module: Any, train_dataloaders: DataLoader, *, item_losses: ItemLosses, max_steps: int | None = None,
-               **trainer_kwargs: Any) -> Report:
+def verify_fit(
+    module: Any,
+    train_dataloaders: DataLoader,
+    *,
+    item_losses: ItemLosses,
+    max_steps: int | None = None,
+    **trainer_kwargs: Any,
+) -> Report:
     """Run ``Trainer(**trainer_kwargs).fit(copy of module, train_dataloaders)`` and judge every step.
 
     ``item_losses(module, batch)`` returns one loss per item (``reduction="none"``) of the loss
@@ -128,18 +162,34 @@ def verify_fit(module: Any, train_dataloaders: DataLoader, *, item_losses: ItemL
     sampler, generator = _sampler_copy(user)
 
     kwargs = {k: v for k, v in trainer_kwargs.items() if k not in OWN + ("callbacks",)}
-    kwargs |= dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                   limit_val_batches=0, num_sanity_val_steps=0, devices=trainer_kwargs.get("devices", 1))
+    kwargs |= dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        devices=trainer_kwargs.get("devices", 1),
+    )
     kwargs |= {"max_steps": max_steps} if max_steps else {"max_epochs": 1}
     callbacks = trainer_kwargs.get("callbacks") or []
     callbacks = [callbacks] if not isinstance(callbacks, (list, tuple)) else callbacks
 
     def train_fn(steps: _Steps, optimizer: torch.optim.Optimizer, loader: DataLoader) -> None:
         lm = steps.module
-        lm.training_step = lambda *a, **kw: steps(*a, **kw)  # through __call__: verify's hook sees each micro-batch
+        # through __call__: verify's hook sees each micro-batch
+        lm.training_step = lambda *a, **kw: steps(*a, **kw)
         # the user's batching, sampler, generator and drop_last over verify's recording dataset and collate_fn
-        data = DataLoader(loader.dataset, batch_size=user.batch_size, sampler=sampler, drop_last=user.drop_last,
-                          collate_fn=loader.collate_fn, generator=generator, num_workers=0, pin_memory=user.pin_memory)
+        data = DataLoader(
+            loader.dataset,
+            batch_size=user.batch_size,
+            sampler=sampler,
+            drop_last=user.drop_last,
+            collate_fn=loader.collate_fn,
+            generator=generator,
+            num_workers=0,
+            pin_memory=user.pin_memory,
+        )
         log = logging.getLogger(pl.__name__)
         level = log.level
         log.setLevel(logging.WARNING)  # its banner (GPU available: ...), not about accumulation
@@ -153,8 +203,16 @@ def verify_fit(module: Any, train_dataloaders: DataLoader, *, item_losses: ItemL
             log.setLevel(level)
 
     with _rng_kept():
-        return verify(train_fn, model=_Steps(module), dataset=user.dataset, item_losses=lambda m, b: item_losses(m.module, b),
-                      accum_steps=k, batch_size=user.batch_size, collate_fn=user.collate_fn, max_steps=max_steps)
+        return verify(
+            train_fn,
+            model=_Steps(module),
+            dataset=user.dataset,
+            item_losses=lambda m, b: item_losses(m.module, b),
+            accum_steps=k,
+            batch_size=user.batch_size,
+            collate_fn=user.collate_fn,
+            max_steps=max_steps,
+        )
 
 
 __all__ = ["verify_fit"]

@@ -17,7 +17,9 @@ import torch
 from ._batch import Batch, ItemLosses, to_device
 
 
-def activation_bytes(model: torch.nn.Module, batch: Batch, item_losses: ItemLosses, *, device: Any = None) -> int:
+def activation_bytes(
+    model: torch.nn.Module, batch: Batch, item_losses: ItemLosses, *, device: Any = None
+) -> int:
     """Bytes of activations saved for backward by one forward of ``batch`` (no backward runs).
 
     >>> from accumlib import get_task

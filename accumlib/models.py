@@ -52,8 +52,12 @@ class SmallCNN(nn.Module):
         super().__init__()
         self.norm = norm
         self.features = nn.Sequential(
-            nn.Conv2d(1, channels, 3, padding=1), _norm(norm, channels), nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, padding=1), _norm(norm, channels), nn.ReLU(),
+            nn.Conv2d(1, channels, 3, padding=1),
+            _norm(norm, channels),
+            nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+            _norm(norm, channels),
+            nn.ReLU(),
             nn.AdaptiveAvgPool2d(2),
         )
         self.head = nn.Linear(channels * 4, n_classes)

@@ -25,7 +25,11 @@ def _cast(batch: Batch, dtype: torch.dtype) -> Batch:
     if isinstance(batch, dict):
         return {k: _cast(v, dtype) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_cast(v, dtype) for v in batch) if isinstance(batch, list) else tuple(_cast(v, dtype) for v in batch)
+        return (
+            type(batch)(_cast(v, dtype) for v in batch)
+            if isinstance(batch, list)
+            else tuple(_cast(v, dtype) for v in batch)
+        )
     return batch
 
 
@@ -51,7 +55,9 @@ def true_gradient(
         raise ValueError("batches must hold at least one micro-batch (got an empty sequence)")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         # its forward would arm an all-reduce that no other rank joins
-        raise TypeError("model must be the plain module, not DistributedDataParallel (got a DDP wrapper; pass model.module)")
+        raise TypeError(
+            "model must be the plain module, not DistributedDataParallel (got a DDP wrapper; pass model.module)"
+        )
     net = copy.deepcopy(model).to(dtype) if dtype is not None else model
     saved = {k: v.clone() for k, v in net.named_buffers()} if net is model else {}
     batch = to_device(merge(list(batches)), device)
@@ -99,8 +105,10 @@ def sum_grad(
     losses = [checked_losses(item_losses, model, b, check_finite=check_finite) for b in batches]
     total = torch.cat(losses).mean() if scale is None else sum(x.sum() for x in losses) * scale
     if not isinstance(total, torch.Tensor) or not total.requires_grad:
-        raise ValueError("item_losses must return losses that depend on the model's parameters (got a tensor with "
-                         "requires_grad=False: was it detached, or computed under torch.no_grad()?)")
+        raise ValueError(
+            "item_losses must return losses that depend on the model's parameters (got a tensor with "
+            "requires_grad=False: was it detached, or computed under torch.no_grad()?)"
+        )
     if accumulate:
         torch.autograd.backward(total, inputs=list(params))
         return None, [x.detach() for x in losses]

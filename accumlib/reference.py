@@ -49,8 +49,15 @@ class Row:
 
     def cells(self) -> tuple[str, ...]:
         return (
-            self.loop, self.task, str(self.accum_steps), f"{self.max_rel_error:.2e}", f"{self.min_cosine:.4f}",
-            f"{self.steps}/{self.expected_steps}", f"{self.items_used}/{self.items_available}", self.verdict, self.expected,
+            self.loop,
+            self.task,
+            str(self.accum_steps),
+            f"{self.max_rel_error:.2e}",
+            f"{self.min_cosine:.4f}",
+            f"{self.steps}/{self.expected_steps}",
+            f"{self.items_used}/{self.items_available}",
+            self.verdict,
+            self.expected,
         )
 
 
@@ -73,7 +80,9 @@ class CheckTable:
         return all(r.holds for r in self.rows)
 
     def to_json(self) -> str:
-        return json.dumps({"ok": self.ok, "rows": [asdict(r) | {"holds": r.holds} for r in self.rows]}, indent=2)
+        return json.dumps(
+            {"ok": self.ok, "rows": [asdict(r) | {"holds": r.holds} for r in self.rows]}, indent=2
+        )
 
     def __str__(self) -> str:
         lines = text_table((*_HEAD, ""), [(*r.cells(), "ok" if r.holds else "FAIL") for r in self.rows])
@@ -86,7 +95,10 @@ class CheckTable:
 
 
 def check_reference_loops(
-    *, tasks: Iterable[str] | None = None, loops: Iterable[str] | None = None, device: str | torch.device | None = None,
+    *,
+    tasks: Iterable[str] | None = None,
+    loops: Iterable[str] | None = None,
+    device: str | torch.device | None = None,
 ) -> CheckTable:
     """Every reference loop on every built-in task, with observed and promised verdicts.
 
@@ -103,18 +115,21 @@ def check_reference_loops(
     for task in task_objs:
         for name in loops:
             contract = CONTRACTS[name]
-            trace = trace_loop(ALL[name], task, device=device)  # the harness passes the contract's task fields
-            rows.append(Row(
-                loop=name,
-                task=task.name,
-                accum_steps=task.accum_steps,
-                max_rel_error=max(c.rel_error for c in trace.comparisons),
-                min_cosine=min(c.cosine for c in trace.comparisons),
-                steps=len(trace.comparisons),
-                expected_steps=expected_steps(trace.n_batches, task.accum_steps),
-                items_used=sum(trace.window_items),
-                items_available=trace.n_items,
-                verdict=classify(trace, low_precision=contract.low_precision),
-                expected=contract.expected(task.tags),
-            ))
+            # the harness passes the contract's task fields
+            trace = trace_loop(ALL[name], task, device=device)
+            rows.append(
+                Row(
+                    loop=name,
+                    task=task.name,
+                    accum_steps=task.accum_steps,
+                    max_rel_error=max(c.rel_error for c in trace.comparisons),
+                    min_cosine=min(c.cosine for c in trace.comparisons),
+                    steps=len(trace.comparisons),
+                    expected_steps=expected_steps(trace.n_batches, task.accum_steps),
+                    items_used=sum(trace.window_items),
+                    items_available=trace.n_items,
+                    verdict=classify(trace, low_precision=contract.low_precision),
+                    expected=contract.expected(task.tags),
+                )
+            )
     return CheckTable(rows)

@@ -47,7 +47,9 @@ class Peak:
         self._stop.set()
         if not self.exact:
             self._thread.join()
-        self.peak = _status_kib("VmHWM") * 1024 if self.exact else max(self.sampled, _status_kib("VmRSS") * 1024)
+        self.peak = (
+            _status_kib("VmHWM") * 1024 if self.exact else max(self.sampled, _status_kib("VmRSS") * 1024)
+        )
         self.extra = self.peak - self.base
 
 

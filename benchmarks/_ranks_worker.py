@@ -3,17 +3,14 @@ loop cases, the collective-traffic counter, and ``rank_main``, which each spawne
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import json
 import os
 import pickle
-import statistics
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +18,6 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, also in the spawned ranks
-from _render import md_table  # noqa: E402
 
 WORLD = 2
 LAUNCH_TIMEOUT_S = 300.0
@@ -79,19 +75,40 @@ class Case:
 
         fn = LOOPS["correct"](self.task)
         if mode == "verify":
-            return lambda: accumlib.verify(fn, model=self.model, dataset=self.dataset, item_losses=self.task.item_losses,
-                                           accum_steps=self.k, batch_size=self.batch_size, collate_fn=self.collate_fn,
-                                           ranks="all")
-        net = copy.deepcopy(self.model)  # made before the run: verify's own copies are part of what verify adds
+            return lambda: accumlib.verify(
+                fn,
+                model=self.model,
+                dataset=self.dataset,
+                item_losses=self.task.item_losses,
+                accum_steps=self.k,
+                batch_size=self.batch_size,
+                collate_fn=self.collate_fn,
+                ranks="all",
+            )
+        # made before the run: verify's own copies are part of what verify adds
+        net = copy.deepcopy(self.model)
         opt = torch.optim.SGD(net.parameters(), lr=0.05)  # verify's default optimizer
-        loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, shuffle=False, collate_fn=self.collate_fn)
+        loader = torch.utils.data.DataLoader(
+            self.dataset, batch_size=self.batch_size, shuffle=False, collate_fn=self.collate_fn
+        )
         return lambda: fn(net, opt, loader)
 
 
 # --- counting what flows ----------------------------------------------------------------------------------
 
-COUNTED = ("all_reduce", "broadcast", "all_gather_object", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
-           "gather_object", "broadcast_object_list", "scatter", "reduce", "barrier")
+COUNTED = (
+    "all_reduce",
+    "broadcast",
+    "all_gather_object",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter",
+    "reduce",
+    "barrier",
+)
 
 
 def _nbytes(name: str, args: tuple, kwargs: dict) -> int:
@@ -130,7 +147,11 @@ class Traffic:
             if who is None and not path.startswith(torch_dir):
                 who = "verify" if verify_dir in path else "loop"
                 caller = f"{os.path.basename(path)}:{f.f_code.co_name}"
-            if verify_dir in path and path.endswith("ranks.py") and f.f_code.co_name in ("step", "finish", "join"):
+            if (
+                verify_dir in path
+                and path.endswith("ranks.py")
+                and f.f_code.co_name in ("step", "finish", "join")
+            ):
                 phase = {"step": "step", "finish": "end", "join": "start"}[f.f_code.co_name]
                 break
             f = f.f_back
@@ -149,7 +170,8 @@ class Traffic:
             def wrapped(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:
                 if self._depth == 0:
                     who, phase, caller = self._where()
-                    if caller != "comm.py:_counting_allreduce":  # DDP's buckets, through the hook below: counted there
+                    # DDP's buckets, through the hook below: counted there
+                    if caller != "comm.py:_counting_allreduce":
                         self.calls.append((who, phase, _name, _nbytes(_name, args, kwargs), caller))
                 self._depth += 1
                 try:
@@ -196,12 +218,20 @@ class Traffic:
         loop_calls, loop_bytes = total("loop")
         ddp_calls = sum(c.calls for c in self.ddp)
         ddp_bytes = sum(c.bytes for c in self.ddp)
-        return {"steps": steps, "calls_per_step": step_calls / steps, "bytes_per_step": step_bytes / steps,
-                "per_op_per_step": {op: [c / steps, b / steps] for op, (c, b) in per_op.items()},
-                "verify_calls": verify_calls, "verify_bytes": verify_bytes,
-                "verify_outside_steps_bytes": verify_bytes - step_bytes, "outside_steps": outside,
-                "loop_python_calls_per_step": loop_calls / steps, "loop_python_bytes_per_step": loop_bytes / steps,
-                "ddp_calls_per_step": ddp_calls / steps, "ddp_bytes_per_step": ddp_bytes / steps}
+        return {
+            "steps": steps,
+            "calls_per_step": step_calls / steps,
+            "bytes_per_step": step_bytes / steps,
+            "per_op_per_step": {op: [c / steps, b / steps] for op, (c, b) in per_op.items()},
+            "verify_calls": verify_calls,
+            "verify_bytes": verify_bytes,
+            "verify_outside_steps_bytes": verify_bytes - step_bytes,
+            "outside_steps": outside,
+            "loop_python_calls_per_step": loop_calls / steps,
+            "loop_python_bytes_per_step": loop_bytes / steps,
+            "ddp_calls_per_step": ddp_calls / steps,
+            "ddp_bytes_per_step": ddp_bytes / steps,
+        }
 
 
 # --- one rank ---------------------------------------------------------------------------------------------
@@ -216,10 +246,18 @@ def rank_main(rank: int, world: int, plan_json: str, out: str) -> None:
     torch.set_num_threads(1)
     res: dict[str, Any] = {"rank": rank}
     warm = Case("warm", WARM)
-    for mode in ("alone", "verify"):  # one-time imports and allocations (DDP, gloo, verify's modules), before any baseline
+    # one-time imports and allocations (DDP, gloo, verify's modules), before any baseline
+    for mode in ("alone", "verify"):
         warm.prepare(mode)()
-    cases = {name: Case(name, None if name == "lm-tokens" else Scale(**{**plan["scale"], "widths": tuple(plan["scale"]["widths"])}))
-             for name in plan["cases"]}
+    cases = {
+        name: Case(
+            name,
+            None
+            if name == "lm-tokens"
+            else Scale(**{**plan["scale"], "widths": tuple(plan["scale"]["widths"])}),
+        )
+        for name in plan["cases"]
+    }
 
     ran: set[tuple[str, str]] = set()  # (model, mode) already run in this process: warm
     traffic = res["traffic"] = {}
@@ -229,10 +267,15 @@ def rank_main(rank: int, world: int, plan_json: str, out: str) -> None:
             run = cases[name].prepare(mode)
             count = mode == "verify" and name in plan.get("traffic", [])
             dist.barrier()
-            with Traffic() if count else contextlib.nullcontext() as tr:  # entered outside the peak: its imports are not verify's
+            # entered outside the peak: its imports are not verify's
+            with Traffic() if count else contextlib.nullcontext() as tr:
                 with Peak() as peak:
                     report = run()
-            mem[f"{name}/{mode}"] = {"extra_peak_bytes": peak.extra, "base_bytes": peak.base, "exact_peak": peak.exact}
+            mem[f"{name}/{mode}"] = {
+                "extra_peak_bytes": peak.extra,
+                "base_bytes": peak.base,
+                "exact_peak": peak.exact,
+            }
             if mode == "verify":
                 mem[f"{name}/{mode}"]["ok"] = bool(report.ok)
             if count:
@@ -252,7 +295,8 @@ def rank_main(rank: int, world: int, plan_json: str, out: str) -> None:
     if plan.get("time"):
         times = res["time"] = {}
         for name in plan["time"]:
-            for mode in ("alone", "verify"):  # a warm-up of each not yet run here (first runs pay one-time costs)
+            # a warm-up of each not yet run here (first runs pay one-time costs)
+            for mode in ("alone", "verify"):
                 if (name, mode) not in ran:
                     run = cases[name].prepare(mode)
                     dist.barrier()
@@ -273,8 +317,12 @@ def rank_main(rank: int, world: int, plan_json: str, out: str) -> None:
                         steps = len(report.steps)
             times[name] = {**t, "ok": all(oks), "codes": codes, "steps": steps}
 
-    res["cases"] = {name: {"param_count": sum(p.numel() for p in c.model.parameters()),
-                           "param_bytes": sum(p.numel() * p.element_size() for p in c.model.parameters())}
-                    for name, c in cases.items()}
+    res["cases"] = {
+        name: {
+            "param_count": sum(p.numel() for p in c.model.parameters()),
+            "param_bytes": sum(p.numel() * p.element_size() for p in c.model.parameters()),
+        }
+        for name, c in cases.items()
+    }
     with open(os.path.join(out, f"{plan['label']}-rank{rank}.json"), "w") as fh:
         json.dump(res, fh)

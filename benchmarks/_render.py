@@ -23,11 +23,19 @@ def goals_table(results: dict, modules: dict[str, Any]) -> list[dict]:
         if res is None:
             entry |= {"status": "not measured", "met": None, "measured": "section not run"}
         elif "not_available" in res:
-            entry |= {"status": "not measured", "met": None, "measured": f"not available: {res['not_available']}"}
+            entry |= {
+                "status": "not measured",
+                "met": None,
+                "measured": f"not available: {res['not_available']}",
+            }
         else:
             g = res["goals"][key]
-            entry |= {"met": g["met"], "measured": g["measured"], "missed": g.get("missed", []),
-                      "status": {True: "met", False: "MISSED", None: "not measured"}[g["met"]]}
+            entry |= {
+                "met": g["met"],
+                "measured": g["measured"],
+                "missed": g.get("missed", []),
+                "status": {True: "met", False: "MISSED", None: "not measured"}[g["met"]],
+            }
             if g.get("note"):
                 entry["note"] = g["note"]
         table.append(entry)
@@ -43,17 +51,25 @@ def fmt_bytes(n: float) -> str:
 
 
 def md_table(head: list[str], rows: list[list[Any]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"] + [
+        "| " + " | ".join(str(c) for c in r) + " |" for r in rows
+    ]
 
 
 def headline(sections: dict, k: int = 8) -> list[str]:
     """The trade in one sentence: at k, the share of activations kept and the step time paid, per model."""
     mem = {r["model"]: r["ratio"] for r in sections.get("memory", {}).get("rows", []) if r["k"] == k}
-    price = {r["model"]: r["ratio_to_k1"] for r in sections.get("price", {}).get("rows", []) if r["k"] == k and r["device"] == "cpu"}
+    price = {
+        r["model"]: r["ratio_to_k1"]
+        for r in sections.get("price", {}).get("rows", [])
+        if r["k"] == k and r["device"] == "cpu"
+    }
     models = [m for m in mem if m in price]
     if not models:
         return []
-    parts = ", ".join(f"{m} {mem[m]:.3f} of the activations for {price[m]:.2f}x the step time" for m in models)
+    parts = ", ".join(
+        f"{m} {mem[m]:.3f} of the activations for {price[m]:.2f}x the step time" for m in models
+    )
     return [f"The trade at k = {k} (same effective batch, CPU): {parts}.", ""]
 
 
@@ -75,19 +91,35 @@ def markdown(report: dict, modules: dict[str, Any]) -> str:
         "",
         f"Produced by `make bench` on {m['date_utc']} UTC at commit {m['commit']}: {m['cpu']}, {m['cores']} cores, "
         f"torch {m['torch']} ({m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}), Python {m['python']}"
-        + (f", CUDA {m['cuda']}" if m["cuda"] else ", no CUDA device") + f". Whole run: {report['wall_s']:.0f} s.",
+        + (f", CUDA {m['cuda']}" if m["cuda"] else ", no CUDA device")
+        + f". Whole run: {report['wall_s']:.0f} s.",
         "",
     ]
     if contaminated:
         lines += [f"> **Warning:** {contaminated}", ""]
     if report.get("carried"):
-        lines += ["Sections kept from earlier runs (`--merge`): " + ", ".join(
-            f"{name} ({c['date_utc']} UTC, commit {c['commit']})" for name, c in report["carried"].items()) + ".", ""]
+        lines += [
+            "Sections kept from earlier runs (`--merge`): "
+            + ", ".join(
+                f"{name} ({c['date_utc']} UTC, commit {c['commit']})" for name, c in report["carried"].items()
+            )
+            + ".",
+            "",
+        ]
     lines += headline(report["sections"])
     lines += ["### Goals", ""]
-    lines += md_table(["goal", "target", "measured", "status"],
-                       [[g["goal"], g["target"], g["measured"], f"**{g['status']}**" if g["status"] == "MISSED" else g["status"]]
-                        for g in report["goals"]])
+    lines += md_table(
+        ["goal", "target", "measured", "status"],
+        [
+            [
+                g["goal"],
+                g["target"],
+                g["measured"],
+                f"**{g['status']}**" if g["status"] == "MISSED" else g["status"],
+            ]
+            for g in report["goals"]
+        ],
+    )
     for name, res in report["sections"].items():
         lines += ["", f"### {modules[name].TITLE}", ""] + section_lines(name, res, modules, short=True)
     return "\n".join(lines) + "\n"
@@ -104,7 +136,7 @@ def figure(report: dict, path: Path, modules: dict[str, Any]) -> None:
             rows = [r for r in s["memory"]["rows"] if r["model"] == model]
             ax.plot([r["k"] for r in rows], [r["ratio"] for r in rows], "o-", label=model)
         ks = sorted({r["k"] for r in s["memory"]["rows"]})
-        ax.plot(ks, [1 / k + limit['memory'] for k in ks], "k--", lw=1, label="goal 1/k + 0.05")
+        ax.plot(ks, [1 / k + limit["memory"] for k in ks], "k--", lw=1, label="goal 1/k + 0.05")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.legend()
@@ -119,28 +151,55 @@ def figure(report: dict, path: Path, modules: dict[str, Any]) -> None:
     ax = axes[1][0]
     bars = []
     if "rows" in s.get("overhead", {}):
-        bars += [(f"{r['loop']} {r['task'].split('-')[0]}", r["ratio"], limit['overhead'], r["ratio_quartiles"])
-                 for r in s["overhead"]["rows"] if r["device"] == "cpu"]
+        bars += [
+            (f"{r['loop']} {r['task'].split('-')[0]}", r["ratio"], limit["overhead"], r["ratio_quartiles"])
+            for r in s["overhead"]["rows"]
+            if r["device"] == "cpu"
+        ]
     if "rows" in s.get("verify", {}):
-        bars += [(f"verify {r['loop'].removeprefix('correct-')}", r["ratio"], limit['verify'], r["ratio_quartiles"]) for r in s["verify"]["rows"]]
+        bars += [
+            (
+                f"verify {r['loop'].removeprefix('correct-')}",
+                r["ratio"],
+                limit["verify"],
+                r["ratio_quartiles"],
+            )
+            for r in s["verify"]["rows"]
+        ]
     if bars:
-        err = [[max(0.0, b[1] - b[3][0]) for b in bars], [max(0.0, b[3][1] - b[1]) for b in bars]]  # quartiles of the pair ratios
-        ax.barh([b[0] for b in bars], [b[1] for b in bars], xerr=err, color=["C0" if b[1] <= b[2] else "C3" for b in bars])
+        # quartiles of the pair ratios
+        err = [[max(0.0, b[1] - b[3][0]) for b in bars], [max(0.0, b[3][1] - b[1]) for b in bars]]
+        ax.barh(
+            [b[0] for b in bars],
+            [b[1] for b in bars],
+            xerr=err,
+            color=["C0" if b[1] <= b[2] else "C3" for b in bars],
+        )
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_xscale("log")
     ax.set(title="2 & 4. time ratios, quartiles (red: goal missed)", xlabel="ratio to the baseline")
     ax = axes[1][1]
     bars = []
     if "rows" in s.get("notebooks", {}):
-        bars += [(Path(r["notebook"]).stem[:24], r["wall_s"], limit['notebooks']) for r in s["notebooks"]["rows"]]
+        bars += [
+            (Path(r["notebook"]).stem[:24], r["wall_s"], limit["notebooks"]) for r in s["notebooks"]["rows"]
+        ]
     if "rows" in s.get("widgets", {}):
-        slowest: dict[str, dict] = {}  # each widget's slowest control held to the goal (every control: latest.md)
+        # each widget's slowest control held to the goal (every control: latest.md)
+        slowest: dict[str, dict] = {}
         for r in s["widgets"]["rows"]:
-            if r.get("status") in ("met", "MISSED") and r["median_s"] > slowest.get(r["notebook"][:2] + " " + r["widget"], {}).get("median_s", -1):
+            if r.get("status") in ("met", "MISSED") and r["median_s"] > slowest.get(
+                r["notebook"][:2] + " " + r["widget"], {}
+            ).get("median_s", -1):
                 slowest[r["notebook"][:2] + " " + r["widget"]] = r
-        bars += [(f"{key[:2]} {r['widget'].rsplit('.', 1)[-1]}: {r['control']}", r["median_s"], limit['widgets']) for key, r in slowest.items()]
+        bars += [
+            (f"{key[:2]} {r['widget'].rsplit('.', 1)[-1]}: {r['control']}", r["median_s"], limit["widgets"])
+            for key, r in slowest.items()
+        ]
     if bars:
-        ax.barh([b[0] for b in bars], [b[1] for b in bars], color=["C0" if b[1] <= b[2] else "C3" for b in bars])
+        ax.barh(
+            [b[0] for b in bars], [b[1] for b in bars], color=["C0" if b[1] <= b[2] else "C3" for b in bars]
+        )
         ax.set_xscale("log")
     ax.set(title="5 & 6. nbval wall, widget controls (red: missed)", xlabel="seconds")
     fig.tight_layout()

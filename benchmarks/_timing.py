@@ -26,7 +26,9 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def interleaved(prepare: dict[str, Callable[[], Callable[[], Any]]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved(
+    prepare: dict[str, Callable[[], Callable[[], Any]]], repeats: int, warmup: int = 1
+) -> dict[str, list[float]]:
     """Seconds per run of each candidate, interleaved A B, B A, A B, ... so drift hits every candidate alike.
 
     The order flips every round: on a busy machine the first of a pair is measurably
@@ -69,19 +71,38 @@ def finite(x: float) -> bool:
 def machine(threads: int) -> dict:
     cpu = platform.processor() or ""
     with contextlib.suppress(OSError):
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), cpu)
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in open("/proc/cpuinfo")
+                if line.startswith("model name")
+            ),
+            cpu,
+        )
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "accumlib", "notebooks"], cwd=ROOT, capture_output=True, text=True).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "accumlib", "notebooks"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout
         commit += " + uncommitted changes in accumlib/ or notebooks/" if dirty.strip() else ""
     except OSError:
         commit = ""
     return {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "torch_threads": threads, "python": platform.python_version(), "torch": torch.__version__,
-        "platform": platform.platform(), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "commit": commit, "load_average_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": threads,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "commit": commit,
+        "load_average_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
 
 
@@ -89,7 +110,8 @@ def cpu_now() -> tuple[float, float, float] | None:
     """(wall s, CPU-seconds the whole machine was busy, CPU-seconds of this process and its finished children)."""
     try:
         with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+            # user nice system idle iowait irq softirq steal
+            ticks = [int(x) for x in f.readline().split()[1:9]]
     except (OSError, ValueError):
         return None
     t = os.times()
@@ -104,7 +126,8 @@ def other_cores(a: tuple | None, b: tuple | None) -> float | None:
     return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0])
 
 
-BUSY_CORES = 0.2  # other processes using a fifth of a core on average already move ratios by more than the 3% goal
+# other processes using a fifth of a core on average already move ratios by more than the 3% goal
+BUSY_CORES = 0.2
 
 
 def devices() -> list[str]:

@@ -4,10 +4,9 @@ counted by accumlib.distributed's communication hook (gloo on loopback).
 
 from __future__ import annotations
 
-
+from _render import md_table
 
 import accumlib
-from _render import md_table
 
 NAME = "distributed"
 TITLE = "7. Distributed: all-reduce per optimizer step, world size 2"
@@ -18,6 +17,7 @@ def run(quick: bool = False, world_size: int = 2) -> dict:
     """All-reduce calls and bytes per optimizer step, counted by accumlib.distributed's DDP comm hook."""
     try:
         import torch.distributed as dist
+
         from accumlib.distributed import COMM_VARIANTS, RunSpec, run_specs, shard_loader
     except ImportError as err:
         return {"not_available": f"accumlib.distributed cannot be imported ({err})"}
@@ -36,13 +36,23 @@ def run(quick: bool = False, world_size: int = 2) -> dict:
     rows = []
     for (task_name, k, variant), r in by.items():
         ref = by[(task_name, k, "no_sync")]
-        rows.append({
-            "task": task_name, "k": k, "variant": variant, "world_size": world_size,
-            "calls_per_step": r.calls_per_step, "bytes_per_step": r.bytes_per_step,
-            "window_batches": r.window_batches[0], "bytes_vs_no_sync": r.bytes_per_step / ref.bytes_per_step,
-        })
-    return {"rows": rows, "goals": {},
-            "note": "first optimizer step (a full window), per rank, from the DDP communication hook; gloo on loopback"}
+        rows.append(
+            {
+                "task": task_name,
+                "k": k,
+                "variant": variant,
+                "world_size": world_size,
+                "calls_per_step": r.calls_per_step,
+                "bytes_per_step": r.bytes_per_step,
+                "window_batches": r.window_batches[0],
+                "bytes_vs_no_sync": r.bytes_per_step / ref.bytes_per_step,
+            }
+        )
+    return {
+        "rows": rows,
+        "goals": {},
+        "note": "first optimizer step (a full window), per rank, from the DDP communication hook; gloo on loopback",
+    }
 
 
 def lines(res: dict, short: bool = False) -> list[str]:
@@ -52,8 +62,16 @@ def lines(res: dict, short: bool = False) -> list[str]:
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     get = {(r["task"], r["k"], r["variant"]): r for r in rows}
     keys = list(dict.fromkeys((r["task"], r["k"]) for r in rows))
-    lines += md_table(["task", "k"] + [f"{v}: calls, bytes" for v in variants],
-                       [[t, k] + [f"{get[(t, k, v)]['calls_per_step']}, {get[(t, k, v)]['bytes_per_step']:,}"
-                                  + ("" if v == "no_sync" else f" ({get[(t, k, v)]['bytes_vs_no_sync']:.0f}x)") for v in variants]
-                        for t, k in keys])
+    lines += md_table(
+        ["task", "k"] + [f"{v}: calls, bytes" for v in variants],
+        [
+            [t, k]
+            + [
+                f"{get[(t, k, v)]['calls_per_step']}, {get[(t, k, v)]['bytes_per_step']:,}"
+                + ("" if v == "no_sync" else f" ({get[(t, k, v)]['bytes_vs_no_sync']:.0f}x)")
+                for v in variants
+            ]
+            for t, k in keys
+        ],
+    )
     return lines

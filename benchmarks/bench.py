@@ -47,14 +47,24 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the section modules, however this file is loaded
 
 import torch  # noqa: E402
-
-import accumlib  # noqa: E402, F401  (imported before any section, so a broken install fails here)
 from _render import figure, goals_table, markdown, section_lines  # noqa: E402
 from _timing import BUSY_CORES, ROOT, cpu_now, machine, other_cores  # noqa: E402
 
+import accumlib  # noqa: E402, F401  (imported before any section, so a broken install fails here)
+
 # The sections, in the order of the report: the module file of each.
-SECTION_MODULES = ("memory", "overhead", "price", "verify_cost", "notebook_times", "widgets", "allreduce", "verify_scale",
-                   "trainer_cost", "verify_ranks")
+SECTION_MODULES = (
+    "memory",
+    "overhead",
+    "price",
+    "verify_cost",
+    "notebook_times",
+    "widgets",
+    "allreduce",
+    "verify_scale",
+    "trainer_cost",
+    "verify_ranks",
+)
 MODULES: dict[str, Any] = {m.NAME: m for m in (importlib.import_module(name) for name in SECTION_MODULES)}
 SECTIONS = tuple(MODULES)
 GOALS = {key: text for m in MODULES.values() for key, text in m.GOALS.items()}
@@ -77,7 +87,9 @@ def _carry_over(report: dict, previous: Path) -> None:
         report["sections"][name] = res
         report["section_wall_s"][name] = old.get("section_wall_s", {}).get(name)
         report["other_cores"][name] = old.get("other_cores", {}).get(name)
-        carried[name] = old.get("carried", {}).get(name) or {k: old["machine"].get(k) for k in ("date_utc", "commit")}
+        carried[name] = old.get("carried", {}).get(name) or {
+            k: old["machine"].get(k) for k in ("date_utc", "commit")
+        }
     report["sections"] = {n: report["sections"][n] for n in SECTIONS if n in report["sections"]}
     report["carried"] = carried
 
@@ -85,11 +97,21 @@ def _carry_over(report: dict, previous: Path) -> None:
 def run(only: list[str], quick: bool, out: Path, threads: int, merge: bool = False) -> dict:
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"machine": machine(threads), "quick": quick, "sections": {}, "section_wall_s": {}}
+    report: dict[str, Any] = {
+        "machine": machine(threads),
+        "quick": quick,
+        "sections": {},
+        "section_wall_s": {},
+    }
     m = report["machine"]
     print(f"accumlib benchmarks{' (--quick: tiny sizes, figures only)' if quick else ''}")
-    print(f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, torch.set_num_threads({threads}), "
-          f"CUDA: {m['cuda'] or 'none'}, load average {m['load_average_start']:.1f}" if m["load_average_start"] is not None else "", flush=True)
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, torch.set_num_threads({threads}), "
+        f"CUDA: {m['cuda'] or 'none'}, load average {m['load_average_start']:.1f}"
+        if m["load_average_start"] is not None
+        else "",
+        flush=True,
+    )
     start = time.perf_counter()
     report["other_cores"] = {}  # per section: cores other processes kept busy meanwhile
     for name in only:
@@ -107,7 +129,12 @@ def run(only: list[str], quick: bool, out: Path, threads: int, merge: bool = Fal
         report["section_wall_s"][name] = time.perf_counter() - t0
         report["other_cores"][name] = busy = other_cores(cpu0, cpu_now())
         print("\n".join(section_lines(name, res, MODULES)), flush=True)
-        print(f"({report['section_wall_s'][name]:.1f} s" + ("" if busy is None else f"; other processes kept {busy:.2f} cores busy meanwhile") + ")", flush=True)
+        print(
+            f"({report['section_wall_s'][name]:.1f} s"
+            + ("" if busy is None else f"; other processes kept {busy:.2f} cores busy meanwhile")
+            + ")",
+            flush=True,
+        )
     report["wall_s"] = time.perf_counter() - start
     if merge:
         _carry_over(report, out / "latest.json")
@@ -119,7 +146,8 @@ def run(only: list[str], quick: bool, out: Path, threads: int, merge: bool = Fal
         report["busy_warning"] = (
             f"other processes kept up to {busy[worst]:.1f} of {m['cores']} cores busy (during '{worst}'; "
             f"{', '.join(f'{k} {v:.1f}' for k, v in busy.items())}): every time and time ratio here is contaminated; "
-            "re-run `make bench` on a quiet machine")
+            "re-run `make bench` on a quiet machine"
+        )
     print("\n== goals")
     for g in report["goals"]:
         print(f"  {g['status']:<13} {g['goal']:<15} {g['measured']}")
@@ -130,18 +158,40 @@ def run(only: list[str], quick: bool, out: Path, threads: int, merge: bool = Fal
     (out / "latest.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "latest.md").write_text(markdown(report, MODULES))
     figure(report, out / "latest.png", MODULES)
-    print(f"\nwrote {out / 'latest.json'}, {out / 'latest.md'}, {out / 'latest.png'}  ({report['wall_s']:.0f} s in all)")
+    print(
+        f"\nwrote {out / 'latest.json'}, {out / 'latest.md'}, {out / 'latest.png'}  ({report['wall_s']:.0f} s in all)"
+    )
     return report
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="tiny sizes and one repeat: checks the script, measures nothing for real")
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections (default all): {','.join(SECTIONS)}")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where latest.json/.md/.png go")
-    p.add_argument("--merge", action="store_true",
-                   help="keep the sections not run from the existing latest.json in --out (each with its own date and commit)")
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the timed sections (default 1: stable on 2 cores)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes and one repeat: checks the script, measures nothing for real",
+    )
+    p.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections (default all): {','.join(SECTIONS)}",
+    )
+    p.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results", help="where latest.json/.md/.png go"
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the sections not run from the existing latest.json in --out (each with its own date and commit)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads for the timed sections (default 1: stable on 2 cores)",
+    )
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]

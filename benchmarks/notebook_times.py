@@ -12,13 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-
 from _render import md_table
 from _timing import ROOT
 
 NAME = "notebooks"
 TITLE = "5. Notebook suite under nbval"
-GOALS = {"notebook_each": "every notebook under nbval <= 30 s (2-core CPU)", "notebook_suite": "the whole notebook suite <= 180 s (2-core CPU)"}
+GOALS = {
+    "notebook_each": "every notebook under nbval <= 30 s (2-core CPU)",
+    "notebook_suite": "the whole notebook suite <= 180 s (2-core CPU)",
+}
 NOTEBOOK_MAX_S = 30.0
 SUITE_MAX_S = 180.0
 LIMIT = NOTEBOOK_MAX_S
@@ -28,12 +30,27 @@ def _notebooks(quick: bool, out: Path) -> tuple[list[Path], list[str]]:
     """The notebooks to run, and the numbered notebooks that do not exist (yet): gaps in 01, 02, ..."""
     if quick:  # nbval's machinery on a one-cell notebook: a real notebook takes tens of seconds
         nb = out / "quick_check.ipynb"
-        nb.write_text(json.dumps({
-            "cells": [{"cell_type": "code", "execution_count": 1, "id": "c0", "metadata": {},
-                       "outputs": [{"name": "stdout", "output_type": "stream", "text": ["2\n"]}], "source": ["print(1 + 1)"]}],
-            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-            "nbformat": 4, "nbformat_minor": 5,
-        }))
+        nb.write_text(
+            json.dumps(
+                {
+                    "cells": [
+                        {
+                            "cell_type": "code",
+                            "execution_count": 1,
+                            "id": "c0",
+                            "metadata": {},
+                            "outputs": [{"name": "stdout", "output_type": "stream", "text": ["2\n"]}],
+                            "source": ["print(1 + 1)"],
+                        }
+                    ],
+                    "metadata": {
+                        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}
+                    },
+                    "nbformat": 4,
+                    "nbformat_minor": 5,
+                }
+            )
+        )
         return [nb], []
     found = sorted((ROOT / "notebooks").glob("*.ipynb"))
     numbers = sorted(int(m.group(1)) for p in found if (m := re.match(r"(\d+)_", p.name)))
@@ -51,22 +68,54 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
     paths, missing = _notebooks(quick, out)
     rows = []
     for nb in paths:
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml"),
-               "--rootdir", str(ROOT), "--nbval", "--nbval-current-env", str(nb)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(ROOT),
+            "--nbval",
+            "--nbval-current-env",
+            str(nb),
+        ]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"MPLBACKEND": "Agg"})
+        proc = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"MPLBACKEND": "Agg"}
+        )
         wall = time.perf_counter() - t0
         tail = (proc.stdout.strip().splitlines() or [""])[-1]
         rel = nb.relative_to(ROOT) if nb.is_relative_to(ROOT) else nb.name
-        rows.append({"notebook": str(rel), "wall_s": wall, "passed": proc.returncode == 0, "pytest": tail[-120:], "met": wall <= NOTEBOOK_MAX_S})
-        print(f"    {str(rel):<44} {wall:6.1f} s  {'passed' if proc.returncode == 0 else 'FAILED: ' + tail[-80:]}", flush=True)
+        rows.append(
+            {
+                "notebook": str(rel),
+                "wall_s": wall,
+                "passed": proc.returncode == 0,
+                "pytest": tail[-120:],
+                "met": wall <= NOTEBOOK_MAX_S,
+            }
+        )
+        print(
+            f"    {str(rel):<44} {wall:6.1f} s  {'passed' if proc.returncode == 0 else 'FAILED: ' + tail[-80:]}",
+            flush=True,
+        )
     suite = sum(r["wall_s"] for r in rows)
     worst = max(rows, key=lambda r: r["wall_s"])
     goals = {
-        "notebook_each": {"measured": f"slowest {worst['notebook']}: {worst['wall_s']:.1f} s", "met": all(r["met"] for r in rows),
-                          "missed": [f"{r['notebook']}: {r['wall_s']:.1f} s" for r in rows if not r["met"]]},
-        "notebook_suite": {"measured": f"{suite:.1f} s over {len(rows)} notebooks", "met": suite <= SUITE_MAX_S,
-                           "missed": [] if suite <= SUITE_MAX_S else [f"suite: {suite:.1f} s"]},
+        "notebook_each": {
+            "measured": f"slowest {worst['notebook']}: {worst['wall_s']:.1f} s",
+            "met": all(r["met"] for r in rows),
+            "missed": [f"{r['notebook']}: {r['wall_s']:.1f} s" for r in rows if not r["met"]],
+        },
+        "notebook_suite": {
+            "measured": f"{suite:.1f} s over {len(rows)} notebooks",
+            "met": suite <= SUITE_MAX_S,
+            "missed": [] if suite <= SUITE_MAX_S else [f"suite: {suite:.1f} s"],
+        },
     }
     failed = [r["notebook"] for r in rows if not r["passed"]]
     if failed:
@@ -84,9 +133,26 @@ def lines(res: dict, short: bool = False) -> list[str]:
     """This section's figures as markdown (``short``: the README's selection)."""
     rows = res["rows"]
     lines: list[str] = []
-    lines += md_table(["notebook", "wall", "nbval", "goal <= 30 s"],
-                       [[r["notebook"], f"{r['wall_s']:.1f} s", "passed" if r["passed"] else "FAILED", "met" if r["met"] else "MISSED"] for r in rows]
-                       + [["**suite (sum)**", f"**{res['suite_s']:.1f} s**", "", "met" if res["suite_s"] <= SUITE_MAX_S else "MISSED (goal 180 s)"]])
+    lines += md_table(
+        ["notebook", "wall", "nbval", "goal <= 30 s"],
+        [
+            [
+                r["notebook"],
+                f"{r['wall_s']:.1f} s",
+                "passed" if r["passed"] else "FAILED",
+                "met" if r["met"] else "MISSED",
+            ]
+            for r in rows
+        ]
+        + [
+            [
+                "**suite (sum)**",
+                f"**{res['suite_s']:.1f} s**",
+                "",
+                "met" if res["suite_s"] <= SUITE_MAX_S else "MISSED (goal 180 s)",
+            ]
+        ],
+    )
     if res["missing"]:
         lines += ["", f"not present yet, skipped: {', '.join(res['missing'])}"]
     return lines

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-import accumlib
-from accumlib.loops import CONTRACTS, LOOPS
-from accumlib import data as _data
 from _render import md_table
 from _timing import devices, interleaved, pair_ratios, ratio_quartiles
+
+import accumlib
+from accumlib import data as _data
+from accumlib.loops import CONTRACTS, LOOPS
 
 NAME = "overhead"
 TITLE = "2. Overhead of the reference loops"
@@ -34,7 +34,7 @@ def hand_naive(model, optimizer, batches, item_losses, *, accum_steps):
     logged = []
     for s in range(0, len(batches), accum_steps):
         total, n = 0.0, 0
-        for batch in batches[s:s + accum_steps]:
+        for batch in batches[s : s + accum_steps]:
             losses = item_losses(model, batch)
             losses.mean().backward()
             total, n = total + losses.detach().sum(), n + losses.numel()
@@ -48,7 +48,7 @@ def hand_normalized(model, optimizer, batches, item_losses, *, accum_steps):
     logged = []
     for s in range(0, len(batches), accum_steps):
         total, n = 0.0, 0
-        for batch in batches[s:s + accum_steps]:
+        for batch in batches[s : s + accum_steps]:
             losses = item_losses(model, batch)
             (losses.mean() / accum_steps).backward()
             total, n = total + losses.detach().sum(), n + losses.numel()
@@ -61,7 +61,7 @@ def hand_normalized(model, optimizer, batches, item_losses, *, accum_steps):
 def hand_ragged(model, optimizer, batches, item_losses, *, accum_steps, count_items):
     logged = []
     for s in range(0, len(batches), accum_steps):
-        window = batches[s:s + accum_steps]
+        window = batches[s : s + accum_steps]
         n = sum(count_items(b) for b in window)
         total = 0.0
         for batch in window:
@@ -80,7 +80,7 @@ def hand_amp(model, optimizer, batches, item_losses, *, accum_steps, count_items
     scaler = torch.amp.GradScaler(dev.type)
     logged = []
     for s in range(0, len(batches), accum_steps):
-        window = batches[s:s + accum_steps]
+        window = batches[s : s + accum_steps]
         n = sum(count_items(b) for b in window)
         total = 0.0
         for batch in window:
@@ -98,7 +98,7 @@ def hand_amp(model, optimizer, batches, item_losses, *, accum_steps, count_items
 def hand_large_batch(model, optimizer, batches, item_losses, *, accum_steps, merge):
     logged = []
     for s in range(0, len(batches), accum_steps):
-        losses = item_losses(model, merge(batches[s:s + accum_steps]))
+        losses = item_losses(model, merge(batches[s : s + accum_steps]))
         losses.mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -106,7 +106,13 @@ def hand_large_batch(model, optimizer, batches, item_losses, *, accum_steps, mer
     return logged
 
 
-HAND = {"naive": hand_naive, "normalized": hand_normalized, "ragged": hand_ragged, "amp": hand_amp, "large_batch": hand_large_batch}
+HAND = {
+    "naive": hand_naive,
+    "normalized": hand_normalized,
+    "ragged": hand_ragged,
+    "amp": hand_amp,
+    "large_batch": hand_large_batch,
+}
 
 
 def run(quick: bool = False, repeats: int | None = None) -> dict:
@@ -124,8 +130,16 @@ def run(quick: bool = False, repeats: int | None = None) -> dict:
             model0 = task.make_model(0).to(device)
             for loop_name, loop in LOOPS.items():
                 if loop_name not in HAND:  # a new loop: say so, never skip it silently
-                    rows.append({"device": device, "task": task_name, "loop": loop_name, "missing_twin": True, "met": False,
-                                 "ratio": float("nan")})
+                    rows.append(
+                        {
+                            "device": device,
+                            "task": task_name,
+                            "loop": loop_name,
+                            "missing_twin": True,
+                            "met": False,
+                            "ratio": float("nan"),
+                        }
+                    )
                     continue
                 kw = CONTRACTS[loop_name].kwargs_for(task)  # the task fields the loop's contract takes
                 logged = {}
@@ -134,21 +148,36 @@ def run(quick: bool = False, repeats: int | None = None) -> dict:
                     def make() -> Callable[[], Any]:
                         model = copy.deepcopy(model0)
                         opt = torch.optim.SGD(model.parameters(), lr=0.05)
-                        return lambda: logged.__setitem__(who, fn(model, opt, batches, task.item_losses, accum_steps=task.accum_steps, **kw))
+                        return lambda: logged.__setitem__(
+                            who, fn(model, opt, batches, task.item_losses, accum_steps=task.accum_steps, **kw)
+                        )
+
                     return make
 
-                t = interleaved({"accumlib": prepare(loop, "accumlib"), "hand": prepare(HAND[loop_name], "hand")}, repeats)
+                t = interleaved(
+                    {"accumlib": prepare(loop, "accumlib"), "hand": prepare(HAND[loop_name], "hand")}, repeats
+                )
                 ratio = pair_ratios(t["accumlib"], t["hand"])
                 same = len(logged["accumlib"]) == len(logged["hand"]) and all(
-                    math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(logged["accumlib"], logged["hand"])
+                    math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+                    for a, b in zip(logged["accumlib"], logged["hand"])
                 )  # same logged losses: the twin really does the accumlib loop's work
-                rows.append({
-                    "device": device, "task": task_name, "loop": loop_name, "micro_batches": len(batches),
-                    "accum_steps": task.accum_steps, "accumlib_s": statistics.median(t["accumlib"]),
-                    "hand_s": statistics.median(t["hand"]), "ratio": ratio, "ratio_quartiles": ratio_quartiles(t["accumlib"], t["hand"]),
-                    "same_logged_losses": same,
-                    "repeats": repeats, "met": ratio <= OVERHEAD_MAX,
-                })
+                rows.append(
+                    {
+                        "device": device,
+                        "task": task_name,
+                        "loop": loop_name,
+                        "micro_batches": len(batches),
+                        "accum_steps": task.accum_steps,
+                        "accumlib_s": statistics.median(t["accumlib"]),
+                        "hand_s": statistics.median(t["hand"]),
+                        "ratio": ratio,
+                        "ratio_quartiles": ratio_quartiles(t["accumlib"], t["hand"]),
+                        "same_logged_losses": same,
+                        "repeats": repeats,
+                        "met": ratio <= OVERHEAD_MAX,
+                    }
+                )
     untwinned = sorted({r["loop"] for r in rows if r.get("missing_twin")})
     rows = [r for r in rows if not r.get("missing_twin")]
     worst = max(rows, key=lambda r: r["ratio"])
@@ -156,14 +185,20 @@ def run(quick: bool = False, repeats: int | None = None) -> dict:
         "measured": f"worst {worst['loop']} on {worst['task']} ({worst['device']}): {worst['ratio']:.3f}",
         "met": all(r["met"] for r in rows),
         "missed": [f"{r['loop']} {r['task']} {r['device']}: {r['ratio']:.3f}" for r in rows if not r["met"]]
-        + [f"{name}: no hand-written twin in benchmarks/overhead.py (HAND), not measured" for name in untwinned],
+        + [
+            f"{name}: no hand-written twin in benchmarks/overhead.py (HAND), not measured"
+            for name in untwinned
+        ],
     }
     if untwinned:
         goal["met"] = False
-    return {"rows": rows, "goals": {"overhead": goal},
-            "note": "ratio: median over interleaved pairs of (accumlib epoch time / hand-written epoch time) [first, third quartile]; "
-                    "times in parentheses: medians of each, per epoch; same batches, same model copy; accumlib adds "
-                    "a 1-D contract check per micro-batch and one finiteness check per window"}
+    return {
+        "rows": rows,
+        "goals": {"overhead": goal},
+        "note": "ratio: median over interleaved pairs of (accumlib epoch time / hand-written epoch time) [first, third quartile]; "
+        "times in parentheses: medians of each, per epoch; same batches, same model copy; accumlib adds "
+        "a 1-D contract check per micro-batch and one finiteness check per window",
+    }
 
 
 def lines(res: dict, short: bool = False) -> list[str]:
@@ -172,11 +207,22 @@ def lines(res: dict, short: bool = False) -> list[str]:
     lines: list[str] = []
     cols = list(dict.fromkeys((r["task"], r["device"]) for r in rows))
     get = {(r["loop"], r["task"], r["device"]): r for r in rows}
-    cell = lambda r: (f"{r['ratio']:.3f} [{r['ratio_quartiles'][0]:.2f}, {r['ratio_quartiles'][1]:.2f}] "  # noqa: E731
-                      f"({r['accumlib_s'] * 1e3:.0f} / {r['hand_s'] * 1e3:.0f} ms)"
-                      + ("" if r["met"] else " MISSED") + ("" if r["same_logged_losses"] else " LOSSES DIFFER"))
-    lines += md_table(["loop"] + [f"{t}, {d}: accumlib / hand-written" for t, d in cols],
-                       [[loop] + [cell(get[(loop, t, d)]) for t, d in cols] for loop in dict.fromkeys(r["loop"] for r in rows)])
-    lines += ["", "same logged losses as the hand-written twin: " + ("every loop" if all(r["same_logged_losses"] for r in rows)
-                                                                    else "NO for some (see LOSSES DIFFER)")]
+    cell = lambda r: (
+        f"{r['ratio']:.3f} [{r['ratio_quartiles'][0]:.2f}, {r['ratio_quartiles'][1]:.2f}] "  # noqa: E731
+        f"({r['accumlib_s'] * 1e3:.0f} / {r['hand_s'] * 1e3:.0f} ms)"
+        + ("" if r["met"] else " MISSED")
+        + ("" if r["same_logged_losses"] else " LOSSES DIFFER")
+    )
+    lines += md_table(
+        ["loop"] + [f"{t}, {d}: accumlib / hand-written" for t, d in cols],
+        [
+            [loop] + [cell(get[(loop, t, d)]) for t, d in cols]
+            for loop in dict.fromkeys(r["loop"] for r in rows)
+        ],
+    )
+    lines += [
+        "",
+        "same logged losses as the hand-written twin: "
+        + ("every loop" if all(r["same_logged_losses"] for r in rows) else "NO for some (see LOSSES DIFFER)"),
+    ]
     return lines

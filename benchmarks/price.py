@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from _render import md_table
+from _timing import devices, interleaved
+from memory import cases
 
 import accumlib
-from _render import md_table
-from memory import cases
-from _timing import devices, interleaved
 
 NAME = "price"
 TITLE = "3. The price of accumulation: step time for k micro-batches / one large batch"
@@ -47,19 +47,32 @@ def run(quick: bool = False, ks: tuple[int, ...] | None = None, repeats: int | N
                 def make() -> Callable[[], Any]:
                     model = copy.deepcopy(model0)
                     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-                    return lambda: accumlib.ragged(model, opt, micro, task.item_losses, accum_steps=k, count_items=task.count_items)
+                    return lambda: accumlib.ragged(
+                        model, opt, micro, task.item_losses, accum_steps=k, count_items=task.count_items
+                    )
+
                 return make
 
             t = interleaved({k: prepare(k) for k in ks}, repeats)
             base = statistics.median(t[ks[0]]) / inner
             for k in ks:
                 step = statistics.median(t[k]) / inner
-                rows.append({
-                    "device": device, "model": model_name, "task": task_name, "effective_batch": len(dataset),
-                    "k": k, "step_s": step, "ratio_to_k1": step / base if ks[0] == 1 else float("nan"),
-                })
-    return {"rows": rows, "goals": {},
-            "note": f"median of {repeats} interleaved samples of {inner} optimizer steps; k=1 is the large batch; accumlib.ragged, SGD"}
+                rows.append(
+                    {
+                        "device": device,
+                        "model": model_name,
+                        "task": task_name,
+                        "effective_batch": len(dataset),
+                        "k": k,
+                        "step_s": step,
+                        "ratio_to_k1": step / base if ks[0] == 1 else float("nan"),
+                    }
+                )
+    return {
+        "rows": rows,
+        "goals": {},
+        "note": f"median of {repeats} interleaved samples of {inner} optimizer steps; k=1 is the large batch; accumlib.ragged, SGD",
+    }
 
 
 def lines(res: dict, short: bool = False) -> list[str]:
@@ -68,9 +81,19 @@ def lines(res: dict, short: bool = False) -> list[str]:
     lines: list[str] = []
     keys = list(dict.fromkeys((r["device"], r["model"]) for r in rows))
     ks = list(dict.fromkeys(r["k"] for r in rows))
-    shown = [k for k in ks[1:] if not short or k & (k - 1) == 0]  # the markdown shows powers of two; JSON has every k
+    # the markdown shows powers of two; JSON has every k
+    shown = [k for k in ks[1:] if not short or k & (k - 1) == 0]
     get = {(r["device"], r["model"], r["k"]): r for r in rows}
-    lines += md_table(["device", "model (effective batch)", f"k={ks[0]} step"] + [f"k={k}" for k in shown],
-                       [[d, f"{m} ({get[(d, m, ks[0])]['effective_batch']})", f"{get[(d, m, ks[0])]['step_s'] * 1e3:.1f} ms"]
-                        + [f"{get[(d, m, k)]['ratio_to_k1']:.2f}x" for k in shown] for d, m in keys])
+    lines += md_table(
+        ["device", "model (effective batch)", f"k={ks[0]} step"] + [f"k={k}" for k in shown],
+        [
+            [
+                d,
+                f"{m} ({get[(d, m, ks[0])]['effective_batch']})",
+                f"{get[(d, m, ks[0])]['step_s'] * 1e3:.1f} ms",
+            ]
+            + [f"{get[(d, m, k)]['ratio_to_k1']:.2f}x" for k in shown]
+            for d, m in keys
+        ],
+    )
     return lines

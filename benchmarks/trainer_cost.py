@@ -23,7 +23,9 @@ NAME = "verify_trainer"
 TITLE = "9. verify_trainer's cost: a Trainer epoch of 25 optimizer steps, k = 4"
 TIME_MAX = 4.0
 LIMIT = TIME_MAX
-GOALS = {"verify_trainer": "verify_trainer(trainer) / trainer.train() <= 4.0 (median), tiny Llama, 25 optimizer steps of k = 4"}
+GOALS = {
+    "verify_trainer": "verify_trainer(trainer) / trainer.train() <= 4.0 (median), tiny Llama, 25 optimizer steps of k = 4"
+}
 K, B = 4, 2  # 4 micro-batches of 2 sequences per optimizer step
 
 
@@ -37,17 +39,28 @@ def run(quick: bool = False, steps: int | None = None, repeats: int | None = Non
         from accumlib.hf import verify_trainer
         from accumlib.survey import tiny_model
     except ImportError as err:
-        return {"not_available": f"transformers / accumlib.hf cannot be imported ({err}): pip install accumlib[hf]"}
+        return {
+            "not_available": f"transformers / accumlib.hf cannot be imported ({err}): pip install accumlib[hf]"
+        }
     steps = steps or (2 if quick else 25)
     repeats = repeats or (1 if quick else 5)
     data = token_sequences(n=steps * K * B)
     reports = []
 
     with tempfile.TemporaryDirectory(prefix="accumlib-bench-") as out:
+
         def trainer() -> Any:
-            args = TrainingArguments(output_dir=out, per_device_train_batch_size=B, gradient_accumulation_steps=K,
-                                     num_train_epochs=1, use_cpu=True, report_to=[], disable_tqdm=True,
-                                     logging_strategy="no", save_strategy="no")
+            args = TrainingArguments(
+                output_dir=out,
+                per_device_train_batch_size=B,
+                gradient_accumulation_steps=K,
+                num_train_epochs=1,
+                use_cpu=True,
+                report_to=[],
+                disable_tqdm=True,
+                logging_strategy="no",
+                save_strategy="no",
+            )
             t = Trainer(model=tiny_model("llama"), args=args, train_dataset=data, data_collator=collate)
             t.remove_callback(PrinterCallback)  # its end-of-training metrics line, printed once per run
             return t
@@ -65,22 +78,54 @@ def run(quick: bool = False, steps: int | None = None, repeats: int | None = Non
             t = interleaved({"verify_trainer": verified, "train": alone}, repeats)
     ratio = pair_ratios(t["verify_trainer"], t["train"])
     report = reports[-1]
-    row = {"model": "LlamaForCausalLM (tiny, from its config)", "steps": len(report.steps), "micro_batches": steps * K,
-           "alone_s": statistics.median(t["train"]), "verify_s": statistics.median(t["verify_trainer"]), "ratio": ratio,
-           "ratio_quartiles": ratio_quartiles(t["verify_trainer"], t["train"]), "verdict_ok": bool(report.ok),
-           "repeats": repeats, "met": ratio <= TIME_MAX}
-    goal = {"measured": f"{ratio:.2f}x ({row['verify_s']:.2f} s / {row['alone_s']:.2f} s)",
-            "met": None if quick else row["met"], "missed": [] if quick or row["met"] else [f"{ratio:.2f}x"]}
-    return {"rows": [row], "goals": {"verify_trainer": goal},
-            "note": "median over interleaved pairs of (verify_trainer(trainer) / trainer.train()), each on a fresh Trainer "
-                    "built outside the timing; one epoch with the Trainer's own AdamW, one CPU thread" + (
-                        "; --quick: 2 steps, 1 repeat, no verdict" if quick else "")}
+    row = {
+        "model": "LlamaForCausalLM (tiny, from its config)",
+        "steps": len(report.steps),
+        "micro_batches": steps * K,
+        "alone_s": statistics.median(t["train"]),
+        "verify_s": statistics.median(t["verify_trainer"]),
+        "ratio": ratio,
+        "ratio_quartiles": ratio_quartiles(t["verify_trainer"], t["train"]),
+        "verdict_ok": bool(report.ok),
+        "repeats": repeats,
+        "met": ratio <= TIME_MAX,
+    }
+    goal = {
+        "measured": f"{ratio:.2f}x ({row['verify_s']:.2f} s / {row['alone_s']:.2f} s)",
+        "met": None if quick else row["met"],
+        "missed": [] if quick or row["met"] else [f"{ratio:.2f}x"],
+    }
+    return {
+        "rows": [row],
+        "goals": {"verify_trainer": goal},
+        "note": "median over interleaved pairs of (verify_trainer(trainer) / trainer.train()), each on a fresh Trainer "
+        "built outside the timing; one epoch with the Trainer's own AdamW, one CPU thread"
+        + ("; --quick: 2 steps, 1 repeat, no verdict" if quick else ""),
+    }
 
 
 def lines(res: dict, short: bool = False) -> list[str]:
     """This section's figures as markdown (``short``: the README's selection, here the same)."""
-    return md_table(["model", "steps (micro-batches)", "trainer.train()", "verify_trainer", "ratio [quartiles]", "verdict",
-                     f"goal <= {TIME_MAX:g}x"],
-                    [[r["model"], f"{r['steps']} ({r['micro_batches']})", f"{r['alone_s']:.2f} s", f"{r['verify_s']:.2f} s",
-                      f"{r['ratio']:.2f}x [{r['ratio_quartiles'][0]:.2f}, {r['ratio_quartiles'][1]:.2f}]",
-                      "ok" if r["verdict_ok"] else "NOT ok", "met" if r["met"] else "MISSED"] for r in res["rows"]])
+    return md_table(
+        [
+            "model",
+            "steps (micro-batches)",
+            "trainer.train()",
+            "verify_trainer",
+            "ratio [quartiles]",
+            "verdict",
+            f"goal <= {TIME_MAX:g}x",
+        ],
+        [
+            [
+                r["model"],
+                f"{r['steps']} ({r['micro_batches']})",
+                f"{r['alone_s']:.2f} s",
+                f"{r['verify_s']:.2f} s",
+                f"{r['ratio']:.2f}x [{r['ratio_quartiles'][0]:.2f}, {r['ratio_quartiles'][1]:.2f}]",
+                "ok" if r["verdict_ok"] else "NOT ok",
+                "met" if r["met"] else "MISSED",
+            ]
+            for r in res["rows"]
+        ],
+    )

@@ -57,7 +57,7 @@ TITLE = "8. Verify at scale: 39.4M-parameter MLP, k = 8"
 LIMIT = TIME_MAX
 GOALS = {
     "verify_scale_memory": "verify's extra peak memory over the loop alone <= 4x parameter bytes + one micro-batch's activations "
-                           "(39.4M-parameter MLP, k = 8, correct and never-divided loops)",
+    "(39.4M-parameter MLP, k = 8, correct and never-divided loops)",
     "verify_scale_time": "verify / loop alone <= 3.0 at 39.4M parameters (median), correct and never-divided loops",
 }
 
@@ -74,7 +74,8 @@ class Scale:
 
     @property
     def n_items(self) -> int:
-        return self.steps * K * self.batch_size  # a whole number of full windows: every loop below steps on each
+        # a whole number of full windows: every loop below steps on each
+        return self.steps * K * self.batch_size
 
 
 FULL = Scale(1024, (4096, 4096, 4096), 400, 16, 4)  # 39,399,824 parameters: the issue's 39.4M (150.3 MiB)
@@ -123,10 +124,7 @@ def never_divided(model, optimizer, loader):
 
 
 # loop -> (train_fn, the finding codes verify must report: none for a correct loop)
-LOOPS = {
-    "correct": (correct, frozenset()),
-    "never-divided": (never_divided, frozenset({"unscaled-sum"})),
-}
+LOOPS = {"correct": (correct, frozenset()), "never-divided": (never_divided, frozenset({"unscaled-sum"}))}
 
 
 # --- one run, in a fresh process -----------------------------------------------------------------------
@@ -137,7 +135,9 @@ def prepare(mode: str, fn: Any, model: torch.nn.Module, dataset: Any, batch_size
     import accumlib
 
     if mode == "verify":
-        return lambda: accumlib.verify(fn, model=model, dataset=dataset, item_losses=item_losses, accum_steps=K, batch_size=batch_size)
+        return lambda: accumlib.verify(
+            fn, model=model, dataset=dataset, item_losses=item_losses, accum_steps=K, batch_size=batch_size
+        )
     net = copy.deepcopy(model)  # made before the run: verify's own copies are part of what verify adds
     opt = torch.optim.SGD(net.parameters(), lr=0.05)  # verify's default optimizer
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
@@ -151,19 +151,33 @@ def measure_here(spec: dict) -> dict:
     scale = Scale(**{**spec["scale"], "widths": tuple(spec["scale"]["widths"])})
     fn, _ = LOOPS[spec["loop"]]
     tiny, tiny_data = build(QUICK)
-    prepare(spec["mode"], fn, tiny, tiny_data, QUICK.batch_size)()  # one-time imports (torch.optim loads torch._dynamo), before the baseline
+    # one-time imports (torch.optim loads torch._dynamo), before the baseline
+    prepare(spec["mode"], fn, tiny, tiny_data, QUICK.batch_size)()
     model, dataset = build(scale)
     out: dict[str, Any] = {"runs": [], "accumlib": str(Path(accumlib.__file__).parent)}
     spent = time.perf_counter()
-    while len(out["runs"]) < spec["repeats"] and (not out["runs"] or time.perf_counter() - spent < spec["budget_s"]):
+    while len(out["runs"]) < spec["repeats"] and (
+        not out["runs"] or time.perf_counter() - spent < spec["budget_s"]
+    ):
         run = prepare(spec["mode"], fn, model, dataset, scale.batch_size)
         with Peak() as peak:
             t0 = time.perf_counter()
             result = run()
             wall = time.perf_counter() - t0
-        out["runs"].append({"wall_s": wall, "extra_peak_bytes": peak.extra, "base_bytes": peak.base, "exact_peak": peak.exact})
+        out["runs"].append(
+            {
+                "wall_s": wall,
+                "extra_peak_bytes": peak.extra,
+                "base_bytes": peak.base,
+                "exact_peak": peak.exact,
+            }
+        )
         if spec["mode"] == "verify":
-            out |= {"ok": bool(result.ok), "codes": sorted(getattr(result, "codes", [])), "steps": len(getattr(result, "steps", []))}
+            out |= {
+                "ok": bool(result.ok),
+                "codes": sorted(getattr(result, "codes", [])),
+                "steps": len(getattr(result, "steps", [])),
+            }
         del result, run  # the next run's baseline holds the model and data only
     if spec["mode"] == "alone":
         x, y = dataset[: scale.batch_size]
@@ -182,7 +196,12 @@ def child(specs: list[dict], guard_bytes: int) -> list[dict]:
 
 def measure(specs: list[dict], guard_bytes: int, timeout_s: float) -> list[dict]:
     """``specs`` in one fresh process: their figures, or each {'error': why}."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps({"specs": specs, "guard_bytes": guard_bytes})]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        json.dumps({"specs": specs, "guard_bytes": guard_bytes}),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -191,24 +210,45 @@ def measure(specs: list[dict], guard_bytes: int, timeout_s: float) -> list[dict]
     if proc.returncode == 0 and last.startswith("["):
         return json.loads(last)
     err = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    memory = [line for line in proc.stderr.splitlines() if re.search(r"MemoryError|can't allocate memory|bad_alloc", line)]
+    memory = [
+        line
+        for line in proc.stderr.splitlines()
+        if re.search(r"MemoryError|can't allocate memory|bad_alloc", line)
+    ]
     if memory:  # anywhere in the traceback: verify re-raises the loop's error as its own
         size = re.search(r"allocate (\d+) bytes", memory[-1])
         why = f"an allocation of {_gb(int(size.group(1)))} was refused" if size else memory[-1].strip()[:120]
-        return [{"error": f"over the {guard_bytes / 2**30:.1f} GiB guard: {why}", "over_guard": True}] * len(specs)
+        return [{"error": f"over the {guard_bytes / 2**30:.1f} GiB guard: {why}", "over_guard": True}] * len(
+            specs
+        )
     return [{"error": err[-240:]}] * len(specs)
 
 
-def run(quick: bool = False, cases: tuple[str, ...] = tuple(LOOPS), steps: int | None = None, repeats: int | None = None,
-        guard_bytes: int | None = None, verbose: bool = True) -> dict:
+def run(
+    quick: bool = False,
+    cases: tuple[str, ...] = tuple(LOOPS),
+    steps: int | None = None,
+    repeats: int | None = None,
+    guard_bytes: int | None = None,
+    verbose: bool = True,
+) -> dict:
     """Both measurements of every loop in ``cases``; rows and the issue's two goals, as plain dicts."""
     scale = QUICK if quick else FULL
     if steps is not None:
         scale = Scale(scale.in_features, scale.widths, scale.classes, scale.batch_size, steps)
     repeats = repeats or (1 if quick else 3)
     guard = guard_bytes or default_guard()
-    specs = [{"loop": loop, "mode": mode, "scale": asdict(scale), "repeats": repeats, "budget_s": 5.0 if quick else 40.0}
-             for loop in cases for mode in ("alone", "verify")]
+    specs = [
+        {
+            "loop": loop,
+            "mode": mode,
+            "scale": asdict(scale),
+            "repeats": repeats,
+            "budget_s": 5.0 if quick else 40.0,
+        }
+        for loop in cases
+        for mode in ("alone", "verify")
+    ]
     if quick:  # one process for every measurement: the figures are noise anyway, and each start costs seconds
         results = iter(measure(specs, guard, timeout_s=300.0))
     else:  # one fresh process per measurement: its peak is its own
@@ -222,8 +262,11 @@ def run(quick: bool = False, cases: tuple[str, ...] = tuple(LOOPS), steps: int |
             row["error"] = f"loop alone: {alone['error']}"
         else:
             facts = {f: alone[f] for f in ("param_count", "param_bytes", "activation_bytes", "accumlib")}
-            row |= {"alone_s": statistics.median(r["wall_s"] for r in alone["runs"]),
-                    "alone_extra_peak_bytes": max(r["extra_peak_bytes"] for r in alone["runs"]), "alone_runs_s": [r["wall_s"] for r in alone["runs"]]}
+            row |= {
+                "alone_s": statistics.median(r["wall_s"] for r in alone["runs"]),
+                "alone_extra_peak_bytes": max(r["extra_peak_bytes"] for r in alone["runs"]),
+                "alone_runs_s": [r["wall_s"] for r in alone["runs"]],
+            }
         if "error" in verified:
             row["verify_error"] = verified["error"]
             row["over_guard"] = verified.get("over_guard", False)
@@ -231,49 +274,94 @@ def run(quick: bool = False, cases: tuple[str, ...] = tuple(LOOPS), steps: int |
             verify_s = statistics.median(r["wall_s"] for r in verified["runs"])
             verify_peak = max(r["extra_peak_bytes"] for r in verified["runs"])
             row |= {
-                "verify_s": verify_s, "verify_peak_bytes": verify_peak, "verify_runs_s": [r["wall_s"] for r in verified["runs"]],
+                "verify_s": verify_s,
+                "verify_peak_bytes": verify_peak,
+                "verify_runs_s": [r["wall_s"] for r in verified["runs"]],
                 "verify_extra_peak_bytes": verify_peak - row["alone_extra_peak_bytes"],
-                "time_ratio": verify_s / row["alone_s"], "ok": verified["ok"], "codes": verified["codes"],
-                "verify_steps": verified["steps"], "verdict_as_expected": LOOPS[loop][1] <= set(verified["codes"]) if LOOPS[loop][1] else verified["ok"],
+                "time_ratio": verify_s / row["alone_s"],
+                "ok": verified["ok"],
+                "codes": verified["codes"],
+                "verify_steps": verified["steps"],
+                "verdict_as_expected": LOOPS[loop][1] <= set(verified["codes"])
+                if LOOPS[loop][1]
+                else verified["ok"],
                 "exact_peak": all(r["exact_peak"] for r in alone["runs"] + verified["runs"]),
             }
         rows.append(row)
         if verbose:
-            print(f"    {loop:<14} " + ("  ".join(line_of(row, facts)) if "verify_s" in row else row.get("error") or row["verify_error"]), flush=True)
+            print(
+                f"    {loop:<14} "
+                + (
+                    "  ".join(line_of(row, facts))
+                    if "verify_s" in row
+                    else row.get("error") or row["verify_error"]
+                ),
+                flush=True,
+            )
     for row in rows:
         if "verify_extra_peak_bytes" in row:
             limit = MEMORY_MAX_PARAMS * facts["param_bytes"] + facts["activation_bytes"]
-            row |= {"extra_over_params": row["verify_extra_peak_bytes"] / facts["param_bytes"], "memory_limit_bytes": limit,
-                    "memory_met": row["verify_extra_peak_bytes"] <= limit, "time_met": row["time_ratio"] <= TIME_MAX}
+            row |= {
+                "extra_over_params": row["verify_extra_peak_bytes"] / facts["param_bytes"],
+                "memory_limit_bytes": limit,
+                "memory_met": row["verify_extra_peak_bytes"] <= limit,
+                "time_met": row["time_ratio"] <= TIME_MAX,
+            }
         elif row.get("over_guard"):
             row["memory_met"] = False  # past a guard of gigabytes: far past the goal, whatever the model
-    res = {"scale": asdict(scale), "k": K, "threads": THREADS, "guard_bytes": guard, "rows": rows, **facts,
-           "goals": goals(rows, scale, quick), "note": note(scale, facts, guard)}
+    res = {
+        "scale": asdict(scale),
+        "k": K,
+        "threads": THREADS,
+        "guard_bytes": guard,
+        "rows": rows,
+        **facts,
+        "goals": goals(rows, scale, quick),
+        "note": note(scale, facts, guard),
+    }
     return res
 
 
 def goals(rows: list[dict], scale: Scale, quick: bool) -> dict:
     """The issue's two goals over every loop: MISSED if one loop misses, met only when every loop was measured and met it."""
+
     def judge(key: str, flag: str, value: Any) -> dict:
         judged = [r for r in rows if flag in r]
         missed = [f"{r['loop']}: {value(r)}" for r in judged if not r[flag]]
-        unmeasured = [f"{r['loop']}: not measured ({r.get('verify_error') or r.get('error')})" for r in rows if flag not in r]
-        worst = max(judged, key=lambda r: r.get(key, math.inf)) if judged else None  # a run over the guard is the worst
-        return {"measured": f"worst {worst['loop']}: {value(worst)}" if worst else "no loop could be measured",
-                "met": False if missed else (None if unmeasured else True), "missed": missed + unmeasured}
+        unmeasured = [
+            f"{r['loop']}: not measured ({r.get('verify_error') or r.get('error')})"
+            for r in rows
+            if flag not in r
+        ]
+        # a run over the guard is the worst
+        worst = max(judged, key=lambda r: r.get(key, math.inf)) if judged else None
+        return {
+            "measured": f"worst {worst['loop']}: {value(worst)}" if worst else "no loop could be measured",
+            "met": False if missed else (None if unmeasured else True),
+            "missed": missed + unmeasured,
+        }
 
     out = {
-        "verify_scale_memory": judge("extra_over_params", "memory_met", lambda r: (
-            f"{_gb(r['verify_extra_peak_bytes'])}, {r['extra_over_params']:.1f}x the parameters (goal {_gb(r['memory_limit_bytes'])})"
-            if "verify_extra_peak_bytes" in r else r["verify_error"])),
+        "verify_scale_memory": judge(
+            "extra_over_params",
+            "memory_met",
+            lambda r: (
+                f"{_gb(r['verify_extra_peak_bytes'])}, {r['extra_over_params']:.1f}x the parameters (goal {_gb(r['memory_limit_bytes'])})"
+                if "verify_extra_peak_bytes" in r
+                else r["verify_error"]
+            ),
+        ),
         "verify_scale_time": judge("time_ratio", "time_met", lambda r: f"{r['time_ratio']:.2f}x"),
     }
     covered = {r["loop"] for r in rows}
     for g in out.values():
         if quick:
-            g["met"] = None  # a tiny MLP: resident memory is the interpreter's noise, and times are milliseconds
+            # a tiny MLP: resident memory is the interpreter's noise, and times are milliseconds
+            g["met"] = None
         elif scale.steps != FULL.steps or covered != set(LOOPS):
-            g["note"] = f"{', '.join(sorted(covered))} at {scale.steps} optimizer step{'s' if scale.steps != 1 else ''}: not the issue's full case"
+            g["note"] = (
+                f"{', '.join(sorted(covered))} at {scale.steps} optimizer step{'s' if scale.steps != 1 else ''}: not the issue's full case"
+            )
     return out
 
 
@@ -281,14 +369,17 @@ def note(scale: Scale, facts: dict, guard: int) -> str:
     head = f"MLP {'-'.join(map(str, (scale.in_features, *scale.widths, scale.classes)))}"
     if facts:
         head += f": {facts['param_count']:,} float32 parameters ({_mib(facts['param_bytes'])}), one micro-batch's activations {_mib(facts['activation_bytes'])}"
-    return (f"{head}; k = {K}, {scale.steps} optimizer step{'s' if scale.steps != 1 else ''} of {K} micro-batches of {scale.batch_size} ({scale.n_items} items), "
-            f"{THREADS} thread; each measurement a fresh process; extra peak = peak resident memory (VmHWM) above the run's baseline "
-            f"(model and data built, one warm-up run on a tiny MLP done); verify's extra = its extra peak - the loop's; times: medians, run only; "
-            f"guard {guard / 2**30:.1f} GiB of address space per run")
+    return (
+        f"{head}; k = {K}, {scale.steps} optimizer step{'s' if scale.steps != 1 else ''} of {K} micro-batches of {scale.batch_size} ({scale.n_items} items), "
+        f"{THREADS} thread; each measurement a fresh process; extra peak = peak resident memory (VmHWM) above the run's baseline "
+        f"(model and data built, one warm-up run on a tiny MLP done); verify's extra = its extra peak - the loop's; times: medians, run only; "
+        f"guard {guard / 2**30:.1f} GiB of address space per run"
+    )
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if abs(n) >= 1e8 else f"{n / 1e6:.1f} MB"  # the issue's unit; MB for the tiny --quick MLP
+    # the issue's unit; MB for the tiny --quick MLP
+    return f"{n / 1e9:.2f} GB" if abs(n) >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 def _mib(n: float) -> str:
@@ -296,42 +387,92 @@ def _mib(n: float) -> str:
 
 
 def line_of(row: dict, facts: dict) -> list[str]:
-    return [f"loop alone +{_gb(row['alone_extra_peak_bytes'])} {row['alone_s']:.2f} s",
-            f"verify +{_gb(row['verify_peak_bytes'])} {row['verify_s']:.2f} s",
-            f"verify's extra {_gb(row['verify_extra_peak_bytes'])} ({row['verify_extra_peak_bytes'] / facts['param_bytes']:.1f}x params)",
-            f"time {row['time_ratio']:.2f}x", f"verdict {'ok' if row['ok'] else ', '.join(row['codes'])}"]
+    return [
+        f"loop alone +{_gb(row['alone_extra_peak_bytes'])} {row['alone_s']:.2f} s",
+        f"verify +{_gb(row['verify_peak_bytes'])} {row['verify_s']:.2f} s",
+        f"verify's extra {_gb(row['verify_extra_peak_bytes'])} ({row['verify_extra_peak_bytes'] / facts['param_bytes']:.1f}x params)",
+        f"time {row['time_ratio']:.2f}x",
+        f"verdict {'ok' if row['ok'] else ', '.join(row['codes'])}",
+    ]
 
 
 def lines(res: dict, short: bool = False) -> list[str]:
     """The section as markdown: one row per loop, both goals per row."""
-    head = ["loop", "verdict", "loop alone: extra peak, time", "verify's extra peak", "x parameter bytes",
-            "goal <= 4x + activations", "verify / loop time", "goal <= 3x"]
+    head = [
+        "loop",
+        "verdict",
+        "loop alone: extra peak, time",
+        "verify's extra peak",
+        "x parameter bytes",
+        "goal <= 4x + activations",
+        "verify / loop time",
+        "goal <= 3x",
+    ]
     body = []
     for r in res["rows"]:
         if "verify_extra_peak_bytes" in r:
-            verdict = ("ok" if r["ok"] else ", ".join(r["codes"])) + ("" if r["verdict_as_expected"] else " (NOT the expected verdict)")
-            body.append([r["loop"], verdict, f"{_gb(r['alone_extra_peak_bytes'])}, {r['alone_s']:.2f} s",
-                         _gb(r["verify_extra_peak_bytes"]), f"{r['extra_over_params']:.1f}x",
-                         f"{'met' if r['memory_met'] else 'MISSED'} ({_gb(r['memory_limit_bytes'])})",
-                         f"{r['time_ratio']:.2f}x ({r['verify_s']:.2f} / {r['alone_s']:.2f} s)", "met" if r["time_met"] else "MISSED"])
+            verdict = ("ok" if r["ok"] else ", ".join(r["codes"])) + (
+                "" if r["verdict_as_expected"] else " (NOT the expected verdict)"
+            )
+            body.append(
+                [
+                    r["loop"],
+                    verdict,
+                    f"{_gb(r['alone_extra_peak_bytes'])}, {r['alone_s']:.2f} s",
+                    _gb(r["verify_extra_peak_bytes"]),
+                    f"{r['extra_over_params']:.1f}x",
+                    f"{'met' if r['memory_met'] else 'MISSED'} ({_gb(r['memory_limit_bytes'])})",
+                    f"{r['time_ratio']:.2f}x ({r['verify_s']:.2f} / {r['alone_s']:.2f} s)",
+                    "met" if r["time_met"] else "MISSED",
+                ]
+            )
         else:
-            alone = f"{_gb(r['alone_extra_peak_bytes'])}, {r['alone_s']:.2f} s" if "alone_s" in r else r.get("error", "")
+            alone = (
+                f"{_gb(r['alone_extra_peak_bytes'])}, {r['alone_s']:.2f} s"
+                if "alone_s" in r
+                else r.get("error", "")
+            )
             why = r.get("verify_error", "")
-            body.append([r["loop"], "", alone, f"not available: {why}", "",
-                         "MISSED" if r.get("memory_met") is False else "not measured", "not measured", "not measured"])
+            body.append(
+                [
+                    r["loop"],
+                    "",
+                    alone,
+                    f"not available: {why}",
+                    "",
+                    "MISSED" if r.get("memory_met") is False else "not measured",
+                    "not measured",
+                    "not measured",
+                ]
+            )
     lines = md_table(head, body)
     if not all(r.get("exact_peak", True) for r in res["rows"]):
-        lines += ["", "peaks sampled every 2 ms (the kernel's high-water mark could not be reset here): a short spike may be missed"]
+        lines += [
+            "",
+            "peaks sampled every 2 ms (the kernel's high-water mark could not be reset here): a short spike may be missed",
+        ]
     return lines
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a tiny MLP: checks the script, measures nothing for real")
-    p.add_argument("--cases", default=",".join(LOOPS), help=f"comma-separated loops (default all): {','.join(LOOPS)}")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny MLP: checks the script, measures nothing for real"
+    )
+    p.add_argument(
+        "--cases", default=",".join(LOOPS), help=f"comma-separated loops (default all): {','.join(LOOPS)}"
+    )
     p.add_argument("--steps", type=int, help=f"optimizer steps (default {FULL.steps}, the issue's)")
-    p.add_argument("--repeats", type=int, help="runs per measurement, within one process (default 3; 1 with --quick)")
-    p.add_argument("--guard-gb", type=float, help="address space one run may take, GiB (default 12, or 3/4 of the free memory)")
+    p.add_argument(
+        "--repeats", type=int, help="runs per measurement, within one process (default 3; 1 with --quick)"
+    )
+    p.add_argument(
+        "--guard-gb",
+        type=float,
+        help="address space one run may take, GiB (default 12, or 3/4 of the free memory)",
+    )
     p.add_argument("--json", type=Path, help="also write the figures here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -346,8 +487,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1 (got {args.steps})")
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
-    print(f"verify at scale{' (--quick: a tiny MLP, figures only)' if args.quick else ''}: {torch.__version__}, {THREADS} thread{load}", flush=True)
-    res = run(args.quick, cases, args.steps, args.repeats, int(args.guard_gb * 2**30) if args.guard_gb else None)
+    print(
+        f"verify at scale{' (--quick: a tiny MLP, figures only)' if args.quick else ''}: {torch.__version__}, {THREADS} thread{load}",
+        flush=True,
+    )
+    res = run(
+        args.quick, cases, args.steps, args.repeats, int(args.guard_gb * 2**30) if args.guard_gb else None
+    )
     print(f"accumlib from {res.get('accumlib', '?')}\n")
     print("\n".join(lines(res)))
     print(f"\n{res['note']}\n")
@@ -355,7 +501,9 @@ def main(argv: list[str] | None = None) -> dict:
         status = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]
         print(f"  {status:<13} {key:<20} {g['measured']}" + (f"  ({g['note']})" if g.get("note") else ""))
     if hasattr(os, "getloadavg"):
-        print(f"\nload average at the end: {os.getloadavg()[0]:.1f} (this run keeps one core busy; more means other work shared the machine)")
+        print(
+            f"\nload average at the end: {os.getloadavg()[0]:.1f} (this run keeps one core busy; more means other work shared the machine)"
+        )
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     return res

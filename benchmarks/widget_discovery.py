@@ -5,7 +5,6 @@ builder (``*widget*``, ``*explorer*``, ``*box*``), names the builder it calls. L
 kept, ``device`` becomes ``"cpu"``, notebook variables are left out.
 """
 
-
 from __future__ import annotations
 
 import ast
@@ -109,8 +108,11 @@ def _shown_calls(tree: ast.Module) -> list[ast.Call]:
 
 def _shows_widget(cell: dict) -> bool:
     """The cell's saved outputs hold a widget a learner operates (a progress bar's text is not a widget's repr)."""
-    return any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
-               and re.match(r"\w+\(", "".join(o["data"].get("text/plain", ""))) for o in cell.get("outputs", []))
+    return any(
+        "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+        and re.match(r"\w+\(", "".join(o["data"].get("text/plain", "")))
+        for o in cell.get("outputs", [])
+    )
 
 
 def discover(paths: list[Path]) -> tuple[list[Found], list[str]]:

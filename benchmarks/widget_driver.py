@@ -5,14 +5,12 @@ and a neighbour, and prints one result line per change (``@@widget-bench {json}`
 It imports nothing from the benchmarks, so the kernel loads it from its file alone.
 """
 
-
 from __future__ import annotations
 
 import json
 import math
 import time
 from typing import Any
-
 
 _DEVICE, _VARIABLE = "<device>", "<notebook variable>"  # markers for arguments discovery could not keep
 _MARK = "@@widget-bench "  # the Driver's result line on the kernel's stdout
@@ -54,7 +52,8 @@ def _values(control: Any) -> tuple[str, Any, Any] | None:
 
     if isinstance(control, w.Button):
         return "press", None, None
-    if control.has_trait("index") and control.has_trait("options"):  # Dropdown, RadioButtons, ToggleButtons, SelectionSlider
+    # Dropdown, RadioButtons, ToggleButtons, SelectionSlider
+    if control.has_trait("index") and control.has_trait("options"):
         n, a = len(control.options), control.index
         if n < 2 or a is None or isinstance(a, tuple):
             return None
@@ -64,7 +63,8 @@ def _values(control: Any) -> tuple[str, Any, Any] | None:
         return "value", value, not value
     if isinstance(value, str):  # Text, Textarea: a neutral edit, as a learner's typing would trigger
         return "value", value, value + ("\n" if isinstance(control, w.Textarea) else " ")
-    if isinstance(value, tuple) and len(value) == 2 and control.has_trait("step"):  # range sliders: move the upper end
+    # range sliders: move the upper end
+    if isinstance(value, tuple) and len(value) == 2 and control.has_trait("step"):
         lo, hi = value
         up = hi + control.step if hi + control.step <= control.max else hi - control.step
         return "value", value, (lo, max(lo, up))
@@ -73,7 +73,7 @@ def _values(control: Any) -> tuple[str, Any, Any] | None:
         if control.has_trait("base"):  # FloatLogSlider: min, max and step are exponents
             e = math.log(value, control.base)
             e_new = e + step if e + step <= control.max + 1e-9 else e - step
-            return "value", value, control.base ** e_new
+            return "value", value, control.base**e_new
         if control.has_trait("max") and value + step > control.max:
             return "value", value, value - step
         return "value", value, value + step
@@ -98,7 +98,9 @@ class Driver:
             elif value == _VARIABLE:
                 left_out.append(name)  # a notebook variable (``initial=result``): the widget computes it
                 if params[name].default is inspect.Parameter.empty:
-                    raise ValueError(f"{module}.{builder} needs {name}, a notebook variable the benchmark cannot rebuild")
+                    raise ValueError(
+                        f"{module}.{builder} needs {name}, a notebook variable the benchmark cannot rebuild"
+                    )
             else:
                 call[name] = value
         if "device" in params and "device" not in call:
@@ -109,9 +111,13 @@ class Driver:
         self.build_s = time.perf_counter() - t0
         import ipywidgets as w
 
-        if not isinstance(self.widget, w.Widget) and not isinstance(getattr(self.widget, "widget", None), w.Widget):
+        if not isinstance(self.widget, w.Widget) and not isinstance(
+            getattr(self.widget, "widget", None), w.Widget
+        ):
             raise TypeError(f"{module}.{builder} returned {type(self.widget).__name__}, not a widget")
-        self.built_with = {k: repr(v) for k, v in call.items()} | {k: "left out: a notebook variable" for k in left_out}
+        self.built_with = {k: repr(v) for k, v in call.items()} | {
+            k: "left out: a notebook variable" for k in left_out
+        }
         self.controls = []
         self.skipped = []
         for label, control in _controls(self.widget):
@@ -123,12 +129,25 @@ class Driver:
         self.changes = [0] * len(self.controls)
 
     def describe(self) -> None:
-        print(_MARK + json.dumps({
-            "build_s": self.build_s, "built_with": self.built_with, "skipped": self.skipped,
-            "controls": [{"control": label, "class": type(c).__name__, "how": how,
-                          "values": [] if how == "press" else [_shown(c, how, a), _shown(c, how, b)]}
-                         for label, c, how, a, b in self.controls],
-        }))
+        print(
+            _MARK
+            + json.dumps(
+                {
+                    "build_s": self.build_s,
+                    "built_with": self.built_with,
+                    "skipped": self.skipped,
+                    "controls": [
+                        {
+                            "control": label,
+                            "class": type(c).__name__,
+                            "how": how,
+                            "values": [] if how == "press" else [_shown(c, how, a), _shown(c, how, b)],
+                        }
+                        for label, c, how, a, b in self.controls
+                    ],
+                }
+            )
+        )
 
     def change(self, i: int) -> None:
         """Move control i to B on even changes and back to A on odd ones (or press it); print the seconds."""
@@ -143,10 +162,21 @@ class Driver:
                 control.click()
             else:
                 setattr(control, how, b if n % 2 == 0 else a)
-        except Exception as e:  # a callback that raises: in JupyterLab it lands in the log and nothing redraws
+        # a callback that raises: in JupyterLab it lands in the log and nothing redraws
+        except Exception as e:
             error = f"{type(e).__name__}: {e}"
         seconds = time.perf_counter() - t0
-        print(_MARK + json.dumps({"seconds": seconds, "first": n == 0, "processes": self._processes[0] - started, "error": error}))
+        print(
+            _MARK
+            + json.dumps(
+                {
+                    "seconds": seconds,
+                    "first": n == 0,
+                    "processes": self._processes[0] - started,
+                    "error": error,
+                }
+            )
+        )
 
     def restore(self, i: int) -> None:
         """Put control i back at its start value, untimed (after an odd number of changes)."""
@@ -159,7 +189,8 @@ class Driver:
 def _shown(control: Any, how: str, value: Any) -> str:
     """A value as the learner reads it: the option, not its index; floats to four digits."""
     value = control.options[value] if how == "index" else value
-    value = value[0] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) else value  # (label, value) options
+    # (label, value) options
+    value = value[0] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) else value
     return f"{value:.4g}" if isinstance(value, float) else repr(value)[:40]
 
 
@@ -170,11 +201,13 @@ def _count_processes() -> list[int]:
 
     counter = [0]
     if getattr(subprocess.Popen, "_bench_counter", None) is None:
+
         def counted(original: Any) -> Any:
             def wrapper(*a: Any, **kw: Any) -> Any:
                 for c in wrapper._bench_counters:
                     c[0] += 1
                 return original(*a, **kw)
+
             wrapper._bench_counters = []
             return wrapper
 

@@ -59,9 +59,10 @@ WIDGET_MAX_S = 0.5  # the issue's goal, per control (median)
 LIMIT = WIDGET_MAX_S
 GOALS = {
     "widget": "every lesson widget, each control: change -> recomputed figure <= 0.5 s on CPU (median); "
-              "controls that start processes are exempt (behind a Run button) and their time is stated",
+    "controls that start processes are exempt (behind a Run button) and their time is stated"
 }
-REPEATS = 6  # changes per control: B A B A B A, so one first change, five repeats, and the control ends at its start
+# changes per control: B A B A B A, so one first change, five repeats, and the control ends at its start
+REPEATS = 6
 BUDGET_S = 12.0  # a slow control stops after this many seconds of changes (with at least MIN_CHANGES done)
 MIN_CHANGES = 2  # a first change and one repeat: the repeat shows whether a cache serves a value seen before
 SLOW_CHANGE_S = 60.0  # a single change slower than this is not repeated
@@ -120,7 +121,7 @@ def _tally(reply: Reply, kind: str, content: dict) -> None:
         text = content["text"] if isinstance(content["text"], str) else "".join(content["text"])
         for line in text.splitlines():
             if line.startswith(_MARK):
-                reply.result = json.loads(line[len(_MARK):])
+                reply.result = json.loads(line[len(_MARK) :])
             elif content["name"] == "stderr":
                 reply.stderr += line + "\n"
             elif re.match(r"^\w+(Error|Exception)\b.*:", line):  # Explorer shows a callback's error as text
@@ -156,7 +157,8 @@ def _kernel(threads: int) -> tuple[Any, Any]:
         raise RuntimeError(f"{err} (the kernel's log: {log.name})") from err
     setup = (
         "%matplotlib inline\n"
-        "import importlib.util, sys\n"  # torch takes its thread count from OMP_NUM_THREADS when a lesson imports it
+        # torch takes its thread count from OMP_NUM_THREADS when a lesson imports it
+        "import importlib.util, sys\n"
         f"_spec = importlib.util.spec_from_file_location('accumlib_bench_widgets', {str(Path(__file__).resolve().with_name('widget_driver.py'))!r})\n"
         "_bench = importlib.util.module_from_spec(_spec); sys.modules[_spec.name] = _bench; _spec.loader.exec_module(_bench)\n"
     )
@@ -174,8 +176,15 @@ def _stats(times: list[float]) -> dict:
     return {"median_s": statistics.median(times), "quartiles_s": [q[0], q[2]], "n": len(times)}
 
 
-def drive(found: list[Found], *, threads: int = 1, repeats: int = REPEATS, budget_s: float = BUDGET_S,
-          min_changes: int = MIN_CHANGES, log: Any = print) -> tuple[list[dict], list[dict]]:
+def drive(
+    found: list[Found],
+    *,
+    threads: int = 1,
+    repeats: int = REPEATS,
+    budget_s: float = BUDGET_S,
+    min_changes: int = MIN_CHANGES,
+    log: Any = print,
+) -> tuple[list[dict], list[dict]]:
     """Rows, one per control of every widget; and the widgets that could not be built or driven, with why."""
     rows, unavailable = [], []
     by_notebook: dict[str, list[Found]] = {}
@@ -185,13 +194,18 @@ def drive(found: list[Found], *, threads: int = 1, repeats: int = REPEATS, budge
         try:
             km, kc = _kernel(threads)
         except Exception as err:  # no kernel, no figures: said per widget, never a number
-            unavailable += [asdict(f) | {"widget": f.name, "not_available": f"no kernel: {type(err).__name__}: {err}"} for f in widgets]
+            unavailable += [
+                asdict(f) | {"widget": f.name, "not_available": f"no kernel: {type(err).__name__}: {err}"}
+                for f in widgets
+            ]
             continue
         try:
             for n, f in enumerate(widgets):
                 var = f"_driver{n}"
-                code = (f"{var} = _bench.Driver({f.module!r}, {f.builder!r}, {list(f.args)!r}, {dict(f.kwargs)!r})\n"
-                        f"{var}.describe()")
+                code = (
+                    f"{var} = _bench.Driver({f.module!r}, {f.builder!r}, {list(f.args)!r}, {dict(f.kwargs)!r})\n"
+                    f"{var}.describe()"
+                )
                 built = _request(kc, km, code, REQUEST_TIMEOUT_S)
                 if built.result is None:
                     why = "; ".join(built.errors) or ("timed out" if built.timed_out else "no result")
@@ -210,8 +224,18 @@ def drive(found: list[Found], *, threads: int = 1, repeats: int = REPEATS, budge
     return rows, unavailable
 
 
-def _drive_control(kc: Any, km: Any, var: str, i: int, f: Found, c: dict, built: dict,
-                   repeats: int, budget_s: float, min_changes: int) -> dict:
+def _drive_control(
+    kc: Any,
+    km: Any,
+    var: str,
+    i: int,
+    f: Found,
+    c: dict,
+    built: dict,
+    repeats: int,
+    budget_s: float,
+    min_changes: int,
+) -> dict:
     times, firsts, figures, outputs, errors, stderr, processes = [], [], 0, 0, [], "", 0
     spent = 0.0
     while len(times) < repeats and (len(times) < min_changes or spent < budget_s):
@@ -225,18 +249,31 @@ def _drive_control(kc: Any, km: Any, var: str, i: int, f: Found, c: dict, built:
         times.append(r.result["seconds"])
         firsts.append(r.result["first"])
         spent += r.result["seconds"]
-        figures, outputs, processes = figures + r.figures, outputs + r.outputs, processes + r.result["processes"]
+        figures, outputs, processes = (
+            figures + r.figures,
+            outputs + r.outputs,
+            processes + r.result["processes"],
+        )
         if processes or r.result["seconds"] > SLOW_CHANGE_S:
             break  # a Run that starts processes, or a change of minutes: one is its figure
     _request(kc, km, f"{var}.restore({i})", REQUEST_TIMEOUT_S)
     row = {
-        "notebook": f.notebook, "widget": f.name, "main": f.main, "control": c["control"], "class": c["class"],
+        "notebook": f.notebook,
+        "widget": f.name,
+        "main": f.main,
+        "control": c["control"],
+        "class": c["class"],
         "change": "press" if c["how"] == "press" else f"{c['values'][0]} <-> {c['values'][1]}",
-        "times_s": times, "first_s": times[0] if times else None,
+        "times_s": times,
+        "first_s": times[0] if times else None,
         "repeat_median_s": statistics.median(times[1:]) if len(times) > 1 else None,
         "shown": "figure" if figures else "other output" if outputs else "nothing",
-        "processes": processes, "errors": errors[:3], "stderr": stderr[-300:],
-        "build_s": built["build_s"], "built_with": built["built_with"], "not_driven": built["skipped"],
+        "processes": processes,
+        "errors": errors[:3],
+        "stderr": stderr[-300:],
+        "build_s": built["build_s"],
+        "built_with": built["built_with"],
+        "not_driven": built["skipped"],
     }
     if times:
         row |= _stats(times)
@@ -256,15 +293,22 @@ def _line(row: dict) -> str:
         return f"{row['notebook'][:2]} {row['widget']:<26} {row['control']:<18} ERROR: {'; '.join(row['errors'])[:100]}"
     q = row["quartiles_s"]
     first = "" if row["first_s"] is None else f"first {row['first_s']:.3f} s"
-    return (f"{row['notebook'][:2]} {row['widget']:<26} {row['control']:<18} {row['class']:<15} median {row['median_s']:7.3f} s "
-            f"[{q[0]:.3f}, {q[1]:.3f}] n={row['n']}  {first:<16} {row['shown']:<12} {row['status']}"
-            + (f"  ({row['processes']} processes)" if row["processes"] else ""))
+    return (
+        f"{row['notebook'][:2]} {row['widget']:<26} {row['control']:<18} {row['class']:<15} median {row['median_s']:7.3f} s "
+        f"[{q[0]:.3f}, {q[1]:.3f}] n={row['n']}  {first:<16} {row['shown']:<12} {row['status']}"
+        + (f"  ({row['processes']} processes)" if row["processes"] else "")
+    )
 
 
 # --- 3. the section: rows, goal, tables -------------------------------------------------------------------
 
 
-def run(quick: bool = False, paths: list[Path] | None = None, threads: int | None = None, repeats: int | None = None) -> dict:
+def run(
+    quick: bool = False,
+    paths: list[Path] | None = None,
+    threads: int | None = None,
+    repeats: int | None = None,
+) -> dict:
     """The section: every widget's every control, judged against the goal; ``quick`` drives one widget once.
 
     ``threads``: the kernel's torch threads (default: this process's, which ``bench.py --threads`` sets).
@@ -291,24 +335,37 @@ def run(quick: bool = False, paths: list[Path] | None = None, threads: int | Non
     timed = [r for r in judged if "median_s" in r]
     if timed:
         worst = max(timed, key=lambda r: r["median_s"])
-        measured = (f"{len(judged) - len(missed)} of {len(judged)} controls met; slowest {worst['notebook'][:2]} {worst['widget']} "
-                    f"{worst['control']}: {worst['median_s']:.2f} s")
+        measured = (
+            f"{len(judged) - len(missed)} of {len(judged)} controls met; slowest {worst['notebook'][:2]} {worst['widget']} "
+            f"{worst['control']}: {worst['median_s']:.2f} s"
+        )
     else:
         measured = "no control could be timed"
     if exempt:
-        measured += "; exempt (start processes): " + ", ".join(f"{r['notebook'][:2]} {r['control']} {r['median_s']:.1f} s" for r in exempt)
+        measured += "; exempt (start processes): " + ", ".join(
+            f"{r['notebook'][:2]} {r['control']} {r['median_s']:.1f} s" for r in exempt
+        )
     goal = {
         "measured": measured,
         "met": (not missed and not unavailable) if timed else None,
-        "missed": [f"{r['notebook'][:2]} {r['widget']} {r['control']}: "
-                   + (f"{r['median_s']:.2f} s" if r["status"] == "MISSED" else "ERROR " + "; ".join(r["errors"])[:80]) for r in missed]
-                  + [f"{u['notebook']} {u['widget']}: not available ({u['not_available']})" for u in unavailable],
+        "missed": [
+            f"{r['notebook'][:2]} {r['widget']} {r['control']}: "
+            + (
+                f"{r['median_s']:.2f} s"
+                if r["status"] == "MISSED"
+                else "ERROR " + "; ".join(r["errors"])[:80]
+            )
+            for r in missed
+        ]
+        + [f"{u['notebook']} {u['widget']}: not available ({u['not_available']})" for u in unavailable],
     }
-    note = ("time in the kernel from setting a control's value (or pressing a button) to its callbacks' return: "
-            "recomputation, figure drawn to PNG and sent to the front end; changes alternate between the start value A "
-            "and a neighbour B, so 'first' is the change to B (nothing cached), the rest are repeats; "
-            f"at most {REPEATS} changes or {BUDGET_S:.0f} s per control; built on CPU with the notebook's literal arguments, "
-            "notebook variables left out (the widget computes its first figure itself, untimed)")
+    note = (
+        "time in the kernel from setting a control's value (or pressing a button) to its callbacks' return: "
+        "recomputation, figure drawn to PNG and sent to the front end; changes alternate between the start value A "
+        "and a neighbour B, so 'first' is the change to B (nothing cached), the rest are repeats; "
+        f"at most {REPEATS} changes or {BUDGET_S:.0f} s per control; built on CPU with the notebook's literal arguments, "
+        "notebook variables left out (the widget computes its first figure itself, untimed)"
+    )
     if without:
         note += f"; notebooks with no widget: {', '.join(without)}"
     if unnamed:
@@ -316,8 +373,14 @@ def run(quick: bool = False, paths: list[Path] | None = None, threads: int | Non
     if quick:
         note += "; --quick changes each control of one widget once, so the goal is not measured for real"
         goal["met"] = None
-    return {"rows": rows, "unavailable": unavailable, "notebooks_without_widget": without, "unnamed_cells": unnamed,
-            "goals": {"widget": goal}, "note": note}
+    return {
+        "rows": rows,
+        "unavailable": unavailable,
+        "notebooks_without_widget": without,
+        "unnamed_cells": unnamed,
+        "goals": {"widget": goal},
+        "note": note,
+    }
 
 
 def lines(res: dict, short: bool = False) -> list[str]:
@@ -328,24 +391,78 @@ def lines(res: dict, short: bool = False) -> list[str]:
     s = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
     judged = [r for r in rows if r["status"] in ("met", "MISSED", "ERROR")]
     lines = md_table(
-        ["notebook", "widget", "control", "change", "median s", "quartiles s", "n", "first change s", "repeats median s", "shows", "goal <= 0.5 s"],
-        [[r["notebook"][:2], r["widget"], f"{r['control']} ({r['class']})", r["change"], s(r.get("median_s")),
-          f"{s(r['quartiles_s'][0])}-{s(r['quartiles_s'][1])}" if "quartiles_s" in r else "", r.get("n", 0), s(r["first_s"]),
-          s(r["repeat_median_s"]), r["shown"],
-          "met" if r["status"] == "met" else f"**{r['status']}**" + (f" {'; '.join(r['errors'])[:80]}" if r["errors"] else "")]
-         for r in judged])
+        [
+            "notebook",
+            "widget",
+            "control",
+            "change",
+            "median s",
+            "quartiles s",
+            "n",
+            "first change s",
+            "repeats median s",
+            "shows",
+            "goal <= 0.5 s",
+        ],
+        [
+            [
+                r["notebook"][:2],
+                r["widget"],
+                f"{r['control']} ({r['class']})",
+                r["change"],
+                s(r.get("median_s")),
+                f"{s(r['quartiles_s'][0])}-{s(r['quartiles_s'][1])}" if "quartiles_s" in r else "",
+                r.get("n", 0),
+                s(r["first_s"]),
+                s(r["repeat_median_s"]),
+                r["shown"],
+                "met"
+                if r["status"] == "met"
+                else f"**{r['status']}**" + (f" {'; '.join(r['errors'])[:80]}" if r["errors"] else ""),
+            ]
+            for r in judged
+        ],
+    )
     exempt = [r for r in rows if r["status"] == "exempt"]
     if exempt:
-        lines += ["", "Exempt from the 0.5 s goal: these start processes (behind a Run button), time as measured:", ""]
-        lines += md_table(["notebook", "widget", "control", "processes the kernel started", "time s", "n"],
-                           [[r["notebook"][:2], r["widget"], f"{r['control']} ({r['class']})", r["processes"], s(r["median_s"]), r["n"]] for r in exempt])
+        lines += [
+            "",
+            "Exempt from the 0.5 s goal: these start processes (behind a Run button), time as measured:",
+            "",
+        ]
+        lines += md_table(
+            ["notebook", "widget", "control", "processes the kernel started", "time s", "n"],
+            [
+                [
+                    r["notebook"][:2],
+                    r["widget"],
+                    f"{r['control']} ({r['class']})",
+                    r["processes"],
+                    s(r["median_s"]),
+                    r["n"],
+                ]
+                for r in exempt
+            ],
+        )
     quiet = [r for r in rows if r["status"] == "no redraw"]
     if quiet:
-        lines += ["", "No redraw on change (inputs a button reads): "
-                  + ", ".join(f"{r['notebook'][:2]} {r['widget']} {r['control']} ({r['median_s']:.3f} s)" for r in quiet)]
+        lines += [
+            "",
+            "No redraw on change (inputs a button reads): "
+            + ", ".join(
+                f"{r['notebook'][:2]} {r['widget']} {r['control']} ({r['median_s']:.3f} s)" for r in quiet
+            ),
+        ]
     noisy = [r for r in rows if r["stderr"].strip()]
     if noisy:
-        lines += ["", "stderr during changes: " + "; ".join(f"{r['notebook'][:2]} {r['control']}: {r['stderr'].strip().splitlines()[-1][:100]}" for r in noisy)]
+        lines += [
+            "",
+            "stderr during changes: "
+            + "; ".join(
+                f"{r['notebook'][:2]} {r['control']}: {r['stderr'].strip().splitlines()[-1][:100]}"
+                for r in noisy
+            ),
+        ]
     for u in res.get("unavailable", []):
         lines += ["", f"not available: {u['notebook']} {u['widget']}: {u['not_available']}"]
     return lines
@@ -353,15 +470,23 @@ def lines(res: dict, short: bool = False) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("notebooks", nargs="*", help="notebook name prefixes (default: every numbered notebook), e.g. 01 04")
-    p.add_argument("--quick", action="store_true", help="one widget, one change per control: checks the script only")
-    p.add_argument("--threads", type=int, default=1, help="the kernel's torch threads (default 1, as bench.py)")
+    p.add_argument(
+        "notebooks", nargs="*", help="notebook name prefixes (default: every numbered notebook), e.g. 01 04"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="one widget, one change per control: checks the script only"
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="the kernel's torch threads (default 1, as bench.py)"
+    )
     args = p.parse_args(argv)
     paths = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
     if args.notebooks:
         paths = [q for q in paths if any(q.name.startswith(n) for n in args.notebooks)]
         if not paths:
-            p.error(f"notebooks must name prefixes of notebooks/[0-9]*.ipynb (got {' '.join(args.notebooks)})")
+            p.error(
+                f"notebooks must name prefixes of notebooks/[0-9]*.ipynb (got {' '.join(args.notebooks)})"
+            )
     res = run(quick=args.quick, paths=paths, threads=args.threads)
     print("\n".join(lines(res)))
     print(f"\n{res['goals']['widget']['measured']}")

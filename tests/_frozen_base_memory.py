@@ -31,7 +31,7 @@ def item_losses(model, batch):
 def loop(model, opt, loader):
     batches = list(loader)
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window)
         for batch in window:
             (item_losses(model, batch).sum() / n).backward()
@@ -44,9 +44,12 @@ def main() -> None:
     model = Net()
     data = list(zip(torch.randn(32, 8192), torch.randint(0, 4, (32,))))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    report = accumlib.verify(loop, model=model, dataset=data, item_losses=item_losses, accum_steps=K, batch_size=B)
+    report = accumlib.verify(
+        loop, model=model, dataset=data, item_losses=item_losses, accum_steps=K, batch_size=B
+    )
     assert report.ok, str(report)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)  # ru_maxrss is in KiB on Linux
+    # ru_maxrss is in KiB on Linux
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
 
 
 if __name__ == "__main__":

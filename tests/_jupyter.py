@@ -97,7 +97,9 @@ class LabServer:
 
     def lab_url(self, notebook: str) -> str:
         # A fresh, empty workspace per page: nothing a previous test opened is restored.
-        return f"{self.base_url}lab/workspaces/{secrets.token_hex(6)}/tree/{notebook}?reset&token={self.token}"
+        return (
+            f"{self.base_url}lab/workspaces/{secrets.token_hex(6)}/tree/{notebook}?reset&token={self.token}"
+        )
 
     def app_url(self) -> str:
         return f"{self.base_url}?token={self.token}"
@@ -163,10 +165,7 @@ def _write_config(state: Path) -> None:
         "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
         # Every cell in the DOM (the default windowing leaves off-screen cells out of it).
         "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension:notification": {
-            "checkForUpdates": False,
-            "fetchNews": "false",
-        },
+        "@jupyterlab/apputils-extension:notification": {"checkForUpdates": False, "fetchNews": "false"},
     }
     settings = state / "settings"
     for plugin, values in overrides.items():
@@ -178,7 +177,10 @@ def _write_config(state: Path) -> None:
 
 def _lab_command(root: Path, state: Path, port: int, token: str) -> list[str]:
     return [
-        sys.executable, "-m", "jupyter", "lab",  # this environment's JupyterLab and kernel
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",  # this environment's JupyterLab and kernel
         "--no-browser",
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}",
@@ -200,7 +202,10 @@ def _lab_command(root: Path, state: Path, port: int, token: str) -> list[str]:
 def _voila_command(root: Path, state: Path, port: int, token: str, notebook: str) -> list[str]:
     # What `make app` runs, on a loopback port with a token.
     return [
-        sys.executable, "-m", "voila", notebook,
+        sys.executable,
+        "-m",
+        "voila",
+        notebook,
         "--no-browser",
         "--Voila.ip=127.0.0.1",
         f"--Voila.port={port}",
@@ -213,8 +218,7 @@ def _wait_ready(server: LabServer, deadline: float) -> None:
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
             raise RuntimeError(
-                f"{server.kind} exited with {server.proc.returncode} before answering:\n"
-                + server.log_tail()
+                f"{server.kind} exited with {server.proc.returncode} before answering:\n" + server.log_tail()
             )
         try:
             if server.kind == "lab":
@@ -398,7 +402,9 @@ def wait_kernel_idle(page, server: LabServer, path: str, timeout_ms: int) -> Non
         if ui == "idle" and any(k["execution_state"] == "idle" and k["connections"] > 0 for k in kernels):
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"kernel of {path} not idle after {timeout_ms / 1000:.0f} s: ui={ui} {kernels}")
+            raise TimeoutError(
+                f"kernel of {path} not idle after {timeout_ms / 1000:.0f} s: ui={ui} {kernels}"
+            )
         time.sleep(0.25)
 
 
@@ -492,16 +498,27 @@ def _decode_frame(payload) -> KernelMessage | None:
     try:
         if isinstance(payload, str):
             msg = json.loads(payload)
-            channel, header, parent, content = msg.get("channel", ""), msg["header"], msg.get("parent_header") or {}, msg["content"]
+            channel, header, parent, content = (
+                msg.get("channel", ""),
+                msg["header"],
+                msg.get("parent_header") or {},
+                msg["content"],
+            )
         else:
             b = bytes(payload)
             n = int.from_bytes(b[:8], "little")
-            offsets = [int.from_bytes(b[8 + 8 * i:16 + 8 * i], "little") for i in range(n)] + [len(b)]
-            parts = [b[offsets[i]:offsets[i + 1]] for i in range(n)]
+            offsets = [int.from_bytes(b[8 + 8 * i : 16 + 8 * i], "little") for i in range(n)] + [len(b)]
+            parts = [b[offsets[i] : offsets[i + 1]] for i in range(n)]
             channel, header = parts[0].decode(), json.loads(parts[1])
             parent, content = json.loads(parts[2] or b"{}"), json.loads(parts[4])
-        return KernelMessage(channel, header["msg_type"], header.get("msg_id", ""), parent.get("msg_id", ""),
-                             parent.get("msg_type", ""), content)
+        return KernelMessage(
+            channel,
+            header["msg_type"],
+            header.get("msg_id", ""),
+            parent.get("msg_id", ""),
+            parent.get("msg_type", ""),
+            content,
+        )
     except (ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError):
         return None  # not a kernel message (the sockets carry nothing else we need)
 
@@ -558,7 +575,9 @@ class KernelWatch:
                 continue
             if m.msg_type == "error":
                 tb = ANSI.sub("", "\n".join(m.content.get("traceback", [])))
-                found.append(f"[{m.parent_type} error] {m.content.get('ename')}: {m.content.get('evalue')}\n{tb[-1500:]}")
+                found.append(
+                    f"[{m.parent_type} error] {m.content.get('ename')}: {m.content.get('evalue')}\n{tb[-1500:]}"
+                )
             elif m.msg_type == "stream" and m.content.get("name") == "stderr":
                 found.append(f"[{m.parent_type} stderr] {m.content.get('text', '')[-1500:]}")
         return found

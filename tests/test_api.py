@@ -9,10 +9,10 @@ the library never calls its own command line.
 from __future__ import annotations
 
 import ast
-import re
 import importlib
 import importlib.util
 import inspect
+import re
 import subprocess
 import sys
 import typing
@@ -26,9 +26,26 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 400  # about two screens: a module past it holds more than one purpose (issue 13)
 
 PUBLIC = {
-    "LOOPS", "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
-    "true_gradient", "grads_of", "compare", "Comparison", "verify", "Report", "Finding", "CODES", "VerifyError",
-    "Task", "get_task", "TASKS", "resolve_device",
+    "LOOPS",
+    "amp",
+    "grad_divided",
+    "large_batch",
+    "naive",
+    "normalized",
+    "ragged",
+    "true_gradient",
+    "grads_of",
+    "compare",
+    "Comparison",
+    "verify",
+    "Report",
+    "Finding",
+    "CODES",
+    "VerifyError",
+    "Task",
+    "get_task",
+    "TASKS",
+    "resolve_device",
 }
 
 
@@ -52,9 +69,25 @@ def test_import_accumlib_loads_no_framework_gallery_or_lessons():
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('accumlib', 'transformers', 'lightning', 'accelerate', 'ipywidgets', 'matplotlib'))))"
     )
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
-    heavy = {"accumlib.gallery", "accumlib.distributed", "accumlib.hf", "accumlib.lightning", "accumlib.survey",
-             "accumlib.lessons", "accumlib.report", "transformers", "lightning", "accelerate", "ipywidgets", "matplotlib"}
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    heavy = {
+        "accumlib.gallery",
+        "accumlib.distributed",
+        "accumlib.hf",
+        "accumlib.lightning",
+        "accumlib.survey",
+        "accumlib.lessons",
+        "accumlib.report",
+        "transformers",
+        "lightning",
+        "accelerate",
+        "ipywidgets",
+        "matplotlib",
+    }
     assert not loaded & heavy, sorted(loaded & heavy)
     assert "accumlib.loops" in loaded  # the negative: the listing above really sees accumlib's modules
 
@@ -73,7 +106,18 @@ def _public_functions():
             yield name, obj
     # the submodules a user of the library calls into (the lessons, the report, the survey and the
     # launcher are reached through notebooks and command lines)
-    for mod in ("data", "models", "tasks", "oracle", "compare", "harness", "reference", "memory", "hf", "lightning"):
+    for mod in (
+        "data",
+        "models",
+        "tasks",
+        "oracle",
+        "compare",
+        "harness",
+        "reference",
+        "memory",
+        "hf",
+        "lightning",
+    ):
         module = importlib.import_module(f"accumlib.{mod}")
         assert hasattr(module, "__all__"), f"accumlib.{mod} must say what is public with __all__"
         for name in module.__all__:
@@ -87,7 +131,11 @@ def test_every_public_function_has_type_hints_and_a_runnable_example(name, obj):
     assert ">>>" in (inspect.getdoc(obj) or ""), f"{name}: no runnable example in its docstring"
     if inspect.isfunction(obj):
         hints = typing.get_type_hints(obj)
-        params = [p for p in inspect.signature(obj).parameters.values() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        params = [
+            p
+            for p in inspect.signature(obj).parameters.values()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        ]
         missing = [p.name for p in params if p.name not in hints] + ([] if "return" in hints else ["return"])
         assert not missing, f"{name}: no type hint for {missing}"
 
@@ -111,7 +159,9 @@ def _modules():
 
 
 def test_no_module_is_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, long
 
 
@@ -129,9 +179,12 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_the_library_never_calls_its_own_command_line():
-    callers = [str(p.relative_to(ROOT)) for p in (ROOT / "accumlib").rglob("*.py")
-               if p.name not in ("cli.py", "__main__.py") or p.parent.name != "accumlib"
-               if "accumlib.cli" in _imported_modules(p)]
+    callers = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "accumlib").rglob("*.py")
+        if p.name not in ("cli.py", "__main__.py") or p.parent.name != "accumlib"
+        if "accumlib.cli" in _imported_modules(p)
+    ]
     assert callers == []
     # the negative: the scan does see the package's own entry point import its command line
     assert "accumlib.cli" in _imported_modules(ROOT / "accumlib" / "__main__.py")

@@ -81,8 +81,17 @@ def test_goals_table_has_one_entry_per_goal(quick_run):
         assert g["status"] in ("met", "MISSED", "not measured")
         assert g["measured"]
     # --quick measures nothing for real for the notebook, widget and verify-at-scale goals: never a verdict
-    for key in ("notebook_each", "notebook_suite", "widget", "verify_scale_memory", "verify_scale_time", "verify_trainer",
-                "verify_ranks_time", "verify_ranks_memory", "verify_ranks_traffic"):
+    for key in (
+        "notebook_each",
+        "notebook_suite",
+        "widget",
+        "verify_scale_memory",
+        "verify_scale_time",
+        "verify_trainer",
+        "verify_ranks_time",
+        "verify_ranks_memory",
+        "verify_ranks_traffic",
+    ):
         assert goals[key]["met"] is None and goals[key]["status"] == "not measured"
     # the memory goal depends on sizes, not speed: it is decided even on tiny sizes
     assert goals["memory"]["met"] in (True, False)
@@ -122,7 +131,7 @@ widgets = bench.widgets
 
 # A scratch lesson module, free of torch so a kernel loads it in a moment: a widget whose controls redraw a
 # PNG figure (one of them reports an error), and a box whose Run button starts a process and whose text it reads.
-SCRATCH_LESSON = '''
+SCRATCH_LESSON = """
 import base64, io, subprocess, sys
 import ipywidgets as w
 from IPython.display import Image, display
@@ -180,31 +189,57 @@ def run_box():
     crash.observe(fail, names="value")
     run.on_click(launch)
     return w.VBox([text, run, crash, w.IntSlider(disabled=True), w.Label("not a control"), out])
-'''
+"""
 
 
 def _cell(source, outputs=()):
-    return {"cell_type": "code", "execution_count": 1, "id": str(abs(hash(source))), "metadata": {},
-            "outputs": list(outputs), "source": source.splitlines(keepends=True)}
+    return {
+        "cell_type": "code",
+        "execution_count": 1,
+        "id": str(abs(hash(source))),
+        "metadata": {},
+        "outputs": list(outputs),
+        "source": source.splitlines(keepends=True),
+    }
 
 
 def _shown(text_plain):
     """A saved display of a widget (or of a progress bar, whose text is not a widget's repr)."""
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "0", "version_major": 2, "version_minor": 0},
-                     "text/plain": text_plain}}
+    return {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {
+            "application/vnd.jupyter.widget-view+json": {
+                "model_id": "0",
+                "version_major": 2,
+                "version_minor": 0,
+            },
+            "text/plain": text_plain,
+        },
+    }
 
 
 def _scratch_notebook(path):
     cells = [
-        _cell("%matplotlib inline\nimport torch\nfrom scratch_lesson import compute\nimport scratch_lesson as sl\ndevice = 'cpu'"),
-        _cell("r = compute(2, 'b', False)\nsl.widget(device=device, initial=r)", [_shown("VBox(children=(IntSlider(value=2),))")]),
-        _cell("panel = sl.run_box()\npanel", [_shown("VBox(children=(Text(value='x'),))")]),  # not named like a builder: found by its output
-        _cell("sl.compute(2, 'b', False)", [_shown("  0%|          | 0/8 [00:00<?, ?it/s]")]),  # a progress bar: not a widget
+        _cell(
+            "%matplotlib inline\nimport torch\nfrom scratch_lesson import compute\nimport scratch_lesson as sl\ndevice = 'cpu'"
+        ),
+        _cell(
+            "r = compute(2, 'b', False)\nsl.widget(device=device, initial=r)",
+            [_shown("VBox(children=(IntSlider(value=2),))")],
+        ),
+        # not named like a builder: found by its output
+        _cell("panel = sl.run_box()\npanel", [_shown("VBox(children=(Text(value='x'),))")]),
+        # a progress bar: not a widget
+        _cell("sl.compute(2, 'b', False)", [_shown("  0%|          | 0/8 [00:00<?, ?it/s]")]),
         _cell("sl.widget(device=device, initial=r)"),  # the same call again: one widget
     ]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-          "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": cells,
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     path.write_text(json.dumps(nb))
     return path
 
@@ -214,10 +249,14 @@ def test_widget_discovery_names_every_builder_and_nothing_else(tmp_path):
     # scratch_lesson is not under accumlib, so discovery ignores it: the notebooks import lessons from accumlib
     assert found == [] and unnamed == ["01_scratch.ipynb cell 1", "01_scratch.ipynb cell 2"]
     nb = tmp_path / "02_scratch.ipynb"
-    nb.write_text((tmp_path / "01_scratch.ipynb").read_text().replace("scratch_lesson", "accumlib.lessons.scratch"))
+    nb.write_text(
+        (tmp_path / "01_scratch.ipynb").read_text().replace("scratch_lesson", "accumlib.lessons.scratch")
+    )
     found, unnamed = widgets.discover([nb])
     assert [(f.module, f.builder, f.cell, f.main) for f in found] == [
-        ("accumlib.lessons.scratch", "widget", 1, True), ("accumlib.lessons.scratch", "run_box", 2, False)]
+        ("accumlib.lessons.scratch", "widget", 1, True),
+        ("accumlib.lessons.scratch", "run_box", 2, False),
+    ]
     assert dict(found[0].kwargs) == {"device": widgets._DEVICE, "initial": widgets._VARIABLE}
     assert unnamed == []
 
@@ -225,13 +264,25 @@ def test_widget_discovery_names_every_builder_and_nothing_else(tmp_path):
 def test_every_control_of_a_widget_is_found_with_a_change():
     import ipywidgets as w
 
-    kinds = [w.IntSlider(value=3, max=3), w.FloatSlider(value=0.5), w.FloatLogSlider(value=0.1, min=-3, max=0),
-             w.Dropdown(options=[1, 2], value=2), w.SelectionSlider(options=["a", "b", "c"], value="a"),
-             w.ToggleButtons(options=["x", "y"]), w.Checkbox(value=True), w.ToggleButton(), w.Text("t"), w.Textarea("loop"),
-             w.BoundedIntText(value=5, max=5), w.IntRangeSlider(value=(1, 3), max=5), w.Button(description="Run")]
+    kinds = [
+        w.IntSlider(value=3, max=3),
+        w.FloatSlider(value=0.5),
+        w.FloatLogSlider(value=0.1, min=-3, max=0),
+        w.Dropdown(options=[1, 2], value=2),
+        w.SelectionSlider(options=["a", "b", "c"], value="a"),
+        w.ToggleButtons(options=["x", "y"]),
+        w.Checkbox(value=True),
+        w.ToggleButton(),
+        w.Text("t"),
+        w.Textarea("loop"),
+        w.BoundedIntText(value=5, max=5),
+        w.IntRangeSlider(value=(1, 3), max=5),
+        w.Button(description="Run"),
+    ]
     box = w.VBox([w.HBox(kinds[:5]), w.Label("label"), w.IntSlider(disabled=True), *kinds[5:], w.Output()])
     controls = widgets._controls(box)
-    assert [c for _, c in controls] == kinds  # buttons last; the label, the disabled slider and the output are not controls
+    # buttons last; the label, the disabled slider and the output are not controls
+    assert [c for _, c in controls] == kinds
     for _, c in controls:
         how, a, b = widgets._values(c)
         if how == "press":
@@ -248,10 +299,21 @@ def scratch_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("widgets")
     (tmp / "scratch_lesson.py").write_text(SCRATCH_LESSON)
     nb = _scratch_notebook(tmp / "01_scratch.ipynb")
-    found = [widgets.Found(nb.name, 1, "scratch_lesson", "widget", (), (("device", widgets._DEVICE), ("initial", widgets._VARIABLE)), True),
-             widgets.Found(nb.name, 2, "scratch_lesson", "run_box", (), (), False)]
+    found = [
+        widgets.Found(
+            nb.name,
+            1,
+            "scratch_lesson",
+            "widget",
+            (),
+            (("device", widgets._DEVICE), ("initial", widgets._VARIABLE)),
+            True,
+        ),
+        widgets.Found(nb.name, 2, "scratch_lesson", "run_box", (), (), False),
+    ]
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYTHONPATH", f"{tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # the kernel imports the scratch lesson
+    # the kernel imports the scratch lesson
+    mp.setenv("PYTHONPATH", f"{tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     mp.setattr(widgets, "discover", lambda paths: (found, []))
     try:
         yield widgets.run(paths=[nb], threads=1, repeats=2)
@@ -265,13 +327,23 @@ def test_widget_section_gives_one_row_per_control_with_a_median(scratch_run):
     for r in rows.values():
         assert _finite(r["median_s"]) and r["n"] == len(r["times_s"]) >= 1, r
         assert r["first_s"] == r["times_s"][0]
-    for name in ("k", "option"):  # a redraw: a figure, two changes (first and repeat), judged against the goal
-        assert rows[name]["shown"] == "figure" and rows[name]["n"] == 2 and rows[name]["status"] in ("met", "MISSED")
+    # a redraw: a figure, two changes (first and repeat), judged against the goal
+    for name in ("k", "option"):
+        assert (
+            rows[name]["shown"] == "figure"
+            and rows[name]["n"] == 2
+            and rows[name]["status"] in ("met", "MISSED")
+        )
         assert len(rows[name]["quartiles_s"]) == 2 and rows[name]["processes"] == 0
     assert rows["option"]["change"] == "'b' <-> 'a'"
-    assert rows["broken"]["status"] == "ERROR" and "ValueError: broken must be False" in rows["broken"]["errors"][0]
+    assert (
+        rows["broken"]["status"] == "ERROR"
+        and "ValueError: broken must be False" in rows["broken"]["errors"][0]
+    )
     assert rows["name"]["status"] == "no redraw"
-    assert rows["crash"]["status"] == "ERROR" and rows["crash"]["errors"][0] == "RuntimeError: observer failed"
+    assert (
+        rows["crash"]["status"] == "ERROR" and rows["crash"]["errors"][0] == "RuntimeError: observer failed"
+    )
     assert rows["Run"]["status"] == "exempt" and rows["Run"]["processes"] >= 1 and rows["Run"]["n"] == 1
     goal = scratch_run["goals"]["widget"]
     assert goal["met"] is False  # the ERROR control misses the goal, whatever the times

@@ -27,11 +27,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from _jupyter import (
-    NOTEBOOK,
     ERROR_IN_WIDGET,
     ERROR_TEXT,
+    NOTEBOOK,
     cell_view,
     change_control,
     chromium_missing_reason,
@@ -85,8 +84,10 @@ def _copy_notebooks(dest: Path) -> None:
 
     def skip(folder: str, names: list[str]) -> list[str]:
         return [
-            n for n in names
-            if n == ".ipynb_checkpoints" or not (os.path.isfile(p := os.path.join(folder, n)) or os.path.isdir(p))
+            n
+            for n in names
+            if n == ".ipynb_checkpoints"
+            or not (os.path.isfile(p := os.path.join(folder, n)) or os.path.isdir(p))
         ]
 
     shutil.copytree(NOTEBOOKS, dest, ignore=skip)
@@ -107,7 +108,8 @@ def lab(tmp_path_factory):
     _require_chromium()
     root = tmp_path_factory.mktemp("lab-root")
     _copy_notebooks(root / "notebooks")
-    for data in DATA_BESIDE_NOTEBOOKS:  # what notebooks would read from ../ (none: lesson 9's tables ship in the package)
+    # what notebooks would read from ../ (none: lesson 9's tables ship in the package)
+    for data in DATA_BESIDE_NOTEBOOKS:
         if (REPO / data).is_dir():
             shutil.copytree(REPO / data, root / data)
     (root / "scratch").mkdir()
@@ -142,7 +144,11 @@ def _code_cells(root: Path, path: str) -> list[tuple[int, str]]:
     import nbformat
 
     nb = nbformat.read(root / path, as_version=4)
-    return [(i, (c.source.strip().splitlines() or [""])[0][:80]) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    return [
+        (i, (c.source.strip().splitlines() or [""])[0][:80])
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+    ]
 
 
 _CELL_STDERR_JS = (
@@ -162,7 +168,8 @@ def _run_all(page, lab, path: str) -> tuple[float, list[str]]:
     seconds = time.monotonic() - started
     problems = [
         f"cell {cells[k][0]} ({cells[k][1]!r}): {text.strip()[-1500:]}"
-        for k, texts in enumerate(page.evaluate(_CELL_STDERR_JS)) for text in texts
+        for k, texts in enumerate(page.evaluate(_CELL_STDERR_JS))
+        for text in texts
     ]
     problems += [f"no cell shows it: {p}" for p in page.kernel.problems(mark, parents=("comm_msg", ""))]
     return seconds, problems
@@ -180,7 +187,11 @@ def _settle(page, cell: int, before: dict, mark: int, timeout_s: float) -> tuple
         now = time.monotonic()
         view = cell_view(page, cell)
         if view is None:
-            return {"signature": "", "imgs": 0, "fresh": 0, "texts": [], "outputs": [], "stderr": [], "busy": 0}, now - start, False
+            return (
+                {"signature": "", "imgs": 0, "fresh": 0, "texts": [], "outputs": [], "stderr": [], "busy": 0},
+                now - start,
+                False,
+            )
         if view["signature"] != last:
             last, stable_since = view["signature"], now
         reached = page.kernel.handled_widget_message(mark) or now - start > NO_MESSAGE_GRACE_S
@@ -206,8 +217,9 @@ def _figure_change(before: list[str], after: list[str], fresh: int) -> str:
     return "redrawn" if differ else "redrawn identical"
 
 
-def _exercise_control(page, lab, path: str, control: dict, cells: list[tuple[int, str]], request,
-                      cells_with_buttons: set[int]) -> dict:
+def _exercise_control(
+    page, lab, path: str, control: dict, cells: list[tuple[int, str]], request, cells_with_buttons: set[int]
+) -> dict:
     """Change one control once and judge what the cell shows after it settles. A control in a cell
     with a button may show nothing until the button is pressed (the button is then judged)."""
     ci = control["cell"]
@@ -224,14 +236,19 @@ def _exercise_control(page, lab, path: str, control: dict, cells: list[tuple[int
 
     problems = []
     if timed_out:
-        problems.append(f"not settled after {timeout} s (kernel busy with {page.kernel.busy_with(mark)}, "
-                        f"{view['busy']} button(s) disabled)")
+        problems.append(
+            f"not settled after {timeout} s (kernel busy with {page.kernel.busy_with(mark)}, "
+            f"{view['busy']} button(s) disabled)"
+        )
     problems += [f"the kernel sent: {p}" for p in page.kernel.problems(mark)]
     new_stderr = Counter(after["stderr"]) - Counter(before["stderr"])
     problems += [f"stderr/error output in the cell: {t.strip()[-1500:]}" for t in new_stderr.elements()]
     errors_before = set(m.group(0) for t in before["texts"] for m in ERROR_IN_WIDGET.finditer(t))
-    problems += [f"error text in the widget: {t.strip()[-800:]}" for t in after["texts"]
-                 if any(m.group(0) not in errors_before for m in ERROR_IN_WIDGET.finditer(t))]
+    problems += [
+        f"error text in the widget: {t.strip()[-800:]}"
+        for t in after["texts"]
+        if any(m.group(0) not in errors_before for m in ERROR_IN_WIDGET.finditer(t))
+    ]
     figure = _figure_change(before["imgs"], after["imgs"], after["fresh"])
     if figure == "vanished":
         problems.append(f"its figure vanished ({len(before['imgs'])} before, none after)")
@@ -248,14 +265,23 @@ def _exercise_control(page, lab, path: str, control: dict, cells: list[tuple[int
         problems.append(f"its value did not move from {control['value']!r}")
 
     shot = _artifact(request, f"c{cells[ci][0]}-{control['id']}-{control['kind']}")
-    page.locator(f'{".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell"}').nth(ci).screenshot(path=shot)
+    page.locator(f"{'.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell'}").nth(ci).screenshot(
+        path=shot
+    )
     return {
-        "cell": cells[ci][0], "kind": control["kind"], "label": control["label"], "action": action,
-        "value_before": control["value"], "value_after": value_after,
-        "seconds_to_settled": round(seconds, 2), "seconds_total": round(total, 2),
-        "figure": figure, "figures_after": len(after["imgs"]),
+        "cell": cells[ci][0],
+        "kind": control["kind"],
+        "label": control["label"],
+        "action": action,
+        "value_before": control["value"],
+        "value_after": value_after,
+        "seconds_to_settled": round(seconds, 2),
+        "seconds_total": round(total, 2),
+        "figure": figure,
+        "figures_after": len(after["imgs"]),
         "shown_after": [t[:2000] for t in after["texts"]],
-        "screenshot": shot.name, "problems": problems,
+        "screenshot": shot.name,
+        "problems": problems,
     }
 
 
@@ -275,26 +301,44 @@ def _exercise_notebook(page, lab, path: str, request, after_run_all=None) -> dic
     with_buttons = {c["cell"] for c in found if c["kind"] == "button"}
     for control in found:
         if control["disabled"]:
-            controls.append({"cell": cells[control["cell"]][0], "kind": control["kind"], "label": control["label"],
-                             "skipped": "disabled", "problems": []})
+            controls.append(
+                {
+                    "cell": cells[control["cell"]][0],
+                    "kind": control["kind"],
+                    "label": control["label"],
+                    "skipped": "disabled",
+                    "problems": [],
+                }
+            )
             continue
         # Find it again: an earlier change may have re-rendered the widgets (ids follow page order).
         now = next((c for c in find_controls(page) if c["id"] == control["id"]), None)
         if now is None:
-            controls.append({"cell": cells[control["cell"]][0], "kind": control["kind"], "label": control["label"],
-                             "problems": ["it disappeared after an earlier control's change"]})
+            controls.append(
+                {
+                    "cell": cells[control["cell"]][0],
+                    "kind": control["kind"],
+                    "label": control["label"],
+                    "problems": ["it disappeared after an earlier control's change"],
+                }
+            )
             continue
         controls.append(_exercise_control(page, lab, path, now, cells, request, with_buttons))
     record = {
-        "notebook": path, "seconds_open": round(opened, 1), "seconds_run_all": round(run_all_s, 1),
+        "notebook": path,
+        "seconds_open": round(opened, 1),
+        "seconds_run_all": round(run_all_s, 1),
         "seconds_controls": round(sum(c.get("seconds_total", 0) for c in controls), 1),
         "seconds_total": round(time.monotonic() - started, 1),
-        "run_all_problems": run_all_problems, "controls": controls,
+        "run_all_problems": run_all_problems,
+        "controls": controls,
     }
     _artifact(request, "widgets", "json").write_text(json.dumps(record, indent=1))
-    print(f"{path}: open {opened:.1f} s, Run All {run_all_s:.1f} s, {len(controls)} controls in "
-          f"{record['seconds_controls']:.1f} s: " + ", ".join(
-              f"{c['kind']} {c['label']!r} {c.get('seconds_to_settled', '-')} s" for c in controls))
+    print(
+        f"{path}: open {opened:.1f} s, Run All {run_all_s:.1f} s, {len(controls)} controls in "
+        f"{record['seconds_controls']:.1f} s: "
+        + ", ".join(f"{c['kind']} {c['label']!r} {c.get('seconds_to_settled', '-')} s" for c in controls)
+    )
     return record
 
 
@@ -302,8 +346,10 @@ def _describe(record: dict) -> str:
     lines = [f"Run All: {p}" for p in record["run_all_problems"]]
     for c in record["controls"]:
         for p in c["problems"]:
-            lines.append(f"cell {c['cell']}, {c['kind']} {c['label']!r} "
-                         f"({c.get('action', '')}: {c.get('value_before', '')!r} -> {c.get('value_after', '')!r}): {p}")
+            lines.append(
+                f"cell {c['cell']}, {c['kind']} {c['label']!r} "
+                f"({c.get('action', '')}: {c.get('value_before', '')!r} -> {c.get('value_after', '')!r}): {p}"
+            )
     return "\n".join(lines)
 
 
@@ -315,8 +361,9 @@ def test_lesson_runs_and_every_control_works(lab, page, request, name):
     with no error or stderr anywhere (cell or kernel) and no figure or output lost."""
     path = _need(name)
     try:
-        record = _exercise_notebook(page, lab, path, request,
-                                    _verify_report_matches_printed if name == NB_VERIFY else None)
+        record = _exercise_notebook(
+            page, lab, path, request, _verify_report_matches_printed if name == NB_VERIFY else None
+        )
     finally:
         lab.shutdown_kernel(path)
     problems = _describe(record)
@@ -330,25 +377,37 @@ def _verify_report_matches_printed(page) -> list[str]:
     from accumlib import CODES
 
     printed = "\n".join(outputs_of(page, "application/vnd.jupyter.stdout"))
-    printed_codes = {c.strip() for line in re.findall(r"^step \d+:.*codes: (.*)$", printed, re.M)
-                     for c in line.split(",") if c.strip() not in ("", "ok")}
+    printed_codes = {
+        c.strip()
+        for line in re.findall(r"^step \d+:.*codes: (.*)$", printed, re.M)
+        for c in line.split(",")
+        if c.strip() not in ("", "ok")
+    }
     tables = notebook(page).locator(".widget-output table")
     rendered = None
     for k in range(tables.count()):
         header = [h.strip() for h in tables.nth(k).locator("th").all_inner_texts()]
         if "codes" in header:
             col = header.index("codes")
-            rendered = {c.strip() for row in tables.nth(k).locator("tr").all()[1:]
-                        for c in row.locator("td").nth(col).inner_text().split(",") if c.strip() not in ("", "ok", "-")}
+            rendered = {
+                c.strip()
+                for row in tables.nth(k).locator("tr").all()[1:]
+                for c in row.locator("td").nth(col).inner_text().split(",")
+                if c.strip() not in ("", "ok", "-")
+            }
             break
     if not printed_codes:
         return ["notebook 7 printed no step codes (the 'step N: ... codes: ...' lines)"]
     if rendered is None:
         return ["no rendered report table with a codes column in notebook 7's widgets"]
     if not (rendered <= set(CODES) and printed_codes <= set(CODES)):
-        return [f"codes unknown to verify: rendered {rendered - set(CODES)}, printed {printed_codes - set(CODES)}"]
+        return [
+            f"codes unknown to verify: rendered {rendered - set(CODES)}, printed {printed_codes - set(CODES)}"
+        ]
     if rendered != printed_codes:
-        return [f"the widget's rendered report names {sorted(rendered)}, the cell printed {sorted(printed_codes)}"]
+        return [
+            f"the widget's rendered report names {sorted(rendered)}, the cell printed {sorted(printed_codes)}"
+        ]
     return []
 
 
@@ -439,9 +498,15 @@ def _write_scratch(root: Path) -> str:
 
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    cells = [nbformat.v4.new_markdown_cell("# scratch: controls that work, controls that fail, then stderr and an error")]
+    cells = [
+        nbformat.v4.new_markdown_cell(
+            "# scratch: controls that work, controls that fail, then stderr and an error"
+        )
+    ]
     cells += [nbformat.v4.new_code_cell(src) for src in [_SCRATCH_SETUP, _SCRATCH_GOOD]]
-    cells += [nbformat.v4.new_code_cell(_SCRATCH_BAD_CELL.format(label=k, body=v)) for k, v in _SCRATCH_BAD.items()]
+    cells += [
+        nbformat.v4.new_code_cell(_SCRATCH_BAD_CELL.format(label=k, body=v)) for k, v in _SCRATCH_BAD.items()
+    ]
     cells += [nbformat.v4.new_code_cell(src) for src in _SCRATCH_TAIL]
     nb.cells = cells
     nbformat.write(nb, root / "scratch" / "scratch.ipynb")
@@ -461,7 +526,8 @@ def test_harness_sees_errors_and_redraws(lab, page, request):
         record = _exercise_notebook(page, lab, path, request)
         prompts = page.evaluate(
             "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell "
-            ".jp-InputArea-prompt')].map(p => p.textContent.trim())")
+            ".jp-InputArea-prompt')].map(p => p.textContent.trim())"
+        )
         stdout = outputs_of(page, "application/vnd.jupyter.stdout")
     finally:
         lab.shutdown_kernel(path)
@@ -479,7 +545,10 @@ def test_harness_sees_errors_and_redraws(lab, page, request):
     by_label = {c["label"]: c for c in record["controls"]}
     good = {c["label"]: c for c in record["controls"] if c["label"].startswith("good-")}
     kinds = {c["kind"] for c in good.values()}
-    assert kinds == {"slider", "dropdown", "toggle-buttons", "checkbox", "number", "button"}, (kinds, by_label.keys())
+    assert kinds == {"slider", "dropdown", "toggle-buttons", "checkbox", "number", "button"}, (
+        kinds,
+        by_label.keys(),
+    )
     assert len(good) == 7, good.keys()
     for label, c in good.items():
         assert c["problems"] == [], (label, c["problems"])
@@ -587,10 +656,14 @@ def test_the_course_maps_route_links_open_the_lessons_they_name(lab, page):
             tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text=target)
             tab.first.wait_for(timeout=30_000)
             lesson = next(l for l in course.COURSE if l.file == target)
-            heading = page.locator(f"{NOTEBOOK} .jp-MarkdownCell h1", has_text=f"{lesson.number} · {lesson.title}")
+            heading = page.locator(
+                f"{NOTEBOOK} .jp-MarkdownCell h1", has_text=f"{lesson.number} · {lesson.title}"
+            )
             heading.first.wait_for(timeout=30_000)
             opened.add(target)
-            page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text="00_start_here.ipynb").first.click()
+            page.locator(
+                ".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text="00_start_here.ipynb"
+            ).first.click()
     finally:
         for target in opened | {path.rsplit("/", 1)[-1]}:
             lab.shutdown_kernel(f"notebooks/{target}")

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _jupyter import (
     ERROR_TEXT,
     NOTEBOOK,
@@ -48,8 +47,9 @@ def lab(tmp_path):
             pytest.fail(f"ACCUMLIB_REQUIRE_BROWSER=1 but {reason}")
         pytest.skip(reason)
     root = tmp_path / "lab-root"
-    shutil.copytree(REPO / "notebooks", root / "notebooks",
-                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "*.sock"))
+    shutil.copytree(
+        REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints", "*.sock")
+    )
     assert not (root / "surveys").exists()  # nothing of the repository beside the notebooks
     with jupyter_lab(root) as server:
         yield server
@@ -90,9 +90,12 @@ def test_pick_a_class_press_run_and_read_the_verdict(lab, tmp_path):
             (model,) = [c for c in controls if c["kind"] == "dropdown" and c["label"] == "model"]
             (button,) = [c for c in controls if c["kind"] == "button" and c["label"] == "run the Trainer"]
             assert model["cell"] == button["cell"] and model["value"] == "gpt2"
-            assert "GPT2LMHeadModel: NOT OK (misscaled)" in _widget_text(page, model["cell"])  # the notebook's run
+            # the notebook's run
+            assert "GPT2LMHeadModel: NOT OK (misscaled)" in _widget_text(page, model["cell"])
 
-            page.locator(f'{NOTEBOOK} [data-accumlib-control="{model["id"]}"] select').select_option(label="bart")
+            page.locator(f'{NOTEBOOK} [data-accumlib-control="{model["id"]}"] select').select_option(
+                label="bart"
+            )
             deadline = time.monotonic() + RUN_TIMEOUT_S
             while "bart: press 'run the Trainer'" not in _widget_text(page, model["cell"]):
                 assert time.monotonic() < deadline, _widget_text(page, model["cell"])
@@ -106,7 +109,8 @@ def test_pick_a_class_press_run_and_read_the_verdict(lab, tmp_path):
                 page.wait_for_timeout(200)
             wait_kernel_idle(page, lab, PATH, RUN_TIMEOUT_S * 1000)
             shown = _widget_text(page, model["cell"])
-            assert "unscaled-sum" in shown and re.search(r"\b4\.0\d{3}\b", shown), shown  # c of about m = 4 per step
+            # c of about m = 4 per step
+            assert "unscaled-sum" in shown and re.search(r"\b4\.0\d{3}\b", shown), shown
             assert "The packaged survey: transformers" in shown and not ERROR_TEXT.search(shown), shown
             assert not page.kernel.problems(mark), page.kernel.problems(mark)
             assert page.external_requests == [], "the page asked the network for something"

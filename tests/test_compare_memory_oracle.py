@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from accumlib import TASKS, compare, get_task, grads_of, true_gradient
+from accumlib.cli import main
 from accumlib.memory import activation_bytes
 from accumlib.reference import check_reference_loops
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL, OFF_BY_K_TOL
-from accumlib.cli import main
 
 
 def test_compare_by_hand():
@@ -98,14 +98,18 @@ def test_tolerances_are_ordered():
 
 
 def test_reference_table_verdicts_hold_and_cli_exits_zero(capsys):
-    table = check_reference_loops(tasks=["mlp-digits", "cnn-batchnorm"], loops=["naive", "normalized", "ragged"])
+    table = check_reference_loops(
+        tasks=["mlp-digits", "cnn-batchnorm"], loops=["naive", "normalized", "ragged"]
+    )
     assert table.ok, str(table)
     verdicts = {(r.loop, r.task): r for r in table.rows}
     assert verdicts["naive", "mlp-digits"].verdict == "off by ~k"
     assert verdicts["normalized", "mlp-digits"].verdict == "not exact"
     assert verdicts["ragged", "mlp-digits"].verdict == "exact"
     assert verdicts["ragged", "cnn-batchnorm"].verdict == "not exact"  # BatchNorm cannot be exact
-    assert verdicts["ragged", "mlp-digits"].items_used == verdicts["ragged", "mlp-digits"].items_available == 110
+    assert (
+        verdicts["ragged", "mlp-digits"].items_used == verdicts["ragged", "mlp-digits"].items_available == 110
+    )
     assert all(r.steps == r.expected_steps for r in table.rows)
     assert main(["verify", "--task", "cnn-groupnorm", "--loop", "ragged", "--loop", "naive", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -123,6 +127,7 @@ def test_cli_bad_usage_exits_2(capsys):
 
 # --- compare and the oracle at their edges -------------------------------------------------------
 
+
 def test_compare_refuses_empty_gradients():
     from accumlib import compare
 
@@ -135,8 +140,10 @@ def test_compare_lets_nan_through_every_figure():
 
     from accumlib import compare
 
-    c = compare({"w": torch.tensor([float("nan"), 1.0]), "v": torch.tensor([5.0])},
-                {"w": torch.tensor([1.0, 1.0]), "v": torch.tensor([1.0])})
+    c = compare(
+        {"w": torch.tensor([float("nan"), 1.0]), "v": torch.tensor([5.0])},
+        {"w": torch.tensor([1.0, 1.0]), "v": torch.tensor([1.0])},
+    )
     assert math.isnan(c.max_abs_diff) and math.isnan(c.rel_error) and math.isnan(c.cosine)
     assert math.isnan(c.per_param["w"]) and c.per_param["v"] == 4.0
 

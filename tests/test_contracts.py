@@ -40,7 +40,10 @@ def test_the_table_reads_each_promise_from_the_contract():
 def test_a_variant_out_of_the_table_keeps_its_promise_when_named():
     table = check_reference_loops(loops=["grad_divided"])
     assert {r.task: r.verdict for r in table.rows} == {
-        "cnn-batchnorm": WRONG, "cnn-groupnorm": EXACT, "lm-tokens": WRONG, "mlp-digits": WRONG,
+        "cnn-batchnorm": WRONG,
+        "cnn-groupnorm": EXACT,
+        "lm-tokens": WRONG,
+        "mlp-digits": WRONG,
     }
     assert table.ok, str(table)
 
@@ -54,10 +57,16 @@ def test_a_false_promise_turns_the_table_red(monkeypatch):
     assert table.rows[0].verdict == EXACT and table.rows[0].expected == OFF_BY_K
 
 
-@pytest.mark.parametrize("tags,verdict", [
-    ((), EXACT), (("ragged-tail",), WRONG), (("token-counts",), WRONG), (("batchnorm",), "batchnorm"),
-    (("ragged-tail", "batchnorm"), "batchnorm"),  # BatchNorm spoils every step, so it decides
-])
+@pytest.mark.parametrize(
+    "tags,verdict",
+    [
+        ((), EXACT),
+        (("ragged-tail",), WRONG),
+        (("token-counts",), WRONG),
+        (("batchnorm",), "batchnorm"),
+        (("ragged-tail", "batchnorm"), "batchnorm"),  # BatchNorm spoils every step, so it decides
+    ],
+)
 def test_a_task_with_several_tags_takes_the_strongest_kind(tags, verdict):
     c = Contract(full_windows=EXACT, ragged_tail=WRONG, token_counts=WRONG, batchnorm=CLOSE, order=None)
     assert c.expected(tags) == (CLOSE if verdict == "batchnorm" else verdict)
@@ -67,7 +76,14 @@ def test_a_contract_refuses_an_unknown_verdict_or_task_field():
     with pytest.raises(ValueError, match=r"ragged_tail must be one of .* \(got 'fine'\)"):
         Contract(full_windows=EXACT, ragged_tail="fine", token_counts=EXACT, batchnorm=WRONG, order=None)
     with pytest.raises(ValueError, match=r"takes must name task fields among .*\['counter'\]"):
-        Contract(full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=WRONG, order=None, takes=("counter",))
+        Contract(
+            full_windows=EXACT,
+            ragged_tail=EXACT,
+            token_counts=EXACT,
+            batchnorm=WRONG,
+            order=None,
+            takes=("counter",),
+        )
 
 
 def test_adding_a_loop_is_one_file(tmp_path, monkeypatch):

@@ -11,13 +11,17 @@ import pytest
 from accumlib.lessons import course
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-LESSON_FILES = sorted((p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_")),
-                      key=lambda name: int(name.split("_", 1)[0]))
+LESSON_FILES = sorted(
+    (p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_")),
+    key=lambda name: int(name.split("_", 1)[0]),
+)
 LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")
 
 
 def _markdown(path: Path) -> list[str]:
-    return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
+    return [
+        "".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"
+    ]
 
 
 def test_the_course_lists_every_lesson_notebook_once_in_order():
@@ -39,8 +43,12 @@ def test_the_map_links_every_lesson_and_only_files_that_exist():
             path, _, anchor = target.partition("#")
             assert (NOTEBOOKS / path).exists(), f"00_start_here links {target}, which does not exist"
             if anchor:  # JupyterLab's heading anchor: the heading's text with spaces as '-'
-                headings = [line.lstrip("#").strip().replace(" ", "-") for cell in _markdown(NOTEBOOKS / path)
-                            for line in cell.splitlines() if line.startswith("#")]
+                headings = [
+                    line.lstrip("#").strip().replace(" ", "-")
+                    for cell in _markdown(NOTEBOOKS / path)
+                    for line in cell.splitlines()
+                    if line.startswith("#")
+                ]
                 assert anchor in headings, f"00_start_here links {target}: no such heading in {path}"
 
 
@@ -49,10 +57,13 @@ def test_every_lesson_ends_with_questions_and_a_next_link(lesson):
     cells = _markdown(NOTEBOOKS / lesson.file)
     last = cells[-1].strip()
     links = LINK.findall(last)
-    assert last.startswith("**Next:**"), f"{lesson.file}: last markdown cell is not the navigation line: {last[:80]!r}"
+    assert last.startswith("**Next:**"), (
+        f"{lesson.file}: last markdown cell is not the navigation line: {last[:80]!r}"
+    )
     following = [x for x in course.COURSE if x.number == lesson.number + 1]
-    expected = ([(f"{following[0].number} · {following[0].title}", following[0].file)] if following else []) \
-        + [("Course map", "00_start_here.ipynb")]
+    expected = (
+        [(f"{following[0].number} · {following[0].title}", following[0].file)] if following else []
+    ) + [("Course map", "00_start_here.ipynb")]
     assert links == expected
     questions = [c for c in cells if re.match(r"## (\d+\. )?Questions to think about", c.lstrip())]
     assert len(questions) == 1, f"{lesson.file}: no '## Questions to think about' cell"
@@ -85,7 +96,9 @@ def test_every_stated_time_meets_the_rule_of_cells_and_runtime(lesson):
     """minutes >= 0.5 per markdown cell + 0.25 per code cell + 2 per widget + 6 per exercise + 1 per
     question (core path: cells tagged 'optional' left out) + the recorded runtime; and not padded past it."""
     least = course.minimum_minutes(NOTEBOOKS / lesson.file)
-    assert least <= lesson.minutes <= least + 10, f"{lesson.file}: states {lesson.minutes} min, the rule gives {least}"
+    assert least <= lesson.minutes <= least + 10, (
+        f"{lesson.file}: states {lesson.minutes} min, the rule gives {least}"
+    )
 
 
 def _notebook(tmp_path, cells):
@@ -97,8 +110,10 @@ def _notebook(tmp_path, cells):
 def _cell(kind, source, tags=(), seconds=None):
     metadata = {"tags": list(tags)} if tags else {}
     if seconds is not None:
-        metadata["execution"] = {"iopub.execute_input": "2026-01-01T00:00:00.000000Z",
-                                 "shell.execute_reply": f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}.000000Z"}
+        metadata["execution"] = {
+            "iopub.execute_input": "2026-01-01T00:00:00.000000Z",
+            "shell.execute_reply": f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}.000000Z",
+        }
     return {"cell_type": kind, "metadata": metadata, "source": source}
 
 
@@ -114,10 +129,14 @@ def test_the_rule_counts_each_kind_of_cell_and_the_runtime_and_skips_optional_ce
     assert counts == {"markdown": 2, "code": 1, "widget": 1, "exercise": 1, "question": 2, "runtime_s": 120.0}
     # 1 + 0.25 + 2 + 6 + 2 + 2 (runtime) = 13.25 -> 14
     assert course.minimum_minutes(_notebook(tmp_path, cells)) == 14
-    optional = cells + [_cell("markdown", "### (optional) more", tags=["optional"]),
-                        _cell("code", "more()", tags=["optional"], seconds=60)]
-    assert course.cell_counts(_notebook(tmp_path, optional))["markdown"] == 2  # optional reading is not planned time
-    assert course.minimum_minutes(_notebook(tmp_path, optional)) == 15      # but its runtime is (Run All runs it)
+    optional = cells + [
+        _cell("markdown", "### (optional) more", tags=["optional"]),
+        _cell("code", "more()", tags=["optional"], seconds=60),
+    ]
+    # optional reading is not planned time
+    assert course.cell_counts(_notebook(tmp_path, optional))["markdown"] == 2
+    # but its runtime is (Run All runs it)
+    assert course.minimum_minutes(_notebook(tmp_path, optional)) == 15
     more = [_cell("markdown", "more text"), _cell("markdown", "and more")]  # 13.25 + 1 = 14.25 -> 15
     assert course.minimum_minutes(_notebook(tmp_path, cells + more)) == 15
 
@@ -125,10 +144,15 @@ def test_the_rule_counts_each_kind_of_cell_and_the_runtime_and_skips_optional_ce
 def test_the_routes_leave_slack_and_reach_the_closing_lesson():
     last = course.COURSE[-1]
     for name, numbers in course.ROUTES.items():
-        assert course.slack(name) >= 15 and course.slack(name) >= course.SLACK_MIN_FRACTION * course.ROUTE_MINUTES[name], name
+        assert (
+            course.slack(name) >= 15
+            and course.slack(name) >= course.SLACK_MIN_FRACTION * course.ROUTE_MINUTES[name]
+        ), name
         if numbers[-1] != last.number:  # a route too short for the closing lesson reads its first section
             assert course.CLOSING[name].split("#")[0] == last.file and course.slack(name) >= 15 + 5, name
-            assert last.minutes > course.slack(name) - 15, f"lesson {last.number} fits route {name!r}: put it in"
+            assert last.minutes > course.slack(name) - 15, (
+                f"lesson {last.number} fits route {name!r}: put it in"
+            )
     assert course.ROUTE_MINUTES["90-minute workshop"] == 90
     half_day = next(numbers for name, numbers in course.ROUTES.items() if name.startswith("half day"))
     assert 8 in half_day
@@ -148,13 +172,18 @@ def test_the_map_shows_each_route_as_links_to_its_lessons_in_order():
     for name, numbers in course.ROUTES.items():
         line = next(line for line in text.splitlines() if line.startswith(f"- **{name}**"))
         closing = [course.CLOSING[name]] if name in course.CLOSING else []
-        assert [target for _, target in LINK.findall(line)] == [course.by_number(n).file for n in numbers] + closing, name
+        assert [target for _, target in LINK.findall(line)] == [
+            course.by_number(n).file for n in numbers
+        ] + closing, name
 
 
 def test_lesson_1_marks_its_optional_parts_and_states_the_core_path():
     cells = json.loads((NOTEBOOKS / "01_why_accumulate.ipynb").read_text())["cells"]
     optional = [c for c in cells if "optional" in c["metadata"].get("tags", [])]
-    headings = ["".join(c["source"]).splitlines()[0] for c in optional
-                if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("#")]
+    headings = [
+        "".join(c["source"]).splitlines()[0]
+        for c in optional
+        if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("#")
+    ]
     assert headings and all("(optional)" in h for h in headings), headings
     assert not any("exercise" in c["metadata"].get("tags", []) for c in optional)

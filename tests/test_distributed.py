@@ -8,9 +8,9 @@ then assert on what it recorded at every optimizer step on every rank:
 """
 
 import multiprocessing
-from pathlib import Path
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +18,16 @@ import torch.distributed as dist
 from torch.multiprocessing import ProcessRaisedException
 
 from accumlib import get_task
-from accumlib.distributed import FLOAT32_RTOL, VARIANTS, RunSpec, ddp_accumulate, ddp_experiment, free_port, launch, run_specs
+from accumlib.distributed import (
+    FLOAT32_RTOL,
+    VARIANTS,
+    RunSpec,
+    ddp_accumulate,
+    ddp_experiment,
+    free_port,
+    launch,
+    run_specs,
+)
 from accumlib.distributed.experiment import PER_RANK_MIN_ERROR
 
 WORLD = 2
@@ -38,7 +47,9 @@ SPECS[("per-rank counts", "mlp-digits")] = RunSpec("per-rank counts", "mlp-digit
 def runs():
     start = time.monotonic()
     results = run_specs(list(SPECS.values()), world_size=WORLD, timeout=SPAWN_TIMEOUT_S)
-    print(f"\none spawned run of {len(SPECS)} configurations on {WORLD} ranks: {time.monotonic() - start:.1f} s")
+    print(
+        f"\none spawned run of {len(SPECS)} configurations on {WORLD} ranks: {time.monotonic() - start:.1f} s"
+    )
     assert not multiprocessing.active_children()
     return dict(zip(SPECS, results))
 
@@ -118,11 +129,13 @@ def test_world_size_one_in_an_existing_group():
         dist.destroy_process_group()
     assert report.world_size == 1 and report.ok
     assert report.results["no_sync"].max_rel_error <= FLOAT32_RTOL
-    assert report.results["per-rank counts"].max_rel_error <= FLOAT32_RTOL  # one rank: its count is the global count
+    # one rank: its count is the global count
+    assert report.results["per-rank counts"].max_rel_error <= FLOAT32_RTOL
     assert report.results["every micro-batch"].calls_per_step == 3 * report.results["no_sync"].calls_per_step
 
 
 # ---- launching: failures, time limits, bad settings ------------------------------------
+
 
 def _fail_on_rank_1(rank, world_size):
     if rank == 1:
@@ -238,10 +251,18 @@ def _loop_with_its_defaults(rank, seen):
 
     model = DDP(_linear())
     counter = count_allreduce(model)
-    logged = ddp_accumulate(model, torch.optim.SGD(model.parameters(), lr=LR), _shard(rank), _squared_errors,
-                            accum_steps=DEFAULTS_K)
-    seen["defaults"] = dict(logged=logged, calls=counter.take()[0],
-                            params=[p.detach().reshape(-1).tolist() for p in model.module.parameters()])
+    logged = ddp_accumulate(
+        model,
+        torch.optim.SGD(model.parameters(), lr=LR),
+        _shard(rank),
+        _squared_errors,
+        accum_steps=DEFAULTS_K,
+    )
+    seen["defaults"] = dict(
+        logged=logged,
+        calls=counter.take()[0],
+        params=[p.detach().reshape(-1).tolist() for p in model.module.parameters()],
+    )
 
 
 def _refusals(rank, seen):
@@ -252,9 +273,15 @@ def _refusals(rank, seen):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     calls = {
         # shards of different lengths: 4 micro-batches on rank 0, 3 on rank 1
-        "uneven": lambda: ddp_accumulate(model, opt, _shard(rank)[:4 - rank], _squared_errors, accum_steps=2),
-        "no_sync": lambda: ddp_accumulate(model, opt, _shard(rank), _squared_errors, accum_steps=2, no_sync="sometimes"),
-        "count": lambda: ddp_accumulate(model, opt, _shard(rank), _squared_errors, accum_steps=2, count_items=lambda b: 3),
+        "uneven": lambda: ddp_accumulate(
+            model, opt, _shard(rank)[: 4 - rank], _squared_errors, accum_steps=2
+        ),
+        "no_sync": lambda: ddp_accumulate(
+            model, opt, _shard(rank), _squared_errors, accum_steps=2, no_sync="sometimes"
+        ),
+        "count": lambda: ddp_accumulate(
+            model, opt, _shard(rank), _squared_errors, accum_steps=2, count_items=lambda b: 3
+        ),
     }
     for name, call in calls.items():
         try:
@@ -277,7 +304,9 @@ def _spread_of_a_drifted_rank(rank, seen):
 
     g = torch.Generator().manual_seed(0)
     # 32 digit-shaped rows stand in for the digits (whose loading imports scikit-learn: 10 s a rank under load)
-    rows = torch.utils.data.TensorDataset(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g))
+    rows = torch.utils.data.TensorDataset(
+        torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+    )
     experiment.ddp_accumulate = drifting
     try:  # 16 rows a rank in micro-batches of 8, one per step: 2 steps
         spec = RunSpec("no_sync", "mlp-digits", accum_steps=1, oracle=False)
@@ -337,14 +366,21 @@ def test_shards_of_different_lengths_are_refused_on_every_rank(ranks):
     # a rank with fewer micro-batches would leave its peers waiting in a collective
     seen, _ = ranks
     assert [s.get("uneven") for s in seen] == [
-        "loader must yield the same number of micro-batches on every rank (got between 3 and 4)"] * WORLD
+        "loader must yield the same number of micro-batches on every rank (got between 3 and 4)"
+    ] * WORLD
 
 
 def test_the_loop_refuses_an_unknown_no_sync_and_a_wrong_item_count(ranks):
     seen, _ = ranks
     for rank, s in enumerate(seen):
-        assert s.get("no_sync") == "no_sync must be one of ('forward+backward', 'backward', 'never') (got 'sometimes')"
-        assert s.get("count") == f"count_items must agree with item_losses: count_items said 3 items, item_losses returned {2 - rank}"
+        assert (
+            s.get("no_sync")
+            == "no_sync must be one of ('forward+backward', 'backward', 'never') (got 'sometimes')"
+        )
+        assert (
+            s.get("count")
+            == f"count_items must agree with item_losses: count_items said 3 items, item_losses returned {2 - rank}"
+        )
 
 
 def test_the_loop_with_its_defaults_steps_the_large_batch_gradient_with_one_all_reduce_per_step(ranks):
@@ -354,7 +390,7 @@ def test_the_loop_with_its_defaults_steps_the_large_batch_gradient_with_one_all_
     start = [p.detach().clone().reshape(-1) for p in model.parameters()]
     oracle_loss = []
     for s in range(len(shards[0]) // DEFAULTS_K):
-        window = [b for shard in shards for b in shard[s * DEFAULTS_K:(s + 1) * DEFAULTS_K]]
+        window = [b for shard in shards for b in shard[s * DEFAULTS_K : (s + 1) * DEFAULTS_K]]
         x, y = torch.cat([b[0] for b in window]).double(), torch.cat([b[1] for b in window]).double()
         model.zero_grad()
         loss = _squared_errors(model, (x, y)).mean()
@@ -367,7 +403,8 @@ def test_the_loop_with_its_defaults_steps_the_large_batch_gradient_with_one_all_
     for s in seen:
         d = s["defaults"]
         got = torch.cat([torch.tensor(p, dtype=torch.float64) for p in d["params"]]) - torch.cat(start)
-        assert float((got - want).norm() / want.norm()) <= FLOAT32_RTOL  # the update SGD made, against the oracle's
+        # the update SGD made, against the oracle's
+        assert float((got - want).norm() / want.norm()) <= FLOAT32_RTOL
         assert d["logged"] == pytest.approx(oracle_loss, rel=FLOAT32_RTOL)
         assert d["calls"] == len(oracle_loss)  # no_sync: one all-reduce (one bucket: 4 parameters) per step
 
@@ -384,7 +421,8 @@ def test_gloo_interface_rule():
 
     assert gloo_interface("gloo", "127.0.0.1", {}) == "lo"
     assert gloo_interface("gloo", "localhost", {}) == "lo"
-    assert gloo_interface("gloo", "127.0.0.1", {"GLOO_SOCKET_IFNAME": "eth1"}) is None  # the user's choice stays
+    # the user's choice stays
+    assert gloo_interface("gloo", "127.0.0.1", {"GLOO_SOCKET_IFNAME": "eth1"}) is None
     assert gloo_interface("gloo", "192.0.2.1", {}) is None  # not loopback: peers may be elsewhere
     assert gloo_interface("nccl", "127.0.0.1", {}) is None
 
@@ -394,7 +432,9 @@ def test_a_world_size_the_machine_cannot_hold_is_refused_before_spawning():
 
     most = max_world_size()
     assert 1 <= most
-    with pytest.raises(ValueError, match=rf"world_size must be <= {most} on this machine .* \(got {most + 1}\)"):
+    with pytest.raises(
+        ValueError, match=rf"world_size must be <= {most} on this machine .* \(got {most + 1}\)"
+    ):
         launch(_sleep, world_size=most + 1)
     assert not multiprocessing.active_children()
 
@@ -418,9 +458,11 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     import sys
 
     out = tmp_path / "pid"
-    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-              "from accumlib.distributed import launch\nimport test_distributed as t\n"
-              f"launch(t._write_pid_and_sleep, ({str(out)!r},), world_size=2, timeout=600)\n")
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from accumlib.distributed import launch\nimport test_distributed as t\n"
+        f"launch(t._write_pid_and_sleep, ({str(out)!r},), world_size=2, timeout=600)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script])
     try:
         deadline = time.monotonic() + SPAWN_TIMEOUT_S

@@ -20,8 +20,17 @@ import torch
 
 from accumlib import get_task
 from accumlib.distributed import (
-    COMM_VARIANTS, VARIANTS, DDPReport, RunResult, RunSpec, check_port, count_allreduce, ddp_experiment, launch,
-    run_specs, shard_loader,
+    COMM_VARIANTS,
+    VARIANTS,
+    DDPReport,
+    RunResult,
+    RunSpec,
+    check_port,
+    count_allreduce,
+    ddp_experiment,
+    launch,
+    run_specs,
+    shard_loader,
 )
 from accumlib.distributed.cli import main as ddp_main
 from accumlib.distributed.experiment import PER_RANK_MIN_ERROR
@@ -37,6 +46,7 @@ def _rank_fn(rank, world_size):  # importable; never runs: every call below is r
 
 # ---- DDPReport.ok: each limit, and just past it ------------------------------------------
 
+
 def report(world_size: int = 2, **changes) -> DDPReport:
     """A report that is ok: 2 steps of 3 and 2 micro-batches; each no_sync window sends 2 buckets.
 
@@ -49,7 +59,10 @@ def report(world_size: int = 2, **changes) -> DDPReport:
     }
     results = {}
     for v in VARIANTS:
-        fields = dict(rel_errors=[[0.0] * world_size] * 2, param_spread=[0.0, 0.0], window_batches=[3, 2]) | base[v]
+        fields = (
+            dict(rel_errors=[[0.0] * world_size] * 2, param_spread=[0.0, 0.0], window_batches=[3, 2])
+            | base[v]
+        )
         fields["bytes"] = [[100 * c for c in step] for step in fields["calls"]]  # 100 bytes a bucket
         results[v] = RunResult(RunSpec(v, "mlp-digits", 3), world_size, **(fields | changes.get(v, {})))
     return DDPReport(world_size, 3, "mlp-digits", results)
@@ -61,7 +74,8 @@ def just_above(x: float) -> float:
 
 def test_the_ddp_report_holds_at_each_limit():
     assert report().ok
-    at = {v: dict(rel_errors=[[0.0, FLOAT32_RTOL], [FLOAT32_RTOL, 0.0]]) for v in COMM_VARIANTS}  # at the tolerance
+    # at the tolerance
+    at = {v: dict(rel_errors=[[0.0, FLOAT32_RTOL], [FLOAT32_RTOL, 0.0]]) for v in COMM_VARIANTS}
     at["per-rank counts"] = dict(rel_errors=[[just_above(PER_RANK_MIN_ERROR)] * 2] * 2)  # just past its floor
     assert report(**at).ok
 
@@ -77,14 +91,18 @@ def test_the_ddp_report_fails_when_ranks_hold_different_parameters(variant):
     assert not report(**{variant: dict(param_spread=[0.0, 1e-30])}).ok
 
 
-@pytest.mark.parametrize("calls", [[[6, 6], [3, 3]], [[6, 6], [5, 5]], [[2, 2], [2, 2]]],
-                         ids=["one round short", "one call too many", "no_sync's count"])
+@pytest.mark.parametrize(
+    "calls",
+    [[[6, 6], [3, 3]], [[6, 6], [5, 5]], [[2, 2], [2, 2]]],
+    ids=["one round short", "one call too many", "no_sync's count"],
+)
 def test_the_ddp_report_wants_m_rounds_of_buckets_without_no_sync(calls):
     assert not report(**{"every micro-batch": dict(calls=calls)}).ok
 
 
 def test_the_ddp_report_wants_the_per_rank_mistake_visible_above_rounding():
-    assert not report(**{"per-rank counts": dict(rel_errors=[[PER_RANK_MIN_ERROR] * 2] * 2)}).ok  # at the floor
+    # at the floor
+    assert not report(**{"per-rank counts": dict(rel_errors=[[PER_RANK_MIN_ERROR] * 2] * 2)}).ok
     # a few float32 roundings is noise, not the mistake shown
     assert not report(**{"per-rank counts": dict(rel_errors=[[2 * FLOAT32_RTOL] * 2] * 2)}).ok
     # and the largest step decides: one step far off is the mistake shown
@@ -100,16 +118,23 @@ def test_one_rank_needs_no_per_rank_mistake():
 
 # ---- shard_loader ---------------------------------------------------------------------------
 
+
 def test_each_rank_gets_an_interleaved_shard_padded_to_equal_length():
     task, data = get_task("mlp-digits"), torch.utils.data.TensorDataset(torch.arange(5))
-    shards = [[int(i) for (b,) in shard_loader(task, r, 2, batch_size=2, dataset=data) for i in b] for r in range(2)]
+    shards = [
+        [int(i) for (b,) in shard_loader(task, r, 2, batch_size=2, dataset=data) for i in b] for r in range(2)
+    ]
     assert shards == [[0, 2, 4], [1, 3, 0]]  # rank 1 repeats item 0 so that both take as many steps
     assert [len(shard_loader(task, r, 2, batch_size=2, dataset=data)) for r in range(2)] == [2, 2]
     # without batch_size, the task's: 16 items per rank in micro-batches of 8
-    assert len(shard_loader(task, 0, 2, dataset=torch.utils.data.TensorDataset(torch.arange(32)))) == 16 // task.batch_size
+    assert (
+        len(shard_loader(task, 0, 2, dataset=torch.utils.data.TensorDataset(torch.arange(32))))
+        == 16 // task.batch_size
+    )
 
 
 # ---- launch's settings: refused before anything is spawned ----------------------------------
+
 
 @pytest.mark.parametrize("timeout", [0, -1.0, "60", None, math.nan])
 def test_a_timeout_must_be_a_positive_number_of_seconds(timeout):
@@ -135,14 +160,31 @@ def test_the_command_line_passes_its_settings_and_exits_by_the_verdict(verdict, 
 
     def experiment(**kwargs):
         asked.update(kwargs)
-        return report() if verdict == "ok" else report(**{"no_sync": dict(rel_errors=[[0.0, 0.5], [0.0, 0.0]])})
+        return (
+            report() if verdict == "ok" else report(**{"no_sync": dict(rel_errors=[[0.0, 0.5], [0.0, 0.0]])})
+        )
 
     monkeypatch.setattr(accumlib.distributed, "ddp_experiment", experiment)
-    status = ddp_main(["--world-size", "3", "--accum-steps", "5", "--task", "mlp-digits", "--timeout", "7.5", "--port", "4321"])
+    status = ddp_main(
+        [
+            "--world-size",
+            "3",
+            "--accum-steps",
+            "5",
+            "--task",
+            "mlp-digits",
+            "--timeout",
+            "7.5",
+            "--port",
+            "4321",
+        ]
+    )
     assert asked == dict(world_size=3, accum_steps=5, task="mlp-digits", timeout=7.5, port=4321)
     assert status == {"ok": 0, "FAILED": 1}[verdict]
     assert capsys.readouterr().out.rstrip().endswith(f"verdict: {verdict}")
-    assert ddp_main(["--json"]) == status and f'"ok": {str(verdict == "ok").lower()}' in capsys.readouterr().out
+    assert (
+        ddp_main(["--json"]) == status and f'"ok": {str(verdict == "ok").lower()}' in capsys.readouterr().out
+    )
 
 
 def test_functions_from_a_closure_are_refused():
@@ -186,13 +228,20 @@ GIB_KB = 2**20  # /proc/meminfo counts kB
 @pytest.fixture
 def machine(monkeypatch):
     """Fake the usable cores and /proc/meminfo that max_world_size reads."""
+
     def set_machine(cores: int, meminfo: str) -> int:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
         real_open = builtins.open
-        monkeypatch.setattr(launch_module, "open",
-                            lambda path, *a, **kw: io.StringIO(meminfo) if path == "/proc/meminfo" else real_open(path, *a, **kw),
-                            raising=False)
+        monkeypatch.setattr(
+            launch_module,
+            "open",
+            lambda path, *a, **kw: (
+                io.StringIO(meminfo) if path == "/proc/meminfo" else real_open(path, *a, **kw)
+            ),
+            raising=False,
+        )
         return launch_module.max_world_size()
+
     return set_machine
 
 
@@ -208,6 +257,7 @@ def test_ranks_are_bounded_by_available_memory(machine):
 
 
 def test_ranks_are_bounded_by_usable_cores(machine):
-    assert machine(1, meminfo(64 * GIB_KB)) == 8  # 8 ranks per core, pinned on purpose: start-up dominates beyond
+    # 8 ranks per core, pinned on purpose: start-up dominates beyond
+    assert machine(1, meminfo(64 * GIB_KB)) == 8
     assert machine(3, meminfo(64 * GIB_KB)) == 24
     assert machine(2, "MemTotal:       1024 kB\n") == 16  # no MemAvailable (old kernel): cores only

@@ -42,8 +42,12 @@ def _exercise_of(source: str) -> tuple[Exercise, ast.Call, dict]:
     """Exec the cell up to its last line; return the Exercise that line checks, the call, the namespace."""
     tree = ast.parse(source)
     last = tree.body[-1]
-    assert isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Attribute) \
-        and last.value.func.attr == "check", "an exercise cell must end with <Exercise>.check(train_fn)"
+    assert (
+        isinstance(last, ast.Expr)
+        and isinstance(last.value, ast.Call)
+        and isinstance(last.value.func, ast.Attribute)
+        and last.value.func.attr == "check"
+    ), "an exercise cell must end with <Exercise>.check(train_fn)"
     namespace: dict = {}
     exec(compile(ast.Module(tree.body[:-1], []), "<exercise cell>", "exec"), namespace)
     exercise = eval(compile(ast.Expression(last.value.func.value), "<exercise>", "eval"), namespace)
@@ -74,21 +78,34 @@ def test_exercise_names_are_unique_and_every_solution_has_its_exercise():
     names = [_exercise_of(source)[0].name for _, _, source in EXERCISE_CELLS]
     assert len(names) == len(set(names)), names
     files = {p.stem for p in SOLUTIONS.glob("*.py")}
-    assert files == set(names), f"solutions without an exercise: {sorted(files - set(names))}; exercises without one: {sorted(set(names) - files)}"
+    assert files == set(names), (
+        f"solutions without an exercise: {sorted(files - set(names))}; exercises without one: {sorted(set(names) - files)}"
+    )
 
 
-@pytest.mark.parametrize("notebook,index,source", EXERCISE_CELLS, ids=[f"{n}[{i}]" for n, i, _ in EXERCISE_CELLS])
+@pytest.mark.parametrize(
+    "notebook,index,source", EXERCISE_CELLS, ids=[f"{n}[{i}]" for n, i, _ in EXERCISE_CELLS]
+)
 def test_starting_cell_fails_with_a_hint_and_the_solution_passes(notebook, index, source):
     exercise, grade = _run_cell(source)
     assert not grade.ok, f"{notebook} cell {index}: the starting loop already passes"
-    assert grade.hint and grade.hint != GENERIC_HINT, f"{notebook} cell {index}: no hint matched {grade.codes} {grade.error}"
+    assert grade.hint and grade.hint != GENERIC_HINT, (
+        f"{notebook} cell {index}: no hint matched {grade.codes} {grade.error}"
+    )
     assert "fix:" not in str(grade) and "fix:" not in grade._repr_html_()  # verify's fix would be the answer
     assert "<details>" in grade._repr_html_()  # the hint is folded
-    if "print(grade.hint)" in str(grade):  # the plain-text verdict names only what exists: it says how to get grade
-        assert (f"grade = {exercise.call}.check(train_fn)" in str(grade) and f"{exercise.call}.check(train_fn)" in source
-                if exercise.call else "put 'grade = ' in front of the check" in str(grade))
+    # the plain-text verdict names only what exists: it says how to get grade
+    if "print(grade.hint)" in str(grade):
+        assert (
+            f"grade = {exercise.call}.check(train_fn)" in str(grade)
+            and f"{exercise.call}.check(train_fn)" in source
+            if exercise.call
+            else "put 'grade = ' in front of the check" in str(grade)
+        )
     if notebook[:2] in {f"0{n}" for n in range(1, 9)}:  # lessons 1-8: a nudge, a stronger hint, the solution
-        assert len(grade.stages) == 3, f"{notebook} cell {index}: {len(grade.stages)} hint stage(s) for {grade.codes}"
+        assert len(grade.stages) == 3, (
+            f"{notebook} cell {index}: {len(grade.stages)} hint stage(s) for {grade.codes}"
+        )
 
     solution = SOLUTIONS / f"{exercise.name}.py"
     assert solution.exists(), f"missing solution {solution.relative_to(REPO)}"

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from accumlib.gallery import GALLERY
 from accumlib import CODES
+from accumlib.gallery import GALLERY
 from accumlib.tolerances import FLOAT32_RTOL
 
 # codes the gallery's loops cannot show on their own (a diverged run, an empty window, data verify did
 # not hand out, max_steps): tests/test_verify.py triggers each of them
-ISSUE_CODES = {c for c in CODES if c not in {"unexplained", "non-finite", "no-items", "untracked-data", "partial-run"}}
+ISSUE_CODES = {
+    c for c in CODES if c not in {"unexplained", "non-finite", "no-items", "untracked-data", "partial-run"}
+}
 
 
 @pytest.mark.parametrize("name", list(GALLERY))
@@ -31,7 +33,8 @@ def test_gallery_runs_without_warnings():
 
 
 def test_every_issue_code_is_triggered_by_some_loop():
-    from accumlib.examples.ddp_loops import BUGS  # a multi-rank job's codes: run in tests/test_verify_ranks.py
+    # a multi-rank job's codes: run in tests/test_verify_ranks.py
+    from accumlib.examples.ddp_loops import BUGS
 
     triggered = set().union(*(g.expected_codes for g in GALLERY.values()), *BUGS.values())
     assert ISSUE_CODES <= triggered
@@ -39,9 +42,19 @@ def test_every_issue_code_is_triggered_by_some_loop():
 
 def test_correct_loops_and_frameworks_are_present():
     correct = [n for n, g in GALLERY.items() if not g.expected_codes]
-    assert {"correct-enumerate", "correct-inner-for", "correct-nanogpt", "accelerate", "lightning"} <= set(correct)
-    sources = {"bert-train-one-epoch", "mindspore-accumulator", "last-batch-step", "gan-loss-divided",
-               "gan-grad-divided", "stackoverflow-question", "stackoverflow-question-last-batch", "stackoverflow-answer"}
+    assert {"correct-enumerate", "correct-inner-for", "correct-nanogpt", "accelerate", "lightning"} <= set(
+        correct
+    )
+    sources = {
+        "bert-train-one-epoch",
+        "mindspore-accumulator",
+        "last-batch-step",
+        "gan-loss-divided",
+        "gan-grad-divided",
+        "stackoverflow-question",
+        "stackoverflow-question-last-batch",
+        "stackoverflow-answer",
+    }
     assert sources <= set(GALLERY)
     assert not [n for n in GALLERY if n.startswith("seed")]  # learners see these keys: no "seed-00x"
 
@@ -64,6 +77,7 @@ def test_frameworks_really_clip_and_cover_every_item(name):
     report = GALLERY[name].run()
     assert report.ok
     assert all(row.clip < 1.0 for row in report.steps)
-    assert max(row.rel_error for row in report.steps) <= FLOAT32_RTOL  # like with like: the oracle clipped as the loop clipped
+    # like with like: the oracle clipped as the loop clipped
+    assert max(row.rel_error for row in report.steps) <= FLOAT32_RTOL
     assert report.items_stepped == report.items_total == 128
     assert [row.micro_batches for row in report.steps] == [4] * 4

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from test_graders_01_04 import _fails, _passes
 
 from accumlib.lessons import gan, norms
 from accumlib.lessons import verify_lesson as vl
-
-from test_graders_01_04 import _fails, _passes
 
 NOTEBOOK_7 = Path(__file__).resolve().parents[1] / "notebooks" / "07_verify_your_loop.ipynb"
 
@@ -34,6 +33,7 @@ def l5_loop(prepare=lambda model: None, divide=lambda loss, k, y: loss / (k * le
             if (i + 1) % k == 0:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+
     return train_fn
 
 
@@ -49,7 +49,8 @@ def test_lesson_5_wrong_answers():
     _fails(norms.EXERCISE, l5_loop(), "batchnorm")  # the start
     frozen = _fails(norms.EXERCISE, l5_loop(lambda m: _bn_eval(m, freeze=True)), "frozen-parameter")
     assert "bn" in frozen.messages[0].lower() or "weight" in frozen.messages[0]  # it names the parameters
-    _fails(norms.EXERCISE, l5_loop(_bn_eval, divide=lambda loss, k, y: loss / len(y)), "unscaled-sum")  # a mean, never / k
+    # a mean, never / k
+    _fails(norms.EXERCISE, l5_loop(_bn_eval, divide=lambda loss, k, y: loss / len(y)), "unscaled-sum")
     _fails(norms.EXERCISE, l5_loop(_bn_eval, divide=lambda loss, k, y: loss / (k * k * len(y))), "misscaled")
 
 
@@ -84,12 +85,14 @@ def l6_loop(keep_out="freeze", g_div=True, g_step=True, zero_d_each=False):
                     g_opt.step()
                 d_opt.zero_grad()
                 g_opt.zero_grad()
+
     return train_fn
 
 
 def test_lesson_6_wrong_answers():
     _fails(gan.EXERCISE, l6_loop(keep_out=None), "leak-into-D")  # the start
-    _fails(gan.EXERCISE, l6_loop(g_div=False), "g-unscaled-sum", where="every step (steps 0-1)")  # D right, G undivided
+    # D right, G undivided
+    _fails(gan.EXERCISE, l6_loop(g_div=False), "g-unscaled-sum", where="every step (steps 0-1)")
     _fails(gan.EXERCISE, l6_loop(g_step=False), "g-never-stepped")  # D right, G never trains
     _fails(gan.EXERCISE, l6_loop(zero_d_each=True), "zero-grad-inside-window")  # the leak's wrong cure
 
@@ -102,7 +105,9 @@ def test_lesson_6_correct_variants_pass():
 # --- lesson 7: paste your own loop --------------------------------------------------------------------------
 
 
-def l7_loop(schedule_per_micro_batch=False, log=lambda mean, k, y: mean.item() * len(y), divide=True, zero_each=False):
+def l7_loop(
+    schedule_per_micro_batch=False, log=lambda mean, k, y: mean.item() * len(y), divide=True, zero_each=False
+):
     def train_fn(model, optimizer, loader):
         k = 4
         scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.25, total_iters=3)
@@ -121,6 +126,7 @@ def l7_loop(schedule_per_micro_batch=False, log=lambda mean, k, y: mean.item() *
                 optimizer.zero_grad()
             total, n = total + (log(mean, k, y) if log else 0.0), n + len(y)
         return None if log is None else total / n
+
     return train_fn
 
 
@@ -141,10 +147,14 @@ def test_lesson_7_is_paste_your_own_loop_not_lesson_3_again():
     (cell,) = [c for c in cells if "exercise" in c.get("metadata", {}).get("tags", [])]
     source = "".join(cell["source"])
     assert "Paste your own training loop here" in source
-    assert vl.EXERCISE.name == "07-paste-your-own-loop" and len(vl.EXERCISE.make_dataset()) % 32 == 0  # no ragged tail
+    # no ragged tail
+    assert vl.EXERCISE.name == "07-paste-your-own-loop" and len(vl.EXERCISE.make_dataset()) % 32 == 0
     text = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     assert "seed doc" not in text and "seed post" not in text and "seed-0" not in text
-    assert "https://pytorch.org/docs/stable/notes/amp_examples.html" in text and "https://huggingface.co/blog/gradient_accumulation" in text
+    assert (
+        "https://pytorch.org/docs/stable/notes/amp_examples.html" in text
+        and "https://huggingface.co/blog/gradient_accumulation" in text
+    )
 
 
 def test_lesson_7_a_tail_only_misscale_says_only_the_last_step_is_off():
@@ -152,14 +162,21 @@ def test_lesson_7_a_tail_only_misscale_says_only_the_last_step_is_off():
     from accumlib.data import digits
     from accumlib.lessons._exercise import Exercise
 
-    ragged = Exercise(vl.EXERCISE.name, vl.EXERCISE.title, accum_steps=4, batch_size=8, hints=vl.EXERCISE.hints,
-                      make_dataset=lambda: digits(110), call=vl.EXERCISE.call)
+    ragged = Exercise(
+        vl.EXERCISE.name,
+        vl.EXERCISE.title,
+        accum_steps=4,
+        batch_size=8,
+        hints=vl.EXERCISE.hints,
+        make_dataset=lambda: digits(110),
+        call=vl.EXERCISE.call,
+    )
 
     def train_fn(model, optimizer, loader):
         k = 4
         sizes = [len(y) for _, y in loader]
         for i, (x, y) in enumerate(loader):
-            window = sizes[i - i % k:i - i % k + k]
+            window = sizes[i - i % k : i - i % k + k]
             (F.cross_entropy(model(x), y, reduction="sum") / (8 * len(window))).backward()
             if (i + 1) % k == 0 or i + 1 == len(loader):
                 optimizer.step()

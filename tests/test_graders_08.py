@@ -19,7 +19,13 @@ def test_per_rank_mean_and_misscaled_hints_come_in_three_stages_without_item_los
 
 def test_a_per_rank_mean_verdict_names_its_steps_and_a_grade_that_exists():
     rows = [StepRow(t, 4, 40, 0.1, 1.1, 0.1, ("per-rank-mean",)) for t in range(2)]
-    report = Report(rows, [Finding("per-rank-mean", "each rank divided by its own count", "ALL-REDUCE THE COUNT", (0, 1))], 4, 80, 80)
+    report = Report(
+        rows,
+        [Finding("per-rank-mean", "each rank divided by its own count", "ALL-REDUCE THE COUNT", (0, 1))],
+        4,
+        80,
+        80,
+    )
     grade = distributed.EXERCISE.grade(report)
     assert not grade.ok and grade.codes == ("per-rank-mean",) and grade.where == ("every step (steps 0-1)",)
     assert grade.stages == distributed.EXERCISE.hints["per-rank-mean"]

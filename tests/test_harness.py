@@ -5,6 +5,7 @@
 worst fails here; the table is checked against traces of real loops, and a loop that drops its
 partial window must show what it skipped.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -21,21 +22,27 @@ DIGITS = get_task("mlp-digits")  # 110 items in micro-batches of 8: windows of 4
 
 def trace_of(*steps: tuple[float, float], windows=None) -> Trace:
     """A trace whose steps have these (relative error, norm ratio); windows of 4 micro-batches unless given."""
-    comps = [Comparison(rel_error=e, cosine=1.0, max_abs_diff=e, norm_ratio=r, per_param={}) for e, r in steps]
+    comps = [
+        Comparison(rel_error=e, cosine=1.0, max_abs_diff=e, norm_ratio=r, per_param={}) for e, r in steps
+    ]
     return Trace(comparisons=comps, window_batches=list(windows or [4] * len(steps)))
 
 
-@pytest.mark.parametrize("steps,low_precision,verdict", [
-    ([(0.5 * FLOAT32_RTOL, 1.0)], False, EXACT),
-    ([(2 * FLOAT32_RTOL, 1.0)], False, WRONG),                 # past float32 rounding: not exact
-    ([(0.5 * BF16_RTOL, 1.0)], True, CLOSE),                   # within bf16 rounding, for an autocast loop
-    ([(0.5 * BF16_RTOL, 1.0)], False, WRONG),                  # ... but never for a float32 loop
-    ([(2 * BF16_RTOL, 1.0)], True, WRONG),
-    ([(0.0, 1.0), (0.0, 1.0), (0.5, 1.0)], False, WRONG),      # one wrong step spoils the trace
-    ([(3.0, 4.0), (3.0, 4.0), (0.0, 1.0)], False, WRONG),      # off by k on some steps only is not "off by ~k"
-    ([(3.0, 4 * (1 + 0.5 * OFF_BY_K_TOL))], False, OFF_BY_K),
-    ([(3.0, 4 * (1 + 2 * OFF_BY_K_TOL))], False, WRONG),       # past the off-by-k tolerance
-])
+@pytest.mark.parametrize(
+    "steps,low_precision,verdict",
+    [
+        ([(0.5 * FLOAT32_RTOL, 1.0)], False, EXACT),
+        ([(2 * FLOAT32_RTOL, 1.0)], False, WRONG),  # past float32 rounding: not exact
+        ([(0.5 * BF16_RTOL, 1.0)], True, CLOSE),  # within bf16 rounding, for an autocast loop
+        ([(0.5 * BF16_RTOL, 1.0)], False, WRONG),  # ... but never for a float32 loop
+        ([(2 * BF16_RTOL, 1.0)], True, WRONG),
+        ([(0.0, 1.0), (0.0, 1.0), (0.5, 1.0)], False, WRONG),  # one wrong step spoils the trace
+        # off by k on some steps only is not "off by ~k"
+        ([(3.0, 4.0), (3.0, 4.0), (0.0, 1.0)], False, WRONG),
+        ([(3.0, 4 * (1 + 0.5 * OFF_BY_K_TOL))], False, OFF_BY_K),
+        ([(3.0, 4 * (1 + 2 * OFF_BY_K_TOL))], False, WRONG),  # past the off-by-k tolerance
+    ],
+)
 def test_classify_reads_the_worst_step_against_each_tolerance(steps, low_precision, verdict):
     assert classify(trace_of(*steps), low_precision=low_precision) == verdict
 
@@ -68,6 +75,7 @@ def test_a_callers_count_items_is_the_one_the_loop_uses():
 def scratch_loop(*, scale=1.0, drop_tail=False):
     """A plain, correctly normalized loop with one planted defect: gradients ``scale`` times too large,
     or the last, partial window dropped."""
+
     def loop(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False):
         def step(window):
             n = sum(len(y) for _, y in window)
@@ -78,7 +86,8 @@ def scratch_loop(*, scale=1.0, drop_tail=False):
             logged.append(0.0)
 
         logged, window = [], []
-        for batch in loader:  # drawn one at a time: the harness's oracle is what was drawn since the last step
+        # drawn one at a time: the harness's oracle is what was drawn since the last step
+        for batch in loader:
             window.append(batch)
             if len(window) == accum_steps:
                 step(window)
@@ -86,13 +95,19 @@ def scratch_loop(*, scale=1.0, drop_tail=False):
         if window and not drop_tail:
             step(window)
         return logged
+
     return loop
 
 
 def test_a_loop_that_drops_its_partial_window_shows_3_of_4_steps_and_96_of_110_items(monkeypatch):
     dropping = scratch_loop(drop_tail=True)
     trace = trace_loop(dropping, DIGITS)
-    assert (trace.window_batches, trace.window_items, trace.n_batches, trace.n_items) == ([4, 4, 4], [32, 32, 32], 14, 110)
+    assert (trace.window_batches, trace.window_items, trace.n_batches, trace.n_items) == (
+        [4, 4, 4],
+        [32, 32, 32],
+        14,
+        110,
+    )
     promise = Contract(full_windows=EXACT, ragged_tail=EXACT, token_counts=WRONG, batchnorm=WRONG, order=None)
     monkeypatch.setitem(ALL, "dropping", dropping)
     monkeypatch.setitem(CONTRACTS, "dropping", promise)
@@ -111,8 +126,14 @@ def test_the_table_reports_the_worst_step_of_each_row():
 
 
 def test_one_broken_promise_among_kept_ones_turns_the_table_red(monkeypatch):
-    lie = Contract(full_windows=OFF_BY_K, ragged_tail=OFF_BY_K, token_counts=OFF_BY_K, batchnorm=WRONG, order=None,
-                   takes=("count_items",))
+    lie = Contract(
+        full_windows=OFF_BY_K,
+        ragged_tail=OFF_BY_K,
+        token_counts=OFF_BY_K,
+        batchnorm=WRONG,
+        order=None,
+        takes=("count_items",),
+    )
     monkeypatch.setitem(CONTRACTS, "ragged", lie)
     table = check_reference_loops(tasks=["mlp-digits"], loops=["naive", "ragged"])
     assert [r.holds for r in table.rows] == [True, False]
@@ -123,8 +144,11 @@ def test_a_float32_loop_within_bf16_rounding_is_not_exact_in_the_table(monkeypat
     """Only a loop whose contract says low_precision (it runs under autocast) gets bf16's tolerance."""
     nudged = scratch_loop(scale=1.01)  # every gradient 1 % large: within bf16 rounding, past float32
     monkeypatch.setitem(ALL, "nudged", nudged)
-    monkeypatch.setitem(CONTRACTS, "nudged", Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG,
-                                                      batchnorm=WRONG, order=None))
+    monkeypatch.setitem(
+        CONTRACTS,
+        "nudged",
+        Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=None),
+    )
     row = check_reference_loops(tasks=["mlp-digits"], loops=["nudged"]).rows[0]
     assert FLOAT32_RTOL < row.max_rel_error < BF16_RTOL
     assert row.verdict == WRONG and row.holds

@@ -31,7 +31,13 @@ from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the hf and test extras")
 from transformers import (  # noqa: E402
-    BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForSequenceClassification, Trainer,
+    BertConfig,
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForSequenceClassification,
+    Trainer,
     TrainingArguments,
 )
 
@@ -77,16 +83,33 @@ def counts(windows) -> list[tuple[int, int, list]]:
 def gpt2() -> GPT2LMHeadModel:
     """GPT-2 as a user configures it: the default dropout 0.1 on (verify switches it off in its copy)."""
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64, bos_token_id=1,
-                                      eos_token_id=2))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64, bos_token_id=1, eos_token_id=2
+        )
+    )
 
 
 def trainer(model, out, cls=Trainer, data=None, **kw):
-    args = dict(per_device_train_batch_size=B, gradient_accumulation_steps=K, num_train_epochs=1, max_grad_norm=0.0,
-                use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no", save_strategy="no")
+    args = dict(
+        per_device_train_batch_size=B,
+        gradient_accumulation_steps=K,
+        num_train_epochs=1,
+        max_grad_norm=0.0,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+        save_strategy="no",
+    )
     optimizers = kw.pop("optimizers", (None, None))
-    return cls(model=model, args=TrainingArguments(output_dir=str(out), **args | kw), optimizers=optimizers,
-               train_dataset=token_sequences() if data is None else data, data_collator=collate)
+    return cls(
+        model=model,
+        args=TrainingArguments(output_dir=str(out), **args | kw),
+        optimizers=optimizers,
+        train_dataset=token_sequences() if data is None else data,
+        data_collator=collate,
+    )
 
 
 # --- the default item losses are the models' own ------------------------------------------------
@@ -124,7 +147,8 @@ def test_gpt2_is_misscaled_by_its_label_count(tmp_path, recorded):
         assert row.rel_error > 0.05  # and so far from the true gradient
     (found,) = [f for f in report.findings if f.code == "misscaled"]
     assert "shift" in found.message and found.steps == (0, 1, 2)
-    assert report.items_stepped == report.items_total == sum(n for n, _, _ in windows)  # the ragged tail is stepped
+    # the ragged tail is stepped
+    assert report.items_stepped == report.items_total == sum(n for n, _, _ in windows)
 
 
 def test_llama_is_exact(tmp_path, recorded):
@@ -132,13 +156,15 @@ def test_llama_is_exact(tmp_path, recorded):
     assert report.ok and not report.codes, str(report)
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(report)
     assert all(r.scale == pytest.approx(1.0, rel=FLOAT32_RTOL) for r in report.steps)
-    assert [d for _, _, d in counts(recorded)] == [[n] for n, _, _ in counts(recorded)]  # divided by N exactly
+    # divided by N exactly
+    assert [d for _, _, d in counts(recorded)] == [[n] for n, _, _ in counts(recorded)]
 
 
 def test_max_steps_judges_two_steps_and_stops_the_trainer(tmp_path, recorded):
     report = verify_trainer(trainer(tiny_model("llama"), tmp_path, cls=Recording), max_steps=2)
     assert len(report.steps) == 2
-    assert report.codes == {"partial-run"} and report.ok, str(report)  # no tail-dropped: the rest was never reached
+    # no tail-dropped: the rest was never reached
+    assert report.codes == {"partial-run"} and report.ok, str(report)
     assert sum(len(w) for w in recorded) == 2 * K  # the Trainer itself stopped after two windows
 
 
@@ -173,10 +199,19 @@ def test_dataloader_drop_last_is_a_stated_choice_not_an_early_step(tmp_path, rec
     of 3, on purpose: 3 does not divide 23."""
     n, b = 23, 3
     data = token_sequences(n=n)
-    report = verify_trainer(trainer(tiny_model("llama"), tmp_path, cls=Recording, data=data,
-                                    per_device_train_batch_size=b, dataloader_drop_last=drop_last))
+    report = verify_trainer(
+        trainer(
+            tiny_model("llama"),
+            tmp_path,
+            cls=Recording,
+            data=data,
+            per_device_train_batch_size=b,
+            dataloader_drop_last=drop_last,
+        )
+    )
     dropped = n % b if drop_last else 0
-    trained = [len(x["labels"]) for w in recorded for x, _ in w]  # sequences per micro-batch, as the Trainer saw them
+    # sequences per micro-batch, as the Trainer saw them
+    trained = [len(x["labels"]) for w in recorded for x, _ in w]
     assert sum(trained) == n - dropped and set(trained) == ({b} if drop_last else {b, n % b})
     assert [r.micro_batches for r in report.steps] == ([4, 3] if drop_last else [4, 4])
     assert report.ok, str(report)
@@ -185,15 +220,24 @@ def test_dataloader_drop_last_is_a_stated_choice_not_an_early_step(tmp_path, rec
     if drop_last:
         assert report.codes == {"loader-left-out"}, str(report)
         (found,) = report.findings
-        assert f"{dropped} dataset item(s) left out over 1 pass(es) ({dropped} of {n} per pass)" in found.message, found.message
+        assert (
+            f"{dropped} dataset item(s) left out over 1 pass(es) ({dropped} of {n} per pass)" in found.message
+        ), found.message
     else:
         assert not report.codes, str(report)
         assert report.items_stepped == report.items_total
 
 
 def test_dataloader_drop_last_is_named_as_the_reason(tmp_path):
-    report = verify_trainer(trainer(tiny_model("llama"), tmp_path, data=token_sequences(n=23),
-                                    per_device_train_batch_size=3, dataloader_drop_last=True))
+    report = verify_trainer(
+        trainer(
+            tiny_model("llama"),
+            tmp_path,
+            data=token_sequences(n=23),
+            per_device_train_batch_size=3,
+            dataloader_drop_last=True,
+        )
+    )
     (found,) = report.findings
     assert "drop_last=True with batch_size 3" in found.message, found.message
 
@@ -230,14 +274,20 @@ def test_the_users_objects_are_untouched(tmp_path, monkeypatch):
     report = verify_trainer(user)
 
     assert report.steps and "misscaled" in report.codes
-    assert all(torch.equal(params[k], v) for k, v in model.state_dict().items()), "the user's parameters changed"
+    assert all(torch.equal(params[k], v) for k, v in model.state_dict().items()), (
+        "the user's parameters changed"
+    )
     assert all(p.grad is None for p in model.parameters()) and not model._forward_pre_hooks
     assert [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)] == [0.1] * 4  # put back
     assert model.config.attn_pdrop == 0.1 and model.training
     assert opt.state_dict() == opt_state and sched.state_dict() == sched_state
     assert user.state.global_step == 0 and user.optimizer is opt and user.lr_scheduler is sched
     assert all(torch.equal(a, b) for a, b in zip(data, data_before, strict=True))
-    assert torch.equal(torch.get_rng_state(), rng[0]) and (np.random.get_state()[1] == rng[1]).all() and random.getstate() == rng[2]
+    assert (
+        torch.equal(torch.get_rng_state(), rng[0])
+        and (np.random.get_state()[1] == rng[1]).all()
+        and random.getstate() == rng[2]
+    )
     assert dict(GradientState._shared_state) == gradient_state
     assert {p for p in tmp_path.rglob("*")} == made  # no checkpoint in the user's output_dir, nothing in cwd
     assert tree(Path(hub.HF_HOME)) == hub_home
@@ -258,21 +308,43 @@ def classification_data() -> list[dict]:
 
 def classify_collate(items: list[dict]) -> dict:
     batch = collate([i["input_ids"] for i in items])
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-            "labels": torch.tensor([i["label"] for i in items])}
+    return {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "labels": torch.tensor([i["label"] for i in items]),
+    }
 
 
 def classifier() -> LlamaForSequenceClassification:
     torch.manual_seed(0)
-    return LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_labels=3))
+    return LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            num_labels=3,
+        )
+    )
 
 
 def classify_trainer(model, out, cls=Trainer):
-    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=B, gradient_accumulation_steps=K,
-                             num_train_epochs=1, max_grad_norm=0.0, use_cpu=True, report_to=[], disable_tqdm=True,
-                             logging_strategy="no", save_strategy="no")
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=B,
+        gradient_accumulation_steps=K,
+        num_train_epochs=1,
+        max_grad_norm=0.0,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+        save_strategy="no",
+    )
     return cls(model=model, args=args, train_dataset=classification_data(), data_collator=classify_collate)
 
 
@@ -294,8 +366,16 @@ def test_sequence_classification_steps_are_m_times_the_gradient_without_verify(t
     def on_step(opt, args, kwargs):
         window = windows[-1]
         fresh.load_state_dict(model.state_dict())
-        losses = torch.cat([F.cross_entropy(fresh(**{k: v for k, v in b.items() if k != "labels"}).logits, b["labels"],
-                                            reduction="none") for b in window])
+        losses = torch.cat(
+            [
+                F.cross_entropy(
+                    fresh(**{k: v for k, v in b.items() if k != "labels"}).logits,
+                    b["labels"],
+                    reduction="none",
+                )
+                for b in window
+            ]
+        )
         true = torch.cat([g.flatten() for g in torch.autograd.grad(losses.mean(), list(fresh.parameters()))])
         got = torch.cat([p.grad.flatten() for p in model.parameters()])
         ratio = float(got @ true / (true @ true))
@@ -327,7 +407,9 @@ def test_sequence_classification_losses_is_the_default(tmp_path):
     model = classifier().eval()
     batch = classify_collate(classification_data()[:4])
     with torch.no_grad():
-        assert float(sequence_classification_losses(model, batch).mean()) == pytest.approx(float(model(**batch).loss), rel=1e-6)
+        assert float(sequence_classification_losses(model, batch).mean()) == pytest.approx(
+            float(model(**batch).loss), rel=1e-6
+        )
 
 
 # --- refusals ----------------------------------------------------------------------------------
@@ -335,17 +417,28 @@ def test_sequence_classification_losses_is_the_default(tmp_path):
 
 def test_a_model_without_a_default_item_loss_needs_item_losses(tmp_path):
     torch.manual_seed(0)
-    mlm = BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                     num_attention_heads=2, max_position_embeddings=64))
+    mlm = BertForMaskedLM(
+        BertConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+        )
+    )
     with pytest.raises(ValueError, match=r"item_losses must be given .*\(got BertForMaskedLM\)"):
         verify_trainer(trainer(mlm, tmp_path))
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"trainer": object()}, TypeError, r"trainer must be a transformers.Trainer \(got object\)"),
-    ({"max_steps": 0}, ValueError, r"max_steps must be None or an integer >= 1 \(got 0\)"),
-    ({"item_losses": "ce"}, TypeError, r"item_losses must be None or callable .*\(got str\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"trainer": object()}, TypeError, r"trainer must be a transformers.Trainer \(got object\)"),
+        ({"max_steps": 0}, ValueError, r"max_steps must be None or an integer >= 1 \(got 0\)"),
+        ({"item_losses": "ce"}, TypeError, r"item_losses must be None or callable .*\(got str\)"),
+    ],
+)
 def test_bad_arguments_are_refused_by_name(tmp_path, kwargs, error, message):
     kwargs.setdefault("trainer", trainer(tiny_model("llama"), tmp_path))
     with pytest.raises(error, match=message):
@@ -393,9 +486,13 @@ def test_accelerate_loop_counting_its_tokens_is_exact(fresh_accelerate):
 
 def test_accumlib_imports_without_the_frameworks():
     """accumlib.hf, accumlib.lightning and accumlib.survey import their frameworks only when called."""
-    code = ("import sys, accumlib, accumlib.hf, accumlib.lightning, accumlib.survey; "
-            "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    code = (
+        "import sys, accumlib, accumlib.hf, accumlib.lightning, accumlib.survey; "
+        "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
@@ -418,5 +515,7 @@ def test_the_users_optimizer_state_is_left_as_it_was(tmp_path):
     assert report.steps
     after = opt.state_dict()["state"]
     assert set(after) == set(before)
-    assert all(torch.equal(after[i]["momentum_buffer"], before[i]) for i in before), "the user's momentum buffers moved"
+    assert all(torch.equal(after[i]["momentum_buffer"], before[i]) for i in before), (
+        "the user's momentum buffers moved"
+    )
     assert all(torch.equal(params[k], v) for k, v in model.state_dict().items())

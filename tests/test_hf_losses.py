@@ -32,10 +32,20 @@ SAME_LOSS_RTOL = 1e-6
 
 def classifier(num_labels: int, problem_type: str | None = None) -> LlamaForSequenceClassification:
     torch.manual_seed(0)
-    return LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_labels=num_labels,
-        problem_type=problem_type)).eval()
+    return LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            num_labels=num_labels,
+            problem_type=problem_type,
+        )
+    ).eval()
 
 
 def inputs() -> dict:
@@ -61,7 +71,8 @@ def test_sequence_classification_losses_average_to_the_models_own_loss(kind):
     model = classifier(num_labels, problem)
     batch = inputs() | {"labels": labels}
     with torch.no_grad():
-        losses = sequence_classification_losses(model, batch)  # before the model's loss, which writes problem_type
+        # before the model's loss, which writes problem_type
+        losses = sequence_classification_losses(model, batch)
         own = model(**batch).loss
     assert losses.shape == (items,)
     assert float(losses.mean()) == pytest.approx(float(own), rel=SAME_LOSS_RTOL)
@@ -91,11 +102,15 @@ def test_label_smoothing_matches_the_trainers_label_smoother():
             default = default_item_losses(model, eps)(model, batch)
             assert float(default.mean()) == pytest.approx(theirs, rel=SAME_LOSS_RTOL), type(model).__name__
             # an untrained model is near uniform, so smoothing moves the mean loss little (~5e-4), yet 100x the tolerance
-            assert float(default_item_losses(model)(model, batch).mean()) != pytest.approx(theirs, rel=100 * SAME_LOSS_RTOL)
+            assert float(default_item_losses(model)(model, batch).mean()) != pytest.approx(
+                theirs, rel=100 * SAME_LOSS_RTOL
+            )
         assert float(causal_lm_losses(lm, lm_batch, label_smoothing=eps).mean()) == pytest.approx(
-            float(smoother(lm(**lm_batch), lm_batch["labels"], shift_labels=True)), rel=SAME_LOSS_RTOL)
-        assert float(sequence_classification_losses(clf, clf_batch, label_smoothing=eps).mean()) == pytest.approx(
-            float(smoother(clf(**clf_batch), clf_batch["labels"])), rel=SAME_LOSS_RTOL)
+            float(smoother(lm(**lm_batch), lm_batch["labels"], shift_labels=True)), rel=SAME_LOSS_RTOL
+        )
+        assert float(
+            sequence_classification_losses(clf, clf_batch, label_smoothing=eps).mean()
+        ) == pytest.approx(float(smoother(clf(**clf_batch), clf_batch["labels"])), rel=SAME_LOSS_RTOL)
 
 
 def test_a_bf16_models_token_losses_are_computed_in_float32():
@@ -115,14 +130,26 @@ def test_shift_labels_after_prompt_tuning_score_the_real_positions():
     virtual positions come first in the logits, so shift label t is scored at logit row V + t."""
     peft = pytest.importorskip("peft", reason="peft is in the test extra")
     v = 5
-    model = peft.get_peft_model(tiny_llama(), peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=v)).eval()
+    model = peft.get_peft_model(
+        tiny_llama(), peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=v)
+    ).eval()
     batch = collate(token_sequences()[:N])
     shifted = F.pad(batch["labels"][:, 1:], (0, 1), value=-100)
     with torch.no_grad():
-        losses = causal_lm_losses(model, {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-                                          "shift_labels": shifted})
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, v:].float()
+        losses = causal_lm_losses(
+            model,
+            {
+                "input_ids": batch["input_ids"],
+                "attention_mask": batch["attention_mask"],
+                "shift_labels": shifted,
+            },
+        )
+        logits = (
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, v:].float()
+        )
     targets = shifted.flatten()
-    expected = F.cross_entropy(logits.flatten(0, 1), targets, reduction="none", ignore_index=-100)[targets != -100]
+    expected = F.cross_entropy(logits.flatten(0, 1), targets, reduction="none", ignore_index=-100)[
+        targets != -100
+    ]
     assert losses.shape == expected.shape
     assert torch.allclose(losses, expected, rtol=SAME_LOSS_RTOL, atol=0)

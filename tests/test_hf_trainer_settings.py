@@ -35,16 +35,36 @@ ONE_EPOCH = [4, 4, 3]  # micro-batches per optimizer step over the 22 sequences
 
 
 def args_for(out, **kw) -> TrainingArguments:
-    return TrainingArguments(output_dir=str(out), **dict(
-        per_device_train_batch_size=B, gradient_accumulation_steps=K, num_train_epochs=1, max_grad_norm=0.0,
-        use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no", save_strategy="no") | kw)
+    return TrainingArguments(
+        output_dir=str(out),
+        **dict(
+            per_device_train_batch_size=B,
+            gradient_accumulation_steps=K,
+            num_train_epochs=1,
+            max_grad_norm=0.0,
+            use_cpu=True,
+            report_to=[],
+            disable_tqdm=True,
+            logging_strategy="no",
+            save_strategy="no",
+        )
+        | kw,
+    )
 
 
 def llama_trainer(out, model=None, **kw) -> Trainer:
-    trainer_kw = {k: kw.pop(k) for k in ("optimizers", "callbacks", "compute_loss_func", "optimizer_cls_and_kwargs",
-                                         "eval_dataset") if k in kw}
-    return Trainer(model=tiny_llama() if model is None else model, args=args_for(out, **kw),
-                   train_dataset=token_sequences(), data_collator=collate, **trainer_kw)
+    trainer_kw = {
+        k: kw.pop(k)
+        for k in ("optimizers", "callbacks", "compute_loss_func", "optimizer_cls_and_kwargs", "eval_dataset")
+        if k in kw
+    }
+    return Trainer(
+        model=tiny_llama() if model is None else model,
+        args=args_for(out, **kw),
+        train_dataset=token_sequences(),
+        data_collator=collate,
+        **trainer_kw,
+    )
 
 
 def exact(report) -> bool:
@@ -68,8 +88,11 @@ def stepped_before(out) -> Trainer:
     groups of their own learning rate and weight decay, and a StepLR scheduler."""
     model = tiny_llama()
     params = list(model.parameters())
-    opt = torch.optim.SGD([{"params": params[:3], "lr": 0.1, "weight_decay": 0.01}, {"params": params[3:]}],
-                          lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(
+        [{"params": params[:3], "lr": 0.1, "weight_decay": 0.01}, {"params": params[3:]}],
+        lr=0.05,
+        momentum=0.9,
+    )
     model(**collate(token_sequences()[:B])).loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -88,11 +111,13 @@ def test_the_copy_takes_the_same_steps_as_the_users_own_train(tmp_path):
     in_verify, Snapshots.taken = Snapshots.taken, []
     twin.train()
     assert exact(report), str(report)
-    assert [r.lr for r in report.steps] == [0.1, 0.05, 0.025]  # the first group's rate, halved by the user's StepLR
+    # the first group's rate, halved by the user's StepLR
+    assert [r.lr for r in report.steps] == [0.1, 0.05, 0.025]
     assert len(in_verify) == len(Snapshots.taken) == 3
     assert all(torch.equal(a, b) for a, b in zip(in_verify, Snapshots.taken, strict=True))
     state = user.optimizer.state_dict()["state"]
-    assert all(torch.equal(state[i]["momentum_buffer"], m) for i, m in momentum.items())  # the user's, untouched
+    # the user's, untouched
+    assert all(torch.equal(state[i]["momentum_buffer"], m) for i, m in momentum.items())
 
 
 class StopAfter(TrainerCallback):
@@ -109,13 +134,15 @@ class StopAfter(TrainerCallback):
 def test_the_users_callbacks_run_in_the_copy_and_stay_untouched(tmp_path):
     stop = StopAfter(1)
     report = verify_trainer(llama_trainer(tmp_path, callbacks=[stop]))
-    assert [r.micro_batches for r in report.steps] == [4]  # the user's callback stopped the copy after one step
+    # the user's callback stopped the copy after one step
+    assert [r.micro_batches for r in report.steps] == [4]
     assert stop.seen == 0  # the copy counted on its own copy of the callback
 
 
 def test_the_users_compute_loss_func_is_what_the_copy_trains_with(tmp_path):
     """A compute_loss_func that divides by num_items_in_batch and then by k again (a loss divided twice):
     every step is 1/k of the true gradient, and verify must see it."""
+
     def twice_divided(outputs, labels, num_items_in_batch=None):
         ce = F.cross_entropy(outputs.logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), reduction="sum")
         return ce / num_items_in_batch / K
@@ -135,7 +162,9 @@ def test_the_users_optimizer_class_and_kwargs_build_the_copys_optimizer(tmp_path
 def test_the_users_item_losses_define_the_oracle(tmp_path):
     """Told that each item's loss is twice the token's cross-entropy, verify holds the Trainer's steps
     against that: each is half of it."""
-    report = verify_trainer(llama_trainer(tmp_path), item_losses=lambda model, batch: 2 * causal_lm_losses(model, batch))
+    report = verify_trainer(
+        llama_trainer(tmp_path), item_losses=lambda model, batch: 2 * causal_lm_losses(model, batch)
+    )
     assert "misscaled" in report.codes, str(report)
     assert all(r.scale == pytest.approx(0.5, rel=FLOAT32_RTOL) for r in report.steps), str(report)
 
@@ -168,14 +197,22 @@ def test_a_length_grouped_sampler_groups_as_the_users_trainer_does(remove_unused
     longest item first. Before the fix verify's copy read the column in both cases."""
     datasets = pytest.importorskip("datasets")
     seqs = token_sequences()
-    data = datasets.Dataset.from_dict({"input_ids": [s.tolist() for s in seqs], "length": [100 - len(s) for s in seqs]})
-    user = Widths(model=tiny_llama(), train_dataset=data,
-                  args=args_for(tmp_path, train_sampling_strategy="group_by_length", remove_unused_columns=remove_unused_columns),
-                  data_collator=lambda items: collate([torch.tensor(i["input_ids"]) for i in items]))
+    data = datasets.Dataset.from_dict(
+        {"input_ids": [s.tolist() for s in seqs], "length": [100 - len(s) for s in seqs]}
+    )
+    user = Widths(
+        model=tiny_llama(),
+        train_dataset=data,
+        args=args_for(
+            tmp_path, train_sampling_strategy="group_by_length", remove_unused_columns=remove_unused_columns
+        ),
+        data_collator=lambda items: collate([torch.tensor(i["input_ids"]) for i in items]),
+    )
     Widths.seen = []
     report = verify_trainer(user)
     assert exact(report), str(report)
-    first = Widths.seen[:K]  # the first window: one mega-batch of k * B items, sorted by the sampler's lengths
+    # the first window: one mega-batch of k * B items, sorted by the sampler's lengths
+    first = Widths.seen[:K]
     if remove_unused_columns:
         assert first == sorted(first, reverse=True) and first[0] == max(len(s) for s in seqs), Widths.seen
     else:
@@ -201,7 +238,8 @@ class Events(TrainerCallback):
         Path(args.output_dir, "events.txt").write_text(" ".join(Events.seen))
 
 
-SETTINGS = {  # what a user may set, which verify's copy turns off, and the copy's run is still one exact epoch
+# what a user may set, which verify's copy turns off, and the copy's run is still one exact epoch
+SETTINGS = {
     "num_train_epochs": dict(num_train_epochs=3),
     "dataloader_num_workers": dict(dataloader_num_workers=2),
     "neftune_noise_alpha": dict(neftune_noise_alpha=5.0),
@@ -220,7 +258,8 @@ def test_settings_the_copy_turns_off_leave_one_exact_epoch(setting, tmp_path, ca
     assert [r.micro_batches for r in report.steps] == ONE_EPOCH
     assert Events.seen == []  # no evaluation, no checkpoint
     assert dataclasses.asdict(user.args) == dataclasses.asdict(args)  # the user's arguments, as they were
-    assert set((tmp_path / "out").rglob("*")) == written  # nothing written in the user's output_dir, by any callback
+    # nothing written in the user's output_dir, by any callback
+    assert set((tmp_path / "out").rglob("*")) == written
     assert capsys.readouterr().out == ""  # nothing printed: no metrics line, no progress bar
 
 
@@ -241,7 +280,9 @@ def test_functional_dropout_is_off_in_the_copy_and_back_on_the_users_model(tmp_p
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.1
     report = verify_trainer(llama_trainer(tmp_path, model))
-    assert report.ok and report.codes == {"dropout"} and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(report)
+    assert (
+        report.ok and report.codes == {"dropout"} and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
+    ), str(report)
     (note,) = report.findings
     assert "attention_dropout=0.1" in note.message, note.message
     assert model.config.attention_dropout == 0.1
@@ -274,21 +315,29 @@ def test_data_parallel_over_two_gpus_is_refused(untouched, monkeypatch):
 
 def test_fsdp_in_the_trainers_args_is_refused(untouched):
     untouched.args.fsdp = ["full_shard"]  # as TrainingArguments(fsdp="full_shard") holds it under torchrun
-    with pytest.raises(ValueError, match=r"trainer.args.fsdp must be unset: .*FSDP.*\(got trainer.args.fsdp=\['full_shard'\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.args.fsdp must be unset: .*FSDP.*\(got trainer.args.fsdp=\['full_shard'\]\)",
+    ):
         verify_trainer(untouched)
 
 
 def test_an_optimizer_over_another_models_parameters_is_refused(untouched):
     untouched.optimizer = torch.optim.SGD(tiny_llama().parameters(), lr=0.1)
-    with pytest.raises(ValueError, match=r"trainer.optimizer must hold only parameters of trainer.model \(got \d+ others\)"):
+    with pytest.raises(
+        ValueError, match=r"trainer.optimizer must hold only parameters of trainer.model \(got \d+ others\)"
+    ):
         verify_trainer(untouched)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"train_dataset": None}, r"trainer.train_dataset must be set: .*\(got None\)"),
-    ({"max_steps": True}, r"max_steps must be None or an integer >= 1 \(got True\)"),
-    ({"max_steps": 0}, r"max_steps must be None or an integer >= 1 \(got 0\)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"train_dataset": None}, r"trainer.train_dataset must be set: .*\(got None\)"),
+        ({"max_steps": True}, r"max_steps must be None or an integer >= 1 \(got True\)"),
+        ({"max_steps": 0}, r"max_steps must be None or an integer >= 1 \(got 0\)"),
+    ],
+)
 def test_arguments_verify_cannot_use_are_refused_by_name(untouched, change, message):
     kwargs = dict(change)
     if "train_dataset" in kwargs:

@@ -42,12 +42,14 @@ def result() -> lesson.DistributedResult:
 
 
 def test_global_counts_give_the_large_batch_gradient_and_per_rank_counts_do_not(result):
-    assert result.reference.max_rel_error <= FLOAT32_RTOL  # every step, every rank, against the float64 oracle
+    # every step, every rank, against the float64 oracle
+    assert result.reference.max_rel_error <= FLOAT32_RTOL
     assert all(min(step) > PER_RANK_MIN_ERROR for step in result.per_rank.rel_errors)  # wrong at every step
     # ... in exactly the predicted way: DDP's mean of each rank's own window mean
     assert max(max(step) for step in result.per_rank.rel_to_rank_means) <= FLOAT32_RTOL
     assert all(spread == 0.0 for r in (result.reference, result.per_rank) for spread in r.param_spread)
-    assert all(len(set(items)) > 1 for items in result.reference.window_items)  # ranks hold different token counts
+    # ranks hold different token counts
+    assert all(len(set(items)) > 1 for items in result.reference.window_items)
 
 
 def test_no_sync_pays_one_round_per_step_and_the_mistakes_pay_k(result):
@@ -57,7 +59,11 @@ def test_no_sync_pays_one_round_per_step_and_the_mistakes_pay_k(result):
     assert result.ks == (1, 2, 4, 8)
     assert result.bytes_per_step("no_sync") == [4 * n_params] * len(result.ks)
     assert result.bytes_per_step("every micro-batch") == [4 * n_params * k for k in result.ks]
-    assert result.calls_per_step("no_sync on backward only") == result.calls_per_step("every micro-batch") == list(result.ks)
+    assert (
+        result.calls_per_step("no_sync on backward only")
+        == result.calls_per_step("every micro-batch")
+        == list(result.ks)
+    )
 
 
 def test_tables_hold_the_measured_numbers(result):
@@ -71,24 +77,39 @@ def test_tables_hold_the_measured_numbers(result):
 
 
 def test_compute_is_cached_per_setting(result):
-    assert lesson.compute(world_size=2, accum_steps=4, ks=[8, 4, 2, 1]) is result  # same setting: no new spawn
+    # same setting: no new spawn
+    assert lesson.compute(world_size=2, accum_steps=4, ks=[8, 4, 2, 1]) is result
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(world_size=0), r"world_size must be an integer between 1 and \d+; .* \(got 0\)"),
-    (dict(world_size=2.0), r"world_size must be an integer .* \(got 2.0 of type float\)"),
-    (dict(world_size=10_000), r"world_size must be an integer between 1 and \d+; the ranks this machine holds .* \(got 10000\)"),
-    (dict(accum_steps=0), r"accum_steps must be an integer between 1 and 8; the micro-batches each rank holds .* \(got 0\)"),
-    (dict(accum_steps=9), r"accum_steps must be an integer between 1 and 8; .* \(got 9\)"),
-    (dict(world_size=4, accum_steps=8), r"accum_steps must be an integer between 1 and 4; .*lm-tokens on 4 ranks.* \(got 8\)"),
-    (dict(ks=()), r"ks must be a non-empty sequence of integers \(got \(\)\)"),
-    (dict(ks=(1, 0)), r"ks\[1\] must be an integer between 1 and 8; .* \(got 0\)"),
-    (dict(ks=(1, 16)), r"ks\[1\] must be an integer between 1 and 8; .* \(got 16\)"),
-    (dict(task="cifar"), r"task must be one of .*'lm-tokens'.* \(got 'cifar'\)"),
-    (dict(timeout=0), r"timeout must be a number > 0 \(got 0\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(world_size=0), r"world_size must be an integer between 1 and \d+; .* \(got 0\)"),
+        (dict(world_size=2.0), r"world_size must be an integer .* \(got 2.0 of type float\)"),
+        (
+            dict(world_size=10_000),
+            r"world_size must be an integer between 1 and \d+; the ranks this machine holds .* \(got 10000\)",
+        ),
+        (
+            dict(accum_steps=0),
+            r"accum_steps must be an integer between 1 and 8; the micro-batches each rank holds .* \(got 0\)",
+        ),
+        (dict(accum_steps=9), r"accum_steps must be an integer between 1 and 8; .* \(got 9\)"),
+        (
+            dict(world_size=4, accum_steps=8),
+            r"accum_steps must be an integer between 1 and 4; .*lm-tokens on 4 ranks.* \(got 8\)",
+        ),
+        (dict(ks=()), r"ks must be a non-empty sequence of integers \(got \(\)\)"),
+        (dict(ks=(1, 0)), r"ks\[1\] must be an integer between 1 and 8; .* \(got 0\)"),
+        (dict(ks=(1, 16)), r"ks\[1\] must be an integer between 1 and 8; .* \(got 16\)"),
+        (dict(task="cifar"), r"task must be one of .*'lm-tokens'.* \(got 'cifar'\)"),
+        (dict(timeout=0), r"timeout must be a number > 0 \(got 0\)"),
+    ],
+)
 def test_bad_values_are_refused_before_any_rank_starts(kwargs, message, monkeypatch):
-    monkeypatch.setattr(lesson, "run_specs", lambda *a, **k: pytest.fail("spawned ranks before checking the arguments"))
+    monkeypatch.setattr(
+        lesson, "run_specs", lambda *a, **k: pytest.fail("spawned ranks before checking the arguments")
+    )
     with pytest.raises(ValueError, match=message):
         lesson.compute(**kwargs)
 
@@ -199,8 +220,7 @@ def test_the_old_drawing_crashes_when_two_threads_draw():
         chain.append(e)
         e = e.__cause__ or e.__context__
     assert any(
-        isinstance(c, pyparsing.ParseBaseException) or "pop from empty list" in str(c)
-        for c in chain
+        isinstance(c, pyparsing.ParseBaseException) or "pop from empty list" in str(c) for c in chain
     ), [f"{type(c).__name__}: {c}" for c in chain]
 
 
@@ -213,6 +233,7 @@ def test_the_old_drawing_alone_does_not_crash():
 def test_the_widget_drawing_does_not_crash_beside_a_pyplot_thread(result):
     """The same stress with the callback's new drawing: the inline backend may draw pyplot figures
     with mathtext in the main thread, the widget's thread never touches that parser."""
+
     def widget_drawing(i: int) -> None:
         fig = lesson.plot(result)
         _style.output(fig, alt="stress")
@@ -250,15 +271,25 @@ def test_pressing_run_spawns_the_ranks_and_draws_the_figure(monkeypatch):
     real = lesson.compute
 
     def watched(**kwargs):
-        seen.update(disabled=panel.run.disabled, progress=panel.progress.value, status=panel.status.value, kwargs=kwargs)
+        seen.update(
+            disabled=panel.run.disabled,
+            progress=panel.progress.value,
+            status=panel.status.value,
+            kwargs=kwargs,
+        )
         return real(**kwargs)
 
     monkeypatch.setattr(lesson, "compute", watched)
     panel.run.click()
     assert panel.error == "", panel.error
-    assert seen["disabled"] and seen["progress"] == 1 and "about" in seen["status"]  # busy while the ranks run
+    # busy while the ranks run
+    assert seen["disabled"] and seen["progress"] == 1 and "about" in seen["status"]
     assert seen["kwargs"] == dict(world_size=1, accum_steps=2, ks=(1, 2, 4, 8))
-    assert not panel.run.disabled and panel.progress.value == panel.STAGES and panel.progress.bar_style == "success"
+    assert (
+        not panel.run.disabled
+        and panel.progress.value == panel.STAGES
+        and panel.progress.bar_style == "success"
+    )
     assert len(_images(panel)) == 1 and panel.result.accum_steps == 2 and panel.result.world_size == 1
     assert panel.result.reference.max_rel_error <= FLOAT32_RTOL
     assert "Done in" in panel.status.value
@@ -278,7 +309,9 @@ def test_a_failed_run_is_shown_in_the_widget_and_the_button_comes_back(monkeypat
 
 
 def test_widget_refuses_settings_it_cannot_run():
-    with pytest.raises(ValueError, match=r"accum_steps\[\d\] must be an integer between 1 and 6; .* \(got 8\)"):
+    with pytest.raises(
+        ValueError, match=r"accum_steps\[\d\] must be an integer between 1 and 6; .* \(got 8\)"
+    ):
         lesson.widget(accum_steps=(1, 8))
 
 
@@ -370,7 +403,9 @@ def test_a_loss_divided_by_r_once_too_often_is_misscaled_one_over_r(grades, name
     assert all(abs(s.scale - 0.5) < 1e-4 for s in g.report.steps)
 
 
-@pytest.mark.parametrize("name,code", [("no_sync everywhere", "ranks-diverged"), ("no sampler", "unsharded-data")])
+@pytest.mark.parametrize(
+    "name,code", [("no_sync everywhere", "ranks-diverged"), ("no sampler", "unsharded-data")]
+)
 def test_communication_and_sharding_mistakes_get_their_own_hint(grades, name, code):
     g = grades[name]
     assert not g.ok and code in g.codes, g
@@ -387,7 +422,10 @@ def test_an_error_in_the_loop_comes_back_as_feedback_with_its_line(grades):
     assert not g.ok and g.report is None
     assert g.error.startswith("NameError: name 'n_globl' is not defined (in train_fn, line "), g.error
     assert "/ n_globl)" in g.error
-    assert str(g).startswith(f"{lesson.EXERCISE.name}: your code raised NameError") and g.hint == lesson.EXERCISE.hints["error"]
+    assert (
+        str(g).startswith(f"{lesson.EXERCISE.name}: your code raised NameError")
+        and g.hint == lesson.EXERCISE.hints["error"]
+    )
 
 
 def test_a_loop_that_never_ends_is_stopped_and_said_so():
@@ -401,7 +439,9 @@ def test_a_loop_that_never_ends_is_stopped_and_said_so():
     # stopped, which is the same timeout to the learner
     (result,) = _ddp_exercise.grade([_loop("sleeps", source)], k=lesson.EXERCISE_K, timeout=8)
     assert time.perf_counter() - start < 30
-    assert isinstance(result, _ddp_exercise.LoopFailed) and result.feedback.startswith("TimeoutError: the ranks did not finish")
+    assert isinstance(result, _ddp_exercise.LoopFailed) and result.feedback.startswith(
+        "TimeoutError: the ranks did not finish"
+    )
     assert not multiprocessing.active_children()
 
 
@@ -413,22 +453,30 @@ def test_what_cannot_travel_to_the_ranks_is_refused_or_named():
 
         def inner(model, optimizer, loader):
             return k
+
         return inner
 
     with pytest.raises(TypeError, match="top level of a cell"):
         _ddp_exercise.ship(outer())
     namespace: dict = {}
-    exec("import threading\nLOCK = threading.Lock()\ndef helper():\n    return LOCK\n"
-         "def train_fn(model, optimizer, loader):\n    return helper()\n", namespace)
+    exec(
+        "import threading\nLOCK = threading.Lock()\ndef helper():\n    return LOCK\n"
+        "def train_fn(model, optimizer, loader):\n    return helper()\n",
+        namespace,
+    )
     shipped = _ddp_exercise.ship(namespace["train_fn"])
     assert set(shipped.functions) == {"train_fn", "helper"} and "LOCK" in shipped.missing
     rebuilt = _ddp_exercise.rebuild(shipped)
     with pytest.raises(NameError) as err:
         rebuilt(None, None, None)
-    assert "LOCK was not sent to the ranks: a lock cannot be sent" in _ddp_exercise.feedback(err.value, shipped)
+    assert "LOCK was not sent to the ranks: a lock cannot be sent" in _ddp_exercise.feedback(
+        err.value, shipped
+    )
 
 
 def test_no_cell_of_notebook_8_holds_an_answer():
-    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    cells = [
+        "".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"
+    ]
     assert not any("expected =" in c or "n_global" in c for c in cells)
     assert sum("distributed.EXERCISE.check(train_fn)" in c for c in cells) == 1

@@ -43,8 +43,9 @@ def _mean_loss(outputs, labels, num_items_in_batch=None):
 
 def _summed_over_count(outputs, labels, num_items_in_batch=None):
     logits = outputs.logits[:, :-1].float()
-    summed = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100,
-                             reduction="sum")
+    summed = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+    )
     return summed / num_items_in_batch
 
 
@@ -60,11 +61,28 @@ def answer(loss=None, loss_type=None, config_loss_type=None, **overrides):
             model.loss_type = loss_type
         if config_loss_type is not None:
             model.config.loss_type = config_loss_type
-        args = dict(output_dir=output_dir, per_device_train_batch_size=2, gradient_accumulation_steps=4,
-                    num_train_epochs=1, max_grad_norm=0.0, seed=0, use_cpu=True, report_to=[], save_strategy="no",
-                    disable_tqdm=True) | overrides
-        return transformers.Trainer(model=model, args=transformers.TrainingArguments(**args), train_dataset=train_dataset,
-                                    data_collator=data_collator, **({"compute_loss_func": loss} if loss else {}))
+        args = (
+            dict(
+                output_dir=output_dir,
+                per_device_train_batch_size=2,
+                gradient_accumulation_steps=4,
+                num_train_epochs=1,
+                max_grad_norm=0.0,
+                seed=0,
+                use_cpu=True,
+                report_to=[],
+                save_strategy="no",
+                disable_tqdm=True,
+            )
+            | overrides
+        )
+        return transformers.Trainer(
+            model=model,
+            args=transformers.TrainingArguments(**args),
+            train_dataset=train_dataset,
+            data_collator=data_collator,
+            **({"compute_loss_func": loss} if loss else {}),
+        )
 
     return train_fn
 
@@ -80,9 +98,15 @@ WRONG = {
     # the division fixed, but num_items_in_batch counts GPT-2's labels before the shift: c = N/(N+S)
     "sum over num_items_in_batch": (answer(_summed_over_count), "misscaled"),
     # loss_type set on the config after the model was built: the Trainer reads the model's attribute
-    "config.loss_type after building": (answer(_summed_over_count, config_loss_type="ForCausalLM"), "misscaled"),
+    "config.loss_type after building": (
+        answer(_summed_over_count, config_loss_type="ForCausalLM"),
+        "misscaled",
+    ),
     # the mapping's class name instead of its key: an unknown loss_type, so the count stays unshifted
-    "loss_type misspelt ForCausalLMLoss": (answer(_summed_over_count, loss_type="ForCausalLMLoss"), "misscaled"),
+    "loss_type misspelt ForCausalLMLoss": (
+        answer(_summed_over_count, loss_type="ForCausalLMLoss"),
+        "misscaled",
+    ),
     # the custom loss dropped, loss_type left None: the Trainer's own loss, the same unshifted count
     "no compute_loss_func, no loss_type": (answer(), "misscaled"),
     # the count fixed but the loss still a mean: divided by k as in a plain loop (windows of unequal token counts)
@@ -125,13 +149,23 @@ def test_the_solution_file_passes():
     assert real_bugs.EXERCISE.check(namespace["train_fn"]).ok
 
 
-@pytest.mark.parametrize("train_fn, says", [
-    (lambda model, data, collate, out: None, "must return the transformers.Trainer it builds (got NoneType)"),
-    (lambda model, data, collate, out: answer()(real_bugs_model("llama"), data, collate, out),
-     "around the GPT-2 it is given"),
-    (answer(_summed_over_count, loss_type="ForCausalLM", gradient_accumulation_steps=1),
-     "keep gradient_accumulation_steps=4 and per_device_train_batch_size=2"),
-])
+@pytest.mark.parametrize(
+    "train_fn, says",
+    [
+        (
+            lambda model, data, collate, out: None,
+            "must return the transformers.Trainer it builds (got NoneType)",
+        ),
+        (
+            lambda model, data, collate, out: answer()(real_bugs_model("llama"), data, collate, out),
+            "around the GPT-2 it is given",
+        ),
+        (
+            answer(_summed_over_count, loss_type="ForCausalLM", gradient_accumulation_steps=1),
+            "keep gradient_accumulation_steps=4 and per_device_train_batch_size=2",
+        ),
+    ],
+)
 def test_an_answer_that_dodges_the_exercise_is_refused_by_name(train_fn, says):
     grade = real_bugs.EXERCISE.check(train_fn)
     assert not grade.ok and says in grade.error, grade
@@ -153,8 +187,10 @@ def runs() -> real_bugs.LibraryRuns:
 def test_compute_gives_each_librarys_factor_per_step(runs):
     assert list(runs.reports) == list(real_bugs.RUNS)
     acc, light = runs.scales("accelerate"), runs.scales("lightning")
-    assert acc == pytest.approx(light, abs=FLOAT32_RTOL) and len(acc) == 4  # the same loop, the same last window
-    assert acc[:3] == pytest.approx([1, 1, 1], abs=FLOAT32_RTOL) and acc[3] < 0.5  # only the short tail is off
+    # the same loop, the same last window
+    assert acc == pytest.approx(light, abs=FLOAT32_RTOL) and len(acc) == 4
+    # only the short tail is off
+    assert acc[:3] == pytest.approx([1, 1, 1], abs=FLOAT32_RTOL) and acc[3] < 0.5
     gpt2 = runs.reports["trainer-gpt2"]
     assert gpt2.codes == {"misscaled"}
     for row, s in zip(gpt2.steps, S, strict=True):
@@ -180,7 +216,9 @@ def test_the_figure_draws_every_factor_and_says_it_in_words(runs):
     ax = fig.axes[0]
     drawn = [line.get_ydata() for line in ax.get_lines()][1:]  # the first is the true gradient at c = 1
     assert [list(y) for y in drawn] == [runs.scales(n) for n in real_bugs.RUNS]
-    assert len({(ln.get_marker(), str(ln.get_linestyle())) for ln in ax.get_lines()[1:]}) == len(real_bugs.RUNS)
+    assert len({(ln.get_marker(), str(ln.get_linestyle())) for ln in ax.get_lines()[1:]}) == len(
+        real_bugs.RUNS
+    )
     text = real_bugs.alt(runs)
     for name in real_bugs.RUNS:
         assert f"{real_bugs.RUNS[name].label}: c = {', '.join(f'{c:.3f}' for c in runs.scales(name))}" in text
@@ -197,7 +235,9 @@ def test_a_live_run_agrees_with_the_packaged_survey():
         row = next(r for r in survey.load(version="5.23.0").rows if r.model_type == model_type)
         assert set(row.codes) == codes
         if transformers.__version__ == "5.23.0":
-            assert row.scales == pytest.approx([r.scale for r in run.report.steps] if row.scales else [], abs=1e-5)
+            assert row.scales == pytest.approx(
+                [r.scale for r in run.report.steps] if row.scales else [], abs=1e-5
+            )
         assert ("NOT OK" in run.verdict) == bool(codes) and "<table>" in run._repr_html_()
 
 
@@ -236,10 +276,22 @@ def test_the_notebook_reads_nothing_beside_notebooks():
 def test_the_survey_cell_runs_from_a_copy_of_notebooks_outside_the_repository(tmp_path):
     """The survey-loading cell, run in a copy of notebooks/ with nothing of the repository beside it."""
     shutil.copytree(REPO / "notebooks", tmp_path / "notebooks")
-    cell = next("".join(c["source"]) for c in _cells() if c["cell_type"] == "code" and "survey.load(" in "".join(c["source"]))
-    script = "import transformers\nfrom accumlib import survey\n" + cell + "\nprint('tasks', sorted(surveys))\n"
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path / "notebooks", capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, PYTHONPATH=""))
+    cell = next(
+        "".join(c["source"])
+        for c in _cells()
+        if c["cell_type"] == "code" and "survey.load(" in "".join(c["source"])
+    )
+    script = (
+        "import transformers\nfrom accumlib import survey\n" + cell + "\nprint('tasks', sorted(surveys))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path / "notebooks",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=""),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tasks ['causal-lm', 'sequence-classification']" in out.stdout
     assert not (tmp_path / "surveys").exists()
@@ -250,7 +302,9 @@ def test_the_notebook_has_the_lessons_shape():
     text = "\n".join("".join(c["source"]) for c in cells)
     assert "real_bugs.show(" in text and "real_bugs.widget(" in text
     assert any("exercise" in c.get("metadata", {}).get("tags", []) for c in cells)
-    assert "".join(cells[-1]["source"]).startswith("**Next:** [10 · Accumulation in your own project](10_your_own_project.ipynb)")
+    assert "".join(cells[-1]["source"]).startswith(
+        "**Next:** [10 · Accumulation in your own project](10_your_own_project.ipynb)"
+    )
     learner = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").lower()
     assert "seed" not in learner and "nbval" not in learner and "assertion" not in learner
     from accumlib.lessons import course

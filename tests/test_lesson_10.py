@@ -4,7 +4,6 @@ its measured checkpointing, its framework table, bad arguments, and its exercise
 from __future__ import annotations
 
 import math
-import textwrap
 
 import pytest
 import torch
@@ -34,10 +33,14 @@ def test_the_one_over_n_loop_overlaps_the_large_batch_at_every_cut(curves):
 
 def test_the_buggy_loops_drift_from_the_large_batch(curves):
     for b, k in yp.SETTINGS:
-        assert curves.gap(curves.find("normalized", b, k)) > 10 * FLOAT32_RTOL  # unequal token counts per micro-batch
+        # unequal token counts per micro-batch
+        assert curves.gap(curves.find("normalized", b, k)) > 10 * FLOAT32_RTOL
         assert curves.gap(curves.find("naive", b, k)) > 0.1  # k times the step
     # the first step starts from the same model: every loop logs the same first loss
-    assert all(abs(c.losses[0] - curves.reference.losses[0]) <= FLOAT32_RTOL * curves.reference.losses[0] for c in curves.curves)
+    assert all(
+        abs(c.losses[0] - curves.reference.losses[0]) <= FLOAT32_RTOL * curves.reference.losses[0]
+        for c in curves.curves
+    )
 
 
 def test_the_first_step_gradient_is_the_oracle_for_the_correct_loop_and_k_times_it_for_naive():
@@ -49,9 +52,18 @@ def test_the_first_step_gradient_is_the_oracle_for_the_correct_loop_and_k_times_
         model = task.make_model(0)
         grads = []
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        opt.register_step_pre_hook(lambda o, a, kw: grads.append({n: p.grad.clone() for n, p in model.named_parameters()}))
+        opt.register_step_pre_hook(
+            lambda o, a, kw: grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        )
         loader = torch.utils.data.DataLoader(data, batch_size=8, collate_fn=task.collate_fn)
-        loop(model, opt, loader, task.item_losses, accum_steps=4, **({"count_items": task.count_items} if name == "ragged" else {}))
+        loop(
+            model,
+            opt,
+            loader,
+            task.item_losses,
+            accum_steps=4,
+            **({"count_items": task.count_items} if name == "ragged" else {}),
+        )
         seen[name] = grads[0]
     model = task.make_model(0)
     batches = list(torch.utils.data.DataLoader(data, batch_size=8, collate_fn=task.collate_fn))
@@ -70,17 +82,20 @@ def test_the_figure_and_its_alt_text_carry_the_numbers(curves):
     assert f"{curves.gap(curves.find('naive', 8, 4)):.1e}" in alt
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(settings=[(8, 0)]), r"accum_steps must be an integer between 1 and 64 \(got 0\)"),
-    (dict(settings=[(8, 65)]), r"accum_steps must be an integer between 1 and 64 \(got 65\)"),
-    (dict(settings=[(0, 4)]), r"batch_size must be an integer between 1 and 64 \(got 0\)"),
-    (dict(settings=[(8, 4, 1)]), r"settings must hold \(batch_size, accum_steps\) pairs"),
-    (dict(settings=[]), r"settings must hold at least one"),
-    (dict(settings="8x4"), r"settings must be a sequence"),
-    (dict(loops=("sum",)), r"loops must be one of 'ragged', 'normalized', 'naive' \(got 'sum'\)"),
-    (dict(epochs=0), r"epochs must be an integer between 1 and 50 \(got 0\)"),
-    (dict(lr=-1.0), r"lr must be a number > 0.0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(settings=[(8, 0)]), r"accum_steps must be an integer between 1 and 64 \(got 0\)"),
+        (dict(settings=[(8, 65)]), r"accum_steps must be an integer between 1 and 64 \(got 65\)"),
+        (dict(settings=[(0, 4)]), r"batch_size must be an integer between 1 and 64 \(got 0\)"),
+        (dict(settings=[(8, 4, 1)]), r"settings must hold \(batch_size, accum_steps\) pairs"),
+        (dict(settings=[]), r"settings must hold at least one"),
+        (dict(settings="8x4"), r"settings must be a sequence"),
+        (dict(loops=("sum",)), r"loops must be one of 'ragged', 'normalized', 'naive' \(got 'sum'\)"),
+        (dict(epochs=0), r"epochs must be an integer between 1 and 50 \(got 0\)"),
+        (dict(lr=-1.0), r"lr must be a number > 0.0"),
+    ],
+)
 def test_bad_arguments_are_refused_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         yp.compute(**kwargs)
@@ -118,12 +133,25 @@ def test_the_schedule_matches_transformers_formula():
 
 def test_stepping_per_micro_batch_ends_the_schedule_after_a_kth_of_the_run():
     r = yp.schedules(100, 4, 10)
-    right, per_mb, in_mb = (r.lrs[s] for s in yp._your_project_schedule.SHAPES) if False else (
-        r.lrs["counted and stepped in optimizer steps"], r.lrs["stepped per micro-batch"], r.lrs["counted in micro-batches (len(loader))"])
-    assert right[0] == 0.0 and right[10] == pytest.approx(1e-3) and r.at_zero("counted and stepped in optimizer steps") == 0
-    assert r.at_zero("stepped per micro-batch") == 75  # lr 0 from step 25 on: the last three quarters learn nothing
+    right, per_mb, in_mb = (
+        (r.lrs[s] for s in yp._your_project_schedule.SHAPES)
+        if False
+        else (
+            r.lrs["counted and stepped in optimizer steps"],
+            r.lrs["stepped per micro-batch"],
+            r.lrs["counted in micro-batches (len(loader))"],
+        )
+    )
+    assert (
+        right[0] == 0.0
+        and right[10] == pytest.approx(1e-3)
+        and r.at_zero("counted and stepped in optimizer steps") == 0
+    )
+    # lr 0 from step 25 on: the last three quarters learn nothing
+    assert r.at_zero("stepped per micro-batch") == 75
     assert sum(per_mb) / sum(right) == pytest.approx(0.25, abs=0.01)
-    assert r.peak("counted in micro-batches (len(loader))")[0] == 40 and in_mb[-1] / 1e-3 > 0.8  # warmup 4x long, no decay
+    # warmup 4x long, no decay
+    assert r.peak("counted in micro-batches (len(loader))")[0] == 40 and in_mb[-1] / 1e-3 > 0.8
 
 
 def test_schedule_arguments_are_checked():
@@ -144,11 +172,14 @@ def test_checkpointing_and_accumulation_cut_memory_and_keep_the_gradient():
     big, acc, ckpt, both = r.ways
     # saved activations are linear in the micro-batch (a few bytes of scalars apart)
     assert acc.activation_bytes * 4 == pytest.approx(big.activation_bytes, rel=1e-3)
-    assert ckpt.activation_bytes < big.activation_bytes / 3  # only each block's input is kept (9 x width -> 1 x width)
+    # only each block's input is kept (9 x width -> 1 x width)
+    assert ckpt.activation_bytes < big.activation_bytes / 3
     assert both.activation_bytes * 4 == pytest.approx(ckpt.activation_bytes, rel=1e-3)
     assert all(w.rel_error <= FLOAT32_RTOL for w in r.ways)
     assert all(w.seconds > 0 for w in r.ways)
-    with pytest.raises(ValueError, match=r"accum_steps must divide batch_size=10 into equal micro-batches \(got 3\)"):
+    with pytest.raises(
+        ValueError, match=r"accum_steps must divide batch_size=10 into equal micro-batches \(got 3\)"
+    ):
         memory_part.checkpointing(batch_size=10, accum_steps=3)
 
 
@@ -160,10 +191,19 @@ def test_each_framework_setting_gets_the_verdict_the_lesson_states():
     pytest.importorskip("trl")
     r = frameworks_part.frameworks()
     assert r["trainer-default"].codes == ("misscaled",) and all(c < 1 for c in r["trainer-default"].scales)
-    for key in ("trainer-loss-type", "trainer-average-tokens", "trainer-loss-func-sum", "accelerate-counted", "lightning-full"):
+    for key in (
+        "trainer-loss-type",
+        "trainer-average-tokens",
+        "trainer-loss-func-sum",
+        "accelerate-counted",
+        "lightning-full",
+    ):
         assert r[key].ok, key
     assert "unscaled-sum" in r["trainer-loss-func-mean"].codes
-    assert all(abs(c - m) < OFF_BY_K_TOL * m for c, m in zip(r["trainer-loss-func-mean"].scales, r["trainer-loss-func-mean"].micro_batches))
+    assert all(
+        abs(c - m) < OFF_BY_K_TOL * m
+        for c, m in zip(r["trainer-loss-func-mean"].scales, r["trainer-loss-func-mean"].micro_batches)
+    )
     assert set(r["accelerate"].codes) == set(r["lightning-tail"].codes) == {"mean-of-means", "tail-misscaled"}
     assert "misscaled" in r["trl-sft"].codes and r["peft-prompt"].codes == ("misscaled",)
     assert all(c > 1 for c in r["peft-prompt"].scales)
@@ -184,7 +224,8 @@ def train_fn(model, optimizer, loader):
 """
 
 WRONG = {
-    "the starting loop: stepped per micro-batch, counted in micro-batches": ("""\
+    "the starting loop: stepped per micro-batch, counted in micro-batches": (
+        """\
     scheduler = your_project.linear_warmup(optimizer, warmup_steps=2, total_steps=len(loader))
     for i, (x, y) in enumerate(loader):
         (F.cross_entropy(model(x), y) / k).backward()
@@ -192,8 +233,12 @@ WRONG = {
             optimizer.step()
             optimizer.zero_grad()
         scheduler.step()
-""", "scheduler-per-micro-batch", "inside a window"),
-    "moved beside the step, total still len(loader)": ("""\
+""",
+        "scheduler-per-micro-batch",
+        "inside a window",
+    ),
+    "moved beside the step, total still len(loader)": (
+        """\
     scheduler = your_project.linear_warmup(optimizer, warmup_steps=2, total_steps=len(loader))
     for i, (x, y) in enumerate(loader):
         (F.cross_entropy(model(x), y) / k).backward()
@@ -201,8 +246,12 @@ WRONG = {
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-""", "schedule-not-in-optimizer-steps", "len(loader) counts micro-batches"),
-    "total in optimizer steps, still stepped per micro-batch": ("""\
+""",
+        "schedule-not-in-optimizer-steps",
+        "len(loader) counts micro-batches",
+    ),
+    "total in optimizer steps, still stepped per micro-batch": (
+        """\
     scheduler = your_project.linear_warmup(optimizer, warmup_steps=2, total_steps=len(loader) // k)
     for i, (x, y) in enumerate(loader):
         (F.cross_entropy(model(x), y) / k).backward()
@@ -210,8 +259,12 @@ WRONG = {
         if (i + 1) % k == 0:
             optimizer.step()
             optimizer.zero_grad()
-""", "scheduler-per-micro-batch", "inside a window"),
-    "warmup and total both counted in micro-batches": ("""\
+""",
+        "scheduler-per-micro-batch",
+        "inside a window",
+    ),
+    "warmup and total both counted in micro-batches": (
+        """\
     scheduler = your_project.linear_warmup(optimizer, warmup_steps=2 * k, total_steps=len(loader))
     for i, (x, y) in enumerate(loader):
         (F.cross_entropy(model(x), y) / k).backward()
@@ -219,8 +272,12 @@ WRONG = {
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-""", "schedule-not-in-optimizer-steps", "len(loader) counts micro-batches"),
-    "the scheduler stepped before the optimizer": ("""\
+""",
+        "schedule-not-in-optimizer-steps",
+        "len(loader) counts micro-batches",
+    ),
+    "the scheduler stepped before the optimizer": (
+        """\
     scheduler = your_project.linear_warmup(optimizer, warmup_steps=2, total_steps=len(loader) // k)
     for i, (x, y) in enumerate(loader):
         (F.cross_entropy(model(x), y) / k).backward()
@@ -228,8 +285,12 @@ WRONG = {
             scheduler.step()
             optimizer.step()
             optimizer.zero_grad()
-""", "scheduler-per-micro-batch", "inside a window"),
-    "the fix breaks the gradient: the division is dropped": ("""\
+""",
+        "scheduler-per-micro-batch",
+        "inside a window",
+    ),
+    "the fix breaks the gradient: the division is dropped": (
+        """\
     scheduler = your_project.linear_warmup(optimizer, warmup_steps=2, total_steps=len(loader) // k)
     for i, (x, y) in enumerate(loader):
         F.cross_entropy(model(x), y).backward()
@@ -237,7 +298,10 @@ WRONG = {
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-""", "unscaled-sum", "k times too long"),
+""",
+        "unscaled-sum",
+        "k times too long",
+    ),
 }
 
 RIGHT = {

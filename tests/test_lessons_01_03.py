@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.tolerances import FLOAT32_RTOL
 from accumlib.lessons import _why_training, normalizing, ragged_windows, why
+from accumlib.tolerances import FLOAT32_RTOL
 
 # The naive loop's norm ratio is exactly k for equal micro-batches, up to float32 rounding
 # of a sum of a few hundred terms (~1e-6 relative); 1e-3 is a wide margin that still
@@ -22,8 +22,13 @@ RATIO_TOL = 1e-3
 
 def _verify(train_fn, dataset, accum_steps, batch_size, **kw):
     return accumlib.verify(
-        train_fn, model=accumlib.get_task("mlp-digits").make_model(0), dataset=dataset,
-        item_losses=accumlib.tasks.classification_losses, accum_steps=accum_steps, batch_size=batch_size, **kw,
+        train_fn,
+        model=accumlib.get_task("mlp-digits").make_model(0),
+        dataset=dataset,
+        item_losses=accumlib.tasks.classification_losses,
+        accum_steps=accum_steps,
+        batch_size=batch_size,
+        **kw,
     )
 
 
@@ -76,7 +81,9 @@ def test_why_train_matches_a_dataloader_shuffle():
     from torch.utils.data import DataLoader, TensorDataset
 
     x, y = why.digits_subset()[: why.N_TRAIN]
-    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(7))
+    loader = DataLoader(
+        TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(7)
+    )
     ours = _why_training._batches(x, y, 32, 7)
     assert len(ours) == len(loader)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(loader, ours))
@@ -91,7 +98,9 @@ def test_why_training_widget_recomputes():
 def test_digits_subset_matches_accumlib_digits():
     a, b = why.digits_subset(20, 3)[:], accumlib.data.digits(20, seed=3).tensors
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    with pytest.raises(ValueError, match=r"n must be an integer between 1 and 1797; digits holds that many images \(got 0\)"):
+    with pytest.raises(
+        ValueError, match=r"n must be an integer between 1 and 1797; digits holds that many images \(got 0\)"
+    ):
         why.digits_subset(0)
 
 
@@ -138,7 +147,11 @@ def test_normalizing_widget_recomputes_past_eight():
     assert ex.result[1] == again and normalizing._point.cache_info().misses == misses  # nothing recomputed
     ex.controls["batch_size"].value = 5
     k5, other = ex.result
-    assert other != again and other.batch_size == 5 and abs(other.norm_ratio["naive (accumlib.naive)"][2] - 3) < RATIO_TOL * 3
+    assert (
+        other != again
+        and other.batch_size == 5
+        and abs(other.norm_ratio["naive (accumlib.naive)"][2] - 3) < RATIO_TOL * 3
+    )
 
 
 def test_bert_loop_reports_loss_off_by_k_and_the_fix_does_not():
@@ -208,23 +221,38 @@ def test_widgets_show_the_notebooks_result_first():
 # --- bad values: refused before any work, naming the argument, the rule and the value ----------------
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: why.compute(accum_steps=0), r"accum_steps must be an integer between 1 and 16.*\(got 0\)"),
-    (lambda: why.compute(batch_size=0), r"batch_size must be an integer between 1 and 112.*\(got 0\)"),
-    (lambda: why.compute(batch_size=200), r"batch_size must be .*max_k x batch_size digits must exist.*\(got 200\)"),
-    (lambda: why.train(accum_steps=0), r"accum_steps must be an integer >= 1 \(got 0\)"),
-    (lambda: why.train(lr=0.0), r"lr must be a number > 0 \(got 0.0\)"),
-    (lambda: why.train(optimizer="rmsprop"), r"optimizer must be one of 'sgd', 'adam' \(got 'rmsprop'\)"),
-    (lambda: why.lr_sweep(lrs=()), r"lrs must hold at least one learning rate"),
-    (lambda: normalizing.compute(max_k=0), r"max_k must be an integer between 1 and \d+ \(got 0\)"),
-    (lambda: normalizing.compute(batch_size=0), r"batch_size must be an integer between 1 and \d+.*\(got 0\)"),
-    (lambda: ragged_windows.compute(accum_steps=0), r"accum_steps must be an integer >= 1 \(got 0\)"),
-    (lambda: ragged_windows.compute(batch_size=0), r"batch_size must be an integer >= 1 \(got 0\)"),
-    (lambda: ragged_windows.compute(n=0), r"n must be an integer between 1 and 1797.*\(got 0\)"),
-    (lambda: ragged_windows.compute_tokens(accum_steps=0), r"accum_steps must be an integer >= 1 \(got 0\)"),
-    (lambda: ragged_windows.compute_tokens(batch_size=0), r"batch_size must be an integer between 1 and 64.*\(got 0\)"),
-    (lambda: why.widget(accum_steps=17), r"accum_steps must be an integer between 1 and 16"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: why.compute(accum_steps=0), r"accum_steps must be an integer between 1 and 16.*\(got 0\)"),
+        (lambda: why.compute(batch_size=0), r"batch_size must be an integer between 1 and 112.*\(got 0\)"),
+        (
+            lambda: why.compute(batch_size=200),
+            r"batch_size must be .*max_k x batch_size digits must exist.*\(got 200\)",
+        ),
+        (lambda: why.train(accum_steps=0), r"accum_steps must be an integer >= 1 \(got 0\)"),
+        (lambda: why.train(lr=0.0), r"lr must be a number > 0 \(got 0.0\)"),
+        (lambda: why.train(optimizer="rmsprop"), r"optimizer must be one of 'sgd', 'adam' \(got 'rmsprop'\)"),
+        (lambda: why.lr_sweep(lrs=()), r"lrs must hold at least one learning rate"),
+        (lambda: normalizing.compute(max_k=0), r"max_k must be an integer between 1 and \d+ \(got 0\)"),
+        (
+            lambda: normalizing.compute(batch_size=0),
+            r"batch_size must be an integer between 1 and \d+.*\(got 0\)",
+        ),
+        (lambda: ragged_windows.compute(accum_steps=0), r"accum_steps must be an integer >= 1 \(got 0\)"),
+        (lambda: ragged_windows.compute(batch_size=0), r"batch_size must be an integer >= 1 \(got 0\)"),
+        (lambda: ragged_windows.compute(n=0), r"n must be an integer between 1 and 1797.*\(got 0\)"),
+        (
+            lambda: ragged_windows.compute_tokens(accum_steps=0),
+            r"accum_steps must be an integer >= 1 \(got 0\)",
+        ),
+        (
+            lambda: ragged_windows.compute_tokens(batch_size=0),
+            r"batch_size must be an integer between 1 and 64.*\(got 0\)",
+        ),
+        (lambda: why.widget(accum_steps=17), r"accum_steps must be an integer between 1 and 16"),
+    ],
+)
 def test_bad_values_are_refused_with_a_clear_message(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -232,13 +260,18 @@ def test_bad_values_are_refused_with_a_clear_message(call, message):
 
 def test_bad_values_are_refused_before_any_work(monkeypatch):
     """The check runs first: no loop is traced for a refused call."""
+
     def boom(*a, **kw):
         raise AssertionError("a loop ran before the arguments were checked")
 
     for module in (why, normalizing, ragged_windows):
         monkeypatch.setattr(module, "trace_loop", boom)
-    for call in (lambda: why.compute(accum_steps=0), lambda: normalizing.compute(max_k=0),
-                 lambda: ragged_windows.compute(batch_size=0), lambda: ragged_windows.compute_tokens(accum_steps=0)):
+    for call in (
+        lambda: why.compute(accum_steps=0),
+        lambda: normalizing.compute(max_k=0),
+        lambda: ragged_windows.compute(batch_size=0),
+        lambda: ragged_windows.compute_tokens(accum_steps=0),
+    ):
         with pytest.raises(ValueError):
             call()
 
@@ -252,10 +285,14 @@ def test_figures_use_the_style_readable_and_colour_blind_safe():
     from accumlib.lessons import _style
 
     r = why.compute(accum_steps=2, batch_size=8, max_k=4, device="cpu")
-    figs = [why.plot(r), normalizing.plot(normalizing.compute(max_k=2, batch_size=4, device="cpu"), highlight=2),
-            ragged_windows.plot(ragged_windows.compute(device="cpu")), ragged_windows.plot_tokens(ragged_windows.compute_tokens(device="cpu")),
-            why.plot_training(why.train(2, 32, epochs=1, device="cpu")),
-            why.plot_sweep(why.lr_sweep(lrs=(0.1, 0.2), epochs=1, device="cpu"))]
+    figs = [
+        why.plot(r),
+        normalizing.plot(normalizing.compute(max_k=2, batch_size=4, device="cpu"), highlight=2),
+        ragged_windows.plot(ragged_windows.compute(device="cpu")),
+        ragged_windows.plot_tokens(ragged_windows.compute_tokens(device="cpu")),
+        why.plot_training(why.train(2, 32, epochs=1, device="cpu")),
+        why.plot_sweep(why.lr_sweep(lrs=(0.1, 0.2), epochs=1, device="cpu")),
+    ]
     banned = {to_hex("tab:red"), to_hex("tab:green")}
     for fig in figs:
         assert min(_style.font_sizes(fig)) >= _style.MIN_FONT_PT
@@ -278,7 +315,10 @@ def test_lessons_show_tables_as_html():
 def test_naive_is_the_accumulated_loop_at_k_times_the_learning_rate():
     """Under SGD the undivided loop at lr trains exactly like the divided one at k x lr (the sweep's lrs are k apart)."""
     sweep = why.lr_sweep(2, 32, lrs=(0.05, 0.1, 0.2), epochs=1, device="cpu")
-    acc, naive_run = sweep.accuracy["2 x 32 accumulated (loss / k)"], sweep.accuracy["2 x 32 naive (not divided)"]
+    acc, naive_run = (
+        sweep.accuracy["2 x 32 accumulated (loss / k)"],
+        sweep.accuracy["2 x 32 naive (not divided)"],
+    )
     assert naive_run[:2] == acc[1:]  # naive at 0.05, 0.1 == accumulated at 0.1, 0.2
     assert naive_run[0] != acc[0]  # and not the same as the accumulated loop at its own lr
 
@@ -323,10 +363,13 @@ def _over_divided(divisor):
     return train_fn
 
 
-@pytest.mark.parametrize("divisor, factor, cause", [
-    (lambda k, b: k * k, 1 / 2, "1/k"),  # divided by k twice: c = 1/k
-    (lambda k, b: k * b, 1 / 32, "1/b"),  # a mean divided by k x b, as if it were a sum: c = 1/b
-])
+@pytest.mark.parametrize(
+    "divisor, factor, cause",
+    [
+        (lambda k, b: k * k, 1 / 2, "1/k"),  # divided by k twice: c = 1/k
+        (lambda k, b: k * b, 1 / 32, "1/b"),  # a mean divided by k x b, as if it were a sum: c = 1/b
+    ],
+)
 def test_over_division_is_named_misscaled_with_its_factor(divisor, factor, cause):
     """Lesson 1's over-division was 'unexplained'; it is one factor c on every step, checked against the oracle."""
     from accumlib._verify.diagnose import CAUSES

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import accumlib
+from accumlib.lessons import _style, gan, norms
+from accumlib.lessons import mixed_precision as mp
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
-from accumlib.lessons import _style, gan, mixed_precision as mp, norms
-
 
 # --- 4: mixed precision -------------------------------------------------------------------------
 
@@ -110,15 +110,24 @@ def test_seed_listing_raises_inplace_error_and_leak_is_measured():
     assert leaky.rel_error["G"] < FLOAT32_RTOL
 
 
-@pytest.mark.parametrize("name", ["zero_grad(D) after G's backward", "requires_grad toggle (the article's fix)", "D first, detach"])
+@pytest.mark.parametrize(
+    "name", ["zero_grad(D) after G's backward", "requires_grad toggle (the article's fix)", "D first, detach"]
+)
 def test_fixed_orderings_are_exact_for_both_optimizers(name):
     assert gan.check_step(name).exact(FLOAT32_RTOL)
 
 
 def test_accumulation_two_phase_exact_interleaved_wrong():
-    assert gan.check_accumulation("two phases (D window, then G window)", accum_steps=3, batch_size=5).exact(FLOAT32_RTOL)
+    assert gan.check_accumulation("two phases (D window, then G window)", accum_steps=3, batch_size=5).exact(
+        FLOAT32_RTOL
+    )
     assert gan.check_accumulation("interleaved, leaky", accum_steps=3, batch_size=5).rel_error["D"] > 1
-    assert gan.check_accumulation("interleaved, zero_grad(D) per micro-batch", accum_steps=3, batch_size=5).rel_error["D"] > 0.1
+    assert (
+        gan.check_accumulation(
+            "interleaved, zero_grad(D) per micro-batch", accum_steps=3, batch_size=5
+        ).rel_error["D"]
+        > 0.1
+    )
 
 
 def test_gan_explorer_k1_makes_zero_grad_per_micro_batch_exact():
@@ -133,7 +142,14 @@ def test_gan_explorer_k1_makes_zero_grad_per_micro_batch_exact():
 
 def test_gan_check_leaves_no_requires_grad_toggled_off():
     G, D = gan.make_gan()
-    gan._run_checked(gan.requires_grad_toggle, G, D, [gan.noise(4)], [gan.real_points(4)], (gan.noise(4), gan.real_points(4)))
+    gan._run_checked(
+        gan.requires_grad_toggle,
+        G,
+        D,
+        [gan.noise(4)],
+        [gan.real_points(4)],
+        (gan.noise(4), gan.real_points(4)),
+    )
     assert all(p.requires_grad for p in D.parameters())
 
 
@@ -151,7 +167,9 @@ def test_gan_exercise_leaks_and_requires_grad_toggle_fixes_it():
                 if (i + 1) % 4 == 0:
                     d_opt.step(), ex.g_opt.step(), d_opt.zero_grad(), ex.g_opt.zero_grad()
 
-        return accumlib.verify(train_fn, model=ex.D, dataset=ex.dataset, item_losses=ex.item_losses, accum_steps=4, batch_size=8)
+        return accumlib.verify(
+            train_fn, model=ex.D, dataset=ex.dataset, item_losses=ex.item_losses, accum_steps=4, batch_size=8
+        )
 
     assert not make(fix=False).ok
     assert make(fix=True).ok
@@ -214,24 +232,30 @@ def test_gallery_explorer_reruns_verify_for_the_chosen_loop():
 # --- issue 12: argument checks, the style, the momentum claim, the exercises' feedback -----------------
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: mp.compute(max_norm=0), "max_norm must be a number > 0.0 (got 0)"),
-    (lambda: mp.compute(accum_steps=1), "accum_steps must be an integer >= 2"),
-    (lambda: mp.compute(batch_size=0), "batch_size must be an integer >= 1 (got 0)"),
-    (lambda: mp.compute(accum_steps=4, batch_size=30), "accum_steps * batch_size must be <= 110"),
-    (lambda: mp.compute(change_after=4), "change_after must be an integer between 1 and 3"),
-    (lambda: mp.inf_run((10,)), "inf_windows[0] must be an integer between 0 and 9"),
-    (lambda: mp.inf_run(growth_interval=0), "growth_interval must be an integer >= 1 (got 0)"),
-    (lambda: norms.compute((3,)), "accum_steps must divide large_batch=32"),
-    (lambda: norms.compute(()), "accum_steps must be a non-empty sequence"),
-    (lambda: norms.training_curves(accum_steps=0), "accum_steps must be an integer between 1 and 32"),
-    (lambda: norms.momentum_check(large_batch=0), "large_batch must be an integer >= 1 (got 0)"),
-    (lambda: norms.training_budget(epochs=0), "epochs must be an integer >= 1 (got 0)"),
-    (lambda: gan.compute(accum_steps=0), "accum_steps must be an integer between 1 and 64 (got 0)"),
-    (lambda: gan.compute(batch_size=0), "batch_size must be an integer between 1 and 256 (got 0)"),
-    (lambda: vl.check(lambda m, o, l: None, accum_steps=0), "accum_steps must be an integer >= 1 (got 0)"),
-    (lambda: vl.check(lambda m, o, l: None, task="nope"), "task must be one of"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: mp.compute(max_norm=0), "max_norm must be a number > 0.0 (got 0)"),
+        (lambda: mp.compute(accum_steps=1), "accum_steps must be an integer >= 2"),
+        (lambda: mp.compute(batch_size=0), "batch_size must be an integer >= 1 (got 0)"),
+        (lambda: mp.compute(accum_steps=4, batch_size=30), "accum_steps * batch_size must be <= 110"),
+        (lambda: mp.compute(change_after=4), "change_after must be an integer between 1 and 3"),
+        (lambda: mp.inf_run((10,)), "inf_windows[0] must be an integer between 0 and 9"),
+        (lambda: mp.inf_run(growth_interval=0), "growth_interval must be an integer >= 1 (got 0)"),
+        (lambda: norms.compute((3,)), "accum_steps must divide large_batch=32"),
+        (lambda: norms.compute(()), "accum_steps must be a non-empty sequence"),
+        (lambda: norms.training_curves(accum_steps=0), "accum_steps must be an integer between 1 and 32"),
+        (lambda: norms.momentum_check(large_batch=0), "large_batch must be an integer >= 1 (got 0)"),
+        (lambda: norms.training_budget(epochs=0), "epochs must be an integer >= 1 (got 0)"),
+        (lambda: gan.compute(accum_steps=0), "accum_steps must be an integer between 1 and 64 (got 0)"),
+        (lambda: gan.compute(batch_size=0), "batch_size must be an integer between 1 and 256 (got 0)"),
+        (
+            lambda: vl.check(lambda m, o, l: None, accum_steps=0),
+            "accum_steps must be an integer >= 1 (got 0)",
+        ),
+        (lambda: vl.check(lambda m, o, l: None, task="nope"), "task must be one of"),
+    ],
+)
 def test_bad_values_are_refused_before_any_work(call, message):
     with pytest.raises(ValueError) as err:
         call()
@@ -243,10 +267,12 @@ def test_every_figure_uses_text_of_10_pt_or_more_and_no_pyplot():
 
     before = plt.get_fignums()
     figures = [
-        mp.plot(mp.compute(device="cpu")), mp.plot_inf_run(mp.inf_run(device="cpu")),
+        mp.plot(mp.compute(device="cpu")),
+        mp.plot_inf_run(mp.inf_run(device="cpu")),
         norms.plot(norms.compute((1, 2), large_batch=16, device="cpu")),
         norms.plot_curves(norms.training_curves(accum_steps=2, epochs=1, n=64, device="cpu")),
-        gan.plot(gan.compute()), vl.plot(vl.compute(["mindspore-accumulator", "correct-inner-for"])),
+        gan.plot(gan.compute()),
+        vl.plot(vl.compute(["mindspore-accumulator", "correct-inner-for"])),
     ]
     for fig in figures:
         sizes = _style.font_sizes(fig)
@@ -267,7 +293,8 @@ def test_momentum_decay_one_minus_0_9_root_k_matches_the_large_batch_and_0_1_ove
 
 def test_groupnorm_is_behind_in_training_not_in_generalization():
     b = norms.training_budget(epochs=6, device="cpu")
-    assert b.train_loss["group"][2] > b.train_loss["batch"][2]  # after 3 epochs its training loss is higher too
+    # after 3 epochs its training loss is higher too
+    assert b.train_loss["group"][2] > b.train_loss["batch"][2]
     gap = [b.accuracy["batch"][e] - b.accuracy["group"][e] for e in range(6)]
     assert gap[5] < gap[2]  # and the accuracy gap shrinks with more epochs
 
@@ -294,6 +321,7 @@ def test_batchnorm_exercise_frozen_statistics_pass_and_training_mode_is_the_limi
                 if (i + 1) % 4 == 0:
                     optimizer.step()
                     optimizer.zero_grad()
+
         return train_fn
 
     bad, good = norms.EXERCISE.check(loop(False)), norms.EXERCISE.check(loop(True))
@@ -314,6 +342,7 @@ def test_gan_exercise_names_the_leak_not_unexplained_and_points_to_no_ragged_loo
                     (gan.g_loss(D, fake) / 4).backward()
                 if (i + 1) % 4 == 0:
                     d_opt.step(), g_opt.step(), d_opt.zero_grad(), g_opt.zero_grad()
+
         return train_fn
 
     leak = gan.EXERCISE.check(loop("leak"))

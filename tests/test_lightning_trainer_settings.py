@@ -32,8 +32,11 @@ def test_without_accumulate_grad_batches_every_micro_batch_is_a_step():
 def test_a_loader_that_drops_its_last_batch_is_followed():
     """drop_last=True: 13 micro-batches, windows 4, 4, 4 and 1; the 6 digits left over are never drawn."""
     report = verify_fit(Digits(), loader(drop_last=True), item_losses=item_losses, accumulate_grad_batches=K)
-    assert [(r.micro_batches, r.items) for r in report.steps] == [(4, 32), (4, 32), (4, 32), (1, 8)], str(report)
-    assert report.codes == {"tail-misscaled", "loader-left-out"}, str(report)  # no mean-of-means: one micro-batch
+    assert [(r.micro_batches, r.items) for r in report.steps] == [(4, 32), (4, 32), (4, 32), (1, 8)], str(
+        report
+    )
+    # no mean-of-means: one micro-batch
+    assert report.codes == {"tail-misscaled", "loader-left-out"}, str(report)
     assert report.items_stepped == 104
 
 
@@ -58,6 +61,7 @@ class Seen(Digits):
 def test_lightning_trains_on_the_users_shuffled_order(seeded, tmp_path):
     """The micro-batches a plain Trainer.fit(module, loader) trains on, in that order. (A loader with
     its own generator once gave another order: the DataLoader's seed draw from it was skipped.)"""
+
     def shuffled():
         return loader(shuffle=True, generator=torch.Generator().manual_seed(7) if seeded else None)
 
@@ -68,9 +72,17 @@ def test_lightning_trains_on_the_users_shuffled_order(seeded, tmp_path):
         return torch.cat(Seen.labels)
 
     mine = seen(lambda: verify_fit(Seen(), shuffled(), item_losses=item_losses, accumulate_grad_batches=K))
-    plain = seen(lambda: pl.Trainer(max_epochs=1, accumulate_grad_batches=K, logger=False, enable_checkpointing=False,
-                                    enable_progress_bar=False, enable_model_summary=False,
-                                    default_root_dir=tmp_path).fit(Seen(), shuffled()))
+    plain = seen(
+        lambda: pl.Trainer(
+            max_epochs=1,
+            accumulate_grad_batches=K,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        ).fit(Seen(), shuffled())
+    )
     assert torch.equal(mine, plain)
     assert not torch.equal(plain, torch.cat([y for _, y in loader()]))  # the order is not the dataset's
 
@@ -98,7 +110,9 @@ class HalveGradients(pl.Callback):
 
 def test_the_users_callback_takes_part_on_a_copy():
     callback = HalveGradients()  # one callback, not in a list: Lightning accepts both
-    report = verify_fit(Digits(), loader(128), item_losses=item_losses, accumulate_grad_batches=K, callbacks=callback)
+    report = verify_fit(
+        Digits(), loader(128), item_losses=item_losses, accumulate_grad_batches=K, callbacks=callback
+    )
     assert not report.ok and len(report.steps) == 4, str(report)
     assert all(abs(r.norm_ratio - 0.5) < 1e-3 for r in report.steps)  # each step saw half the true gradient
     assert callback.calls == 0  # the copy ran, the user's object did not
@@ -112,14 +126,20 @@ def test_a_loader_with_workers_is_judged_like_one_without():
 
 
 def test_one_device_named_by_a_string_runs():
-    report = verify_fit(Digits(), loader(128), item_losses=item_losses, accumulate_grad_batches=K, devices="1")
+    report = verify_fit(
+        Digits(), loader(128), item_losses=item_losses, accumulate_grad_batches=K, devices="1"
+    )
     assert report.ok and len(report.steps) == 4, str(report)
 
 
-@pytest.mark.parametrize("settings", [dict(devices=[0, 1]), dict(devices=(0, 1)), dict(devices="2"), dict(devices=-1),
-                                      dict(num_nodes=2)])
+@pytest.mark.parametrize(
+    "settings",
+    [dict(devices=[0, 1]), dict(devices=(0, 1)), dict(devices="2"), dict(devices=-1), dict(num_nodes=2)],
+)
 def test_more_than_one_process_or_device_is_refused(settings):
-    with pytest.raises(ValueError, match=r"trainer_kwargs must run one process on one device .*\(got devices="):
+    with pytest.raises(
+        ValueError, match=r"trainer_kwargs must run one process on one device .*\(got devices="
+    ):
         verify_fit(Digits(), loader(), item_losses=item_losses, **settings)
 
 

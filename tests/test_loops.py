@@ -12,12 +12,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
-from accumlib import LOOPS, amp, compare, get_task, grad_divided, grads_of, large_batch, naive, normalized, ragged, true_gradient
-from accumlib.data import TokenSequences, count_tokens, pad_collate, synthetic_classification
-from accumlib.models import MLP, TinyLM
-from accumlib.tasks import token_losses, classification_losses
+from accumlib import (
+    LOOPS,
+    amp,
+    compare,
+    get_task,
+    grad_divided,
+    grads_of,
+    large_batch,
+    naive,
+    normalized,
+    ragged,
+    true_gradient,
+)
 from accumlib._batch import cat_batches
-from accumlib.data import IGNORE_INDEX, PAD_ID
+from accumlib.data import (
+    IGNORE_INDEX,
+    PAD_ID,
+    TokenSequences,
+    count_tokens,
+    pad_collate,
+    synthetic_classification,
+)
+from accumlib.models import MLP, TinyLM
+from accumlib.tasks import classification_losses, token_losses
 
 # float32: the loops and the oracle sum the same few hundred terms in different orders;
 # each addition rounds by <= 2^-24 relative, so the sums agree to ~1e-6. 1e-4 is 100x that,
@@ -49,12 +67,14 @@ class Recorder:
         return len(self.loader)
 
     def _hook(self, opt, args, kwargs):
-        window = self.drawn[self.start:]
+        window = self.drawn[self.start :]
         self.start = len(self.drawn)
         oracle = true_gradient(self.model, window, self.item_losses, merge=self.merge)
         self.steps.append((window, grads_of(self.model), oracle))
         with torch.no_grad():  # the window's true mean item loss, at the parameters it started from
-            self.window_means.append(float(torch.cat([self.item_losses(self.model, b) for b in window]).mean()))
+            self.window_means.append(
+                float(torch.cat([self.item_losses(self.model, b) for b in window]).mean())
+            )
 
 
 def mlp_setup(n, batch_size, seed=0, dtype=torch.float32):
@@ -108,7 +128,9 @@ def test_ragged_matches_large_batch_on_token_counts(n, b, k, max_len):
     torch.manual_seed(0)
     model = TinyLM(vocab=12, d_model=8, n_heads=2, max_len=32)
     loader = DataLoader(ds, batch_size=b, collate_fn=pad_collate)
-    rec, logged = run(ragged, model, loader, k, merge=LM_MERGE, item_losses=token_losses, count_items=count_tokens)
+    rec, logged = run(
+        ragged, model, loader, k, merge=LM_MERGE, item_losses=token_losses, count_items=count_tokens
+    )
     for window, seen, oracle in rec.steps:
         assert compare(seen, oracle).rel_error <= F32_RTOL
     # logged loss is the window's true token mean, not a mean of per-micro-batch means

@@ -195,9 +195,7 @@ def test_binder_and_conda_use_the_tested_python():
 def test_a_change_in_binder_would_be_caught():
     """The parser is strict and the comparison is real: a changed line is seen."""
     text = (REPO / "binder" / "requirements.txt").read_text()
-    changed = _parse_pip_lines(
-        text.replace("[notebooks]", "[dev]").splitlines(), "x", REPO / "binder", REPO
-    )
+    changed = _parse_pip_lines(text.replace("[notebooks]", "[dev]").splitlines(), "x", REPO / "binder", REPO)
     assert changed.editable != _binder().editable
     with pytest.raises(AssertionError, match="does not understand"):
         _parse_pip_lines(["--pre-release-madness yes"], "x", REPO, REPO)
@@ -291,7 +289,9 @@ def test_repo2docker_no_build_renders_our_install():
     pytest.importorskip("repo2docker", reason="jupyter-repo2docker is in the test extra")
     run = subprocess.run(
         [sys.executable, "-m", "repo2docker", "--no-build", str(REPO)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert f"Building conda environment for python={PYTHON}" in run.stderr, run.stderr[-2000:]
@@ -315,6 +315,7 @@ def test_binder_start_sets_one_thread_per_allowed_core():
     unset = subprocess.run([str(start), *probe], env=env, capture_output=True, text=True, timeout=30)
     assert unset.returncode == 0, unset.stderr
     assert 1 <= int(unset.stdout) <= os.cpu_count(), unset.stdout
-    kept = subprocess.run([str(start), *probe], env={**env, "OMP_NUM_THREADS": "3"},
-                          capture_output=True, text=True, timeout=30)
+    kept = subprocess.run(
+        [str(start), *probe], env={**env, "OMP_NUM_THREADS": "3"}, capture_output=True, text=True, timeout=30
+    )
     assert kept.stdout.strip() == "3", kept.stdout

@@ -23,15 +23,24 @@ def _text_boxes(fig):
 
     _style.png(fig)
     renderer = fig.canvas.get_renderer()
-    return [(t.get_text(), t.get_window_extent(renderer)) for t in fig.findobj(Text)
-            if t.get_visible() and t.get_text().strip()]
+    return [
+        (t.get_text(), t.get_window_extent(renderer))
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip()
+    ]
 
 
 def _overlaps(fig):
     boxes = _text_boxes(fig)
-    return [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2)
-            if ba.overlaps(bb) and ba.width * ba.height > 0 and bb.width * bb.height > 0
-            and min(ba.x1, bb.x1) - max(ba.x0, bb.x0) > 1 and min(ba.y1, bb.y1) - max(ba.y0, bb.y0) > 1]
+    return [
+        (a, b)
+        for (a, ba), (b, bb) in itertools.combinations(boxes, 2)
+        if ba.overlaps(bb)
+        and ba.width * ba.height > 0
+        and bb.width * bb.height > 0
+        and min(ba.x1, bb.x1) - max(ba.x0, bb.x0) > 1
+        and min(ba.y1, bb.y1) - max(ba.y0, bb.y0) > 1
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +75,22 @@ def _figure_outputs(path):
     """Every output of a notebook (cells and saved widget states) that holds an image."""
     nb = json.loads(path.read_text())
     outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    states = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    states = (
+        nb["metadata"]
+        .get("widgets", {})
+        .get("application/vnd.jupyter.widget-state+json", {})
+        .get("state", {})
+    )
     outputs += [o for s in states.values() for o in s.get("state", {}).get("outputs", [])]
-    return [o for o in outputs if "image/png" in o.get("data", {}) or "<img" in "".join(o.get("data", {}).get("text/html", ""))]
+    return [
+        o
+        for o in outputs
+        if "image/png" in o.get("data", {}) or "<img" in "".join(o.get("data", {}).get("text/html", ""))
+    ]
 
 
-OWNED = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))  # every lesson
+# every lesson
+OWNED = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))
 
 
 @pytest.mark.parametrize("name", OWNED)
@@ -83,7 +102,8 @@ def test_every_figure_in_the_notebook_has_alt_text_with_numbers(name):
         alts = ALT.findall(html)
         assert alts, f"{name}: a figure without alt text"
         assert all(re.search(r"\d", alt) and len(alt) > 40 for alt in alts), alts
-        for src in re.findall(r'src="data:image/png;base64,([^"]+)"', html):  # shown unscaled on a 1024-px projector
+        # shown unscaled on a 1024-px projector
+        for src in re.findall(r'src="data:image/png;base64,([^"]+)"', html):
             width = int.from_bytes(base64.b64decode(src)[16:20], "big")  # the PNG header's IHDR width
             assert width <= 1024, (name, width)
 
@@ -109,8 +129,14 @@ def _src(cell):
 def test_learner_text_cites_sources_not_seeds_and_never_mentions_the_test_runner(name):
     for cell in _cells(name):
         text = _src(cell)
-        shown = text if cell["cell_type"] == "markdown" else "".join(
-            o.get("text", "") if isinstance(o.get("text", ""), str) else "".join(o["text"]) for o in cell.get("outputs", []))
+        shown = (
+            text
+            if cell["cell_type"] == "markdown"
+            else "".join(
+                o.get("text", "") if isinstance(o.get("text", ""), str) else "".join(o["text"])
+                for o in cell.get("outputs", [])
+            )
+        )
         assert not SEED_TALK.search(shown), (name, SEED_TALK.search(shown).group(0), shown[:120])
         if cell["cell_type"] == "markdown":
             assert "nbval" not in text and "assertion" not in text, (name, text[:120])
@@ -142,8 +168,13 @@ def test_the_map_lists_every_reference_and_the_lessons_cite_the_issue_sources():
 
 @pytest.mark.parametrize("name", MAP_AND_OWNED)
 def test_second_level_headings_are_numbered_in_order(name):
-    headings = [line for c in _cells(name) if c["cell_type"] == "markdown"
-                for line in _src(c).splitlines() if line.startswith("## ")]
+    headings = [
+        line
+        for c in _cells(name)
+        if c["cell_type"] == "markdown"
+        for line in _src(c).splitlines()
+        if line.startswith("## ")
+    ]
     assert headings, name
     numbers = [int(m.group(1)) if (m := re.match(r"## (\d+)\. \S", h)) else None for h in headings]
     assert numbers == list(range(1, len(headings) + 1)), headings
@@ -154,11 +185,20 @@ def test_cells_that_only_check_claims_are_folded_and_tagged(name):
     for cell in _cells(name):
         if cell["cell_type"] != "code":
             continue
-        lines = [line for line in _src(cell).splitlines() if line.strip() and not line.lstrip().startswith("#")]
-        checks = [line for line in lines if line.lstrip().startswith(("assert ", "for ", "print(", "from ", "import "))
-                  or line.startswith((" ", "\t"))]
-        only_checks = any(line.startswith("assert ") for line in lines) and len(checks) == len(lines) \
+        lines = [
+            line for line in _src(cell).splitlines() if line.strip() and not line.lstrip().startswith("#")
+        ]
+        checks = [
+            line
+            for line in lines
+            if line.lstrip().startswith(("assert ", "for ", "print(", "from ", "import "))
+            or line.startswith((" ", "\t"))
+        ]
+        only_checks = (
+            any(line.startswith("assert ") for line in lines)
+            and len(checks) == len(lines)
             and not any(re.match(r"\w+ = ", line) and "assert" not in line for line in lines)
+        )
         if only_checks:
             assert "assertions" in cell["metadata"].get("tags", []), _src(cell)[:80]
             assert cell["metadata"].get("jupyter", {}).get("source_hidden") is True, _src(cell)[:80]
@@ -166,10 +206,10 @@ def test_cells_that_only_check_claims_are_folded_and_tagged(name):
 
 def test_lesson_1_defines_the_glossary_before_any_use():
     first = _src(_cells("01_why_accumulate.ipynb")[0])
-    glossary = first[first.index("**Words this course uses**"):first.index("**What you will learn**")]
+    glossary = first[first.index("**Words this course uses**") : first.index("**What you will learn**")]
     for word in ("micro-batch", "item", "window", "oracle"):
         assert f"- **{word}**:" in glossary, word
-    before = first[:first.index("**Words this course uses**")]
+    before = first[: first.index("**Words this course uses**")]
     assert not re.search(r"(?i)micro-batch|window|oracle", before)
 
 
@@ -189,8 +229,13 @@ def test_naive_at_lr_over_k_is_the_divided_loop_at_lr_even_with_a_short_last_win
         loop(model, torch.optim.SGD(model.parameters(), lr=lr), loader, task.item_losses, accum_steps=4)
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
-    naive, divided, exact = train(accumlib.naive, 0.1 / 4), train(accumlib.normalized, 0.1), train(accumlib.ragged, 0.1)
-    assert torch.equal(naive, divided)  # the same floats: (lr / k) * sum == lr * sum / k, exactly for k a power of 2
+    naive, divided, exact = (
+        train(accumlib.naive, 0.1 / 4),
+        train(accumlib.normalized, 0.1),
+        train(accumlib.ragged, 0.1),
+    )
+    # the same floats: (lr / k) * sum == lr * sum / k, exactly for k a power of 2
+    assert torch.equal(naive, divided)
     assert (divided - exact).abs().max() > 1e-3  # both are wrong on the short window
 
 
@@ -200,7 +245,9 @@ GUIDE = NOTEBOOKS / "INSTRUCTORS.md"
 
 
 def _questions(name):
-    cell = next(_src(c) for c in _cells(name) if re.match(r"## (\d+\. )?Questions to think about", _src(c).lstrip()))
+    cell = next(
+        _src(c) for c in _cells(name) if re.match(r"## (\d+\. )?Questions to think about", _src(c).lstrip())
+    )
     return [line for line in cell.splitlines() if re.match(r"\d+\.\s", line)]
 
 
@@ -208,14 +255,14 @@ def _guide_section(number):
     text = GUIDE.read_text()
     start = text.index(f"### Lesson {number} · ")
     end = text.find("\n### ", start + 1)
-    return text[start:end if end > 0 else None].split("\n## ")[0]
+    return text[start : end if end > 0 else None].split("\n## ")[0]
 
 
 @pytest.mark.parametrize("lesson", course.COURSE, ids=lambda lesson: lesson.file)
 def test_the_guide_answers_every_question_and_states_the_planned_time(lesson):
     section = _guide_section(lesson.number)
     assert section.startswith(f"### Lesson {lesson.number} · {lesson.title}")
-    answers = section[section.index("**Answers.**"):]
+    answers = section[section.index("**Answers.**") :]
     numbered = [line for line in answers.splitlines() if re.match(r"\d+\.\s", line)]
     assert len(numbered) == len(_questions(lesson.file)), (lesson.file, numbered)
     row = next(line for line in GUIDE.read_text().splitlines() if line.startswith(f"| {lesson.number} | "))
@@ -226,7 +273,10 @@ def test_the_guide_states_each_routes_slack_and_every_reference():
     text = GUIDE.read_text()
     for name in course.ROUTES:
         line = next(line for line in text.splitlines() if line.startswith(f"- **{name}**"))
-        assert f"**{course.slack(name)} min of slack**" in line and f"in {course.ROUTE_MINUTES[name]} min" in line
+        assert (
+            f"**{course.slack(name)} min of slack**" in line
+            and f"in {course.ROUTE_MINUTES[name]} min" in line
+        )
     assert all(ref.link() in text for ref in course.REFERENCES.values())
 
 
@@ -234,6 +284,6 @@ def test_the_guides_arithmetic_for_lesson_3_question_1():
     """10 000 samples, micro-batch 32, k = 8: 313 micro-batches, the last window one micro-batch of 16."""
     n, b, k = 10_000, 32, 8
     sizes = [min(b, n - i) for i in range(0, n, b)]
-    windows = [sizes[i:i + k] for i in range(0, len(sizes), k)]
+    windows = [sizes[i : i + k] for i in range(0, len(sizes), k)]
     assert (len(sizes), len(windows), windows[-1]) == (313, 40, [16])
     assert "313 = 39 × 8 + 1" in _guide_section(3) and "one\n   micro-batch of 16" in _guide_section(3)

@@ -44,7 +44,11 @@ def test_every_argument_example_prints_what_the_readme_shows():
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
     assert _mask(out.getvalue()) == _mask(shown)
-    for argument in ("optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)", "collate_fn=pad_collate", "max_steps=2"):
+    for argument in (
+        "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)",
+        "collate_fn=pad_collate",
+        "max_steps=2",
+    ):
         assert argument in code
 
 
@@ -59,10 +63,17 @@ def test_reference_table_matches_a_fresh_run():
     assert len(rows) == len(table.rows) == 20
     for r in table.rows:
         loop, task, k, err, cos, steps, items, verdict, expected = rows[r.loop, r.task][:9]
-        assert (int(k), steps, items) == (r.accum_steps, f"{r.steps}/{r.expected_steps}", f"{r.items_used}/{r.items_available}")
+        assert (int(k), steps, items) == (
+            r.accum_steps,
+            f"{r.steps}/{r.expected_steps}",
+            f"{r.items_used}/{r.items_available}",
+        )
         assert (verdict, expected) == (r.verdict, r.expected)
         if r.loop == "amp":  # bf16 rounding depends on the CPU's kernels (1.77e-03 on CI, 1.79e-03 elsewhere)
-            assert abs(float(err) - r.max_rel_error) <= 0.1 * r.max_rel_error and abs(float(cos) - r.min_cosine) <= 1e-3
+            assert (
+                abs(float(err) - r.max_rel_error) <= 0.1 * r.max_rel_error
+                and abs(float(cos) - r.min_cosine) <= 1e-3
+            )
             continue
         assert _mask(err) == _mask(f"{r.max_rel_error:.2e}") and cos == f"{r.min_cosine:.4f}"
     assert f"{len(table.rows)}/{len(table.rows)} verdicts hold" in shown
@@ -102,7 +113,8 @@ def _run_block(code: str) -> str:
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("nth", [1, 2, 3])  # verify_trainer on GPT-2, verify_fit on Lightning, Accelerate's CLM loop
+# verify_trainer on GPT-2, verify_fit on Lightning, Accelerate's CLM loop
+@pytest.mark.parametrize("nth", [1, 2, 3])
 def test_framework_examples_print_what_the_readme_shows(nth, monkeypatch):
     """Each self-contained example of "Verify a framework's own loop" prints the block after it."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

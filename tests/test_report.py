@@ -19,9 +19,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from accumlib.tolerances import FLOAT32_RTOL
 from accumlib import report
 from accumlib.lessons import _style
+from accumlib.tolerances import FLOAT32_RTOL
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "report.ipynb"
@@ -30,9 +30,19 @@ NOTEBOOK = REPO / "notebooks" / "report.ipynb"
 RATIO_TOL = 0.1
 # 110 digits in micro-batches of 4: 28 micro-batches, the last holding 2 items, so normalized
 # (which weights every micro-batch 1/k) misweights the last window even where k divides 28
-PARAMS = dict(task="mlp-digits", accum_steps="1 2 4", batch_size=4, norm="batch", precision="bfloat16", device="cpu", seed=0)
+PARAMS = dict(
+    task="mlp-digits",
+    accum_steps="1 2 4",
+    batch_size=4,
+    norm="batch",
+    precision="bfloat16",
+    device="cpu",
+    seed=0,
+)
 N_BATCHES = 28
-MAKE_VARS = dict(TASK="mlp-digits", ACCUM="1 2 4", BATCH="4", NORM="batch", PRECISION="bfloat16", DEVICE="cpu", SEED="0")
+MAKE_VARS = dict(
+    TASK="mlp-digits", ACCUM="1 2 4", BATCH="4", NORM="batch", PRECISION="bfloat16", DEVICE="cpu", SEED="0"
+)
 PARAMETERS_CAPTION = "The report's parameters"
 
 
@@ -45,13 +55,30 @@ def made(tmp_path_factory):
     folder = tmp_path_factory.mktemp("report")
     venv = Path(sys.prefix)
     proc = subprocess.run(
-        ["make", "--no-print-directory", "-o", str(venv / ".installed-stamp"), "report", f"VENV={venv}", f"PY={sys.executable}",
-         f"REPORT_DIR={folder}", *(f"{name}={value}" for name, value in MAKE_VARS.items())],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            "make",
+            "--no-print-directory",
+            "-o",
+            str(venv / ".installed-stamp"),
+            "report",
+            f"VENV={venv}",
+            f"PY={sys.executable}",
+            f"REPORT_DIR={folder}",
+            *(f"{name}={value}" for name, value in MAKE_VARS.items()),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return dict(nb=nbformat.read(folder / "report.ipynb", as_version=4), html=(folder / "report.html").read_text(),
-                summary=json.loads((folder / "report.json").read_text()), stderr=proc.stderr, folder=folder)
+    return dict(
+        nb=nbformat.read(folder / "report.ipynb", as_version=4),
+        html=(folder / "report.html").read_text(),
+        summary=json.loads((folder / "report.json").read_text()),
+        stderr=proc.stderr,
+        folder=folder,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,23 +94,42 @@ def result():
 
 def test_report_records_the_parameters_it_was_given(executed):
     _, _, s = executed
-    assert (s["task"], s["accum_steps"], s["batch_size"], s["norm"], s["precision"], s["device"], s["seed"]) == (
-        "mlp-digits", [1, 2, 4], 4, "batch", "bfloat16", "cpu", 0
-    )
+    assert (
+        s["task"],
+        s["accum_steps"],
+        s["batch_size"],
+        s["norm"],
+        s["precision"],
+        s["device"],
+        s["seed"],
+    ) == ("mlp-digits", [1, 2, 4], 4, "batch", "bfloat16", "cpu", 0)
     assert (s["n_items"], s["n_batches"], s["min_steps"]) == (110, N_BATCHES, 3)
 
 
 def test_report_results_are_the_known_verdicts(executed):
     _, _, s = executed
     cells = {(c["loop"], c["k"]): c for c in s["loops"]}
-    assert set(cells) == {(loop, k) for loop in ("naive", "normalized", "ragged", "large_batch", "amp (bfloat16)") for k in (1, 2, 4)}
+    assert set(cells) == {
+        (loop, k)
+        for loop in ("naive", "normalized", "ragged", "large_batch", "amp (bfloat16)")
+        for k in (1, 2, 4)
+    }
     for c in cells.values():
-        assert c["steps"] == c["expected_steps"] == math.ceil(N_BATCHES / c["k"]) == len(c["rel_errors"]) == len(c["logged"])
+        assert (
+            c["steps"]
+            == c["expected_steps"]
+            == math.ceil(N_BATCHES / c["k"])
+            == len(c["rel_errors"])
+            == len(c["logged"])
+        )
         assert c["steps"] >= report.MIN_STEPS
         assert c["items_used"] == c["items"] == 110  # every reference loop steps its tail
         assert c["max_rel_error"] == max(c["rel_errors"])
     for k in (1, 2, 4):
-        assert cells[("ragged", k)]["verdict"] == "exact" and max(cells[("ragged", k)]["rel_errors"]) <= FLOAT32_RTOL
+        assert (
+            cells[("ragged", k)]["verdict"] == "exact"
+            and max(cells[("ragged", k)]["rel_errors"]) <= FLOAT32_RTOL
+        )
         assert cells[("large_batch", k)]["verdict"] == "exact"
         # judged as verify judges it: against a bfloat16 replay of each window (the float32 figure is bf16 rounding)
         amp = cells[("amp (bfloat16)", k)]
@@ -105,7 +151,9 @@ def test_report_results_are_the_known_verdicts(executed):
     assert norm["1"] <= FLOAT32_RTOL and norm["2"] > 1e-3 and norm["4"] > 1e-3
     mem = s["memory"]
     for k in (1, 2, 4):
-        assert mem[str(k)]["large_batch_bytes"] == pytest.approx(k * mem[str(k)]["micro_batch_bytes"], rel=0.01)
+        assert mem[str(k)]["large_batch_bytes"] == pytest.approx(
+            k * mem[str(k)]["micro_batch_bytes"], rel=0.01
+        )
     assert any(f.startswith("naive: exact at k = 1; off by ~k at k = 2, 4") for f in s["findings"])
 
 
@@ -120,7 +168,8 @@ def test_report_shows_tables_findings_and_figures_with_alt_text(executed):
     (norm,) = re.findall(r"<li>(SmallCNN with batch norm[^<]*)</li>", body)
     assert "not exact at k = 2, 4" in norm
     imgs = re.findall(r"<img\b[^>]*>", body)
-    assert len(imgs) == 3 and len(re.findall(r"src=\"data:image/png;base64,", body)) == 3  # every figure is an <img> ...
+    # every figure is an <img> ...
+    assert len(imgs) == 3 and len(re.findall(r"src=\"data:image/png;base64,", body)) == 3
     for img in imgs:  # ... with alt text that states the figure's numbers
         alt = re.search(r'\balt="([^"]*)"', img)
         assert alt and len(alt.group(1)) > 80 and re.search(r"\d", alt.group(1)), img[:200]
@@ -128,7 +177,13 @@ def test_report_shows_tables_findings_and_figures_with_alt_text(executed):
 
 def test_report_html_carries_no_raw_json(executed):
     nb, body, _ = executed
-    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "application/json" in o.get("data", {})]
+    assert not [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if "application/json" in o.get("data", {})
+    ]
     for key in ('"rel_errors"', '"max_rel_error"', '"norm_max_rel_error"', "rel_errors"):
         assert key not in body
 
@@ -148,12 +203,21 @@ def _code_on_the_page(page: str, nb) -> list[str]:
     """Whatever shows code or its prompts: an input area or prompt in a code cell, an ``In [n]``, a line of any code cell."""
     found = []
     cells = re.split(r'(?=<div[^>]*class="jp-Cell )', page)
-    found += [f"an input area in a code cell: {c[:120]!r}" for c in cells if "jp-CodeCell" in c[:200] and "jp-InputArea" in c]
+    found += [
+        f"an input area in a code cell: {c[:120]!r}"
+        for c in cells
+        if "jp-CodeCell" in c[:200] and "jp-InputArea" in c
+    ]
     found += [f"a prompt: {m!r}" for m in re.findall(r'class="[^"]*jp-(?:Input|Output)Prompt[^"]*"', page)]
     text = _text(page)
     found += [f"a prompt: {m!r}" for m in re.findall(r"(?:In|Out)\s*\[\s*\d*\s*\]", text)]
     joined = _text(page, tag="")
-    lines = {re.sub(r"\s+", " ", ln.strip()) for c in nb.cells if c.cell_type == "code" for ln in c.source.splitlines()}
+    lines = {
+        re.sub(r"\s+", " ", ln.strip())
+        for c in nb.cells
+        if c.cell_type == "code"
+        for ln in c.source.splitlines()
+    }
     found += [f"a line of code: {ln!r}" for ln in sorted(lines) if len(ln) > 8 and ln in joined]
     return found
 
@@ -162,7 +226,11 @@ def test_the_page_shows_no_code_and_no_prompts(executed):
     nb, body, _ = executed
     assert _code_on_the_page(body, nb) == []
     # every output still shows, in its own cell: 3 tables and the findings' list, 3 figures, the JSON note
-    assert body.count('class="jp-Cell jp-CodeCell') == sum(1 for c in nb.cells if c.cell_type == "code" and c.outputs) == 8
+    assert (
+        body.count('class="jp-Cell jp-CodeCell')
+        == sum(1 for c in nb.cells if c.cell_type == "code" and c.outputs)
+        == 8
+    )
 
 
 def test_the_code_check_sees_code_where_nbconvert_shows_it(executed):
@@ -173,26 +241,40 @@ def test_the_code_check_sees_code_where_nbconvert_shows_it(executed):
     default, _ = HTMLExporter().from_notebook_node(nb)
     found = "\n".join(_code_on_the_page(default, nb))
     assert "an input area in a code cell" in found and "a prompt" in found
-    assert "a line of code: 'result = report.run(task, accum_steps, batch_size, norm, precision, device, seed, results_path)'" in found
-    assert "accum_steps = " in _text(default) and "accum_steps = " not in _text(executed[1])  # both parameters cells
+    assert (
+        "a line of code: 'result = report.run(task, accum_steps, batch_size, norm, precision, device, seed, results_path)'"
+        in found
+    )
+    # both parameters cells
+    assert "accum_steps = " in _text(default) and "accum_steps = " not in _text(executed[1])
 
 
 def _tables(page: str) -> dict[str, list[tuple[str, ...]]]:
     out: dict[str, list[tuple[str, ...]]] = {}
     for table in re.findall(r"<table\b.*?</table>", page, flags=re.S):
         caption = re.search(r"<caption[^>]*>(.*?)</caption>", table, flags=re.S)
-        rows = [tuple(html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", r, flags=re.S))
-                for r in re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)]
+        rows = [
+            tuple(html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", r, flags=re.S))
+            for r in re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)
+        ]
         out.setdefault(html.unescape(caption.group(1)) if caption else "", []).append([r for r in rows if r])
     return out
 
 
 def test_the_page_shows_the_parameters_once_as_a_table_of_the_values_given(executed):
     _, body, _ = executed
-    (table,) = _tables(body)[PARAMETERS_CAPTION]  # one table, not the notebook's defaults and papermill's values as code
+    # one table, not the notebook's defaults and papermill's values as code
+    (table,) = _tables(body)[PARAMETERS_CAPTION]
     rows = dict(table)
-    assert (rows["task"], rows["accumulation steps k"], rows["micro-batch size"], rows["norm layer (CNN section)"],
-            rows["precision (amp loop)"], rows["device"], rows["seed"]) == ("mlp-digits", "1 2 4", "4", "batch", "bfloat16", "cpu", "0")
+    assert (
+        rows["task"],
+        rows["accumulation steps k"],
+        rows["micro-batch size"],
+        rows["norm layer (CNN section)"],
+        rows["precision (amp loop)"],
+        rows["device"],
+        rows["seed"],
+    ) == ("mlp-digits", "1 2 4", "4", "batch", "bfloat16", "cpu", "0")
     assert rows["optimizer steps per epoch"] == "28 at k = 1, 14 at k = 2, 7 at k = 4"
     text = _text(body)
     assert "batch_size = " not in text and "Parameters" not in text.replace(PARAMETERS_CAPTION, "")
@@ -212,7 +294,9 @@ def test_papermill_reads_every_parameter_of_the_parameters_cell(caplog):
     batch_size" on every run): the cell parses whole, and the old cell, the negative, does not."""
     from papermill.translators import PythonTranslator
 
-    (cell,) = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    (cell,) = [
+        c for c in nbformat.read(NOTEBOOK, as_version=4).cells if "parameters" in c.metadata.get("tags", [])
+    ]
     with caplog.at_level(logging.WARNING, logger="papermill"):
         parsed = PythonTranslator.inspect(cell)
     assert [p.name for p in parsed] == list(report.DEFAULTS) and all(p.help for p in parsed)
@@ -225,7 +309,9 @@ def test_papermill_reads_every_parameter_of_the_parameters_cell(caplog):
 
 
 def _alt(page: str, start: str) -> str:
-    (alt,) = [html.unescape(a) for a in re.findall(r'\balt="([^"]*)"', page) if html.unescape(a).startswith(start)]
+    (alt,) = [
+        html.unescape(a) for a in re.findall(r'\balt="([^"]*)"', page) if html.unescape(a).startswith(start)
+    ]
     return alt
 
 
@@ -238,8 +324,10 @@ def test_the_figures_titles_agree_with_the_computed_numbers(executed):
     mem = s["memory"]["4"]
     ratio = mem["large_batch_bytes"] / mem["micro_batch_bytes"]
     alt = _alt(body, "What accumulation saves")
-    assert alt.startswith(f"What accumulation saves: {ratio:.1f}x less activation memory at k = 4, "
-                          "and what it cannot fix: batch norm, off at k = 2, 4.")
+    assert alt.startswith(
+        f"What accumulation saves: {ratio:.1f}x less activation memory at k = 4, "
+        "and what it cannot fix: batch norm, off at k = 2, 4."
+    )
     assert "keeps exact" not in alt
     verdicts: dict[str, set[str]] = {}
     for c in s["loops"]:
@@ -247,7 +335,8 @@ def test_the_figures_titles_agree_with_the_computed_numbers(executed):
     exact = [loop for loop, v in verdicts.items() if v == {"exact"}]
     assert exact == ["ragged", "large_batch"]
     assert _alt(body, "Each loop's worst step").startswith(
-        f"Each loop's worst step against the large batch (mlp-digits), exact at every k: {', '.join(exact)}.")
+        f"Each loop's worst step against the large batch (mlp-digits), exact at every k: {', '.join(exact)}."
+    )
 
 
 def test_a_refused_parameter_fails_the_run_by_its_rule_and_writes_no_page(tmp_path, capsys, monkeypatch):
@@ -257,16 +346,35 @@ def test_a_refused_parameter_fails_the_run_by_its_rule_and_writes_no_page(tmp_pa
     from accumlib.report import render
 
     (tmp_path / "report.html").write_text("an earlier report")
-    status = render.main([str(NOTEBOOK), str(tmp_path), "-p", "accum_steps", "1 2 4 8", "-p", "batch_size", "16", "-p", "device", "cpu"])
+    status = render.main(
+        [
+            str(NOTEBOOK),
+            str(tmp_path),
+            "-p",
+            "accum_steps",
+            "1 2 4 8",
+            "-p",
+            "batch_size",
+            "16",
+            "-p",
+            "device",
+            "cpu",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 1
-    assert "the notebook raised ValueError: accum_steps and batch_size must give every k at least 3 optimizer steps" in err
+    assert (
+        "the notebook raised ValueError: accum_steps and batch_size must give every k at least 3 optimizer steps"
+        in err
+    )
     assert "batch_size=16" in err
     assert not (tmp_path / "report.html").exists() and not (tmp_path / "report.json").exists()
 
 
 def _line_styles(axes):
-    return [ln for ax in axes for ln in ax.get_lines() if ln.get_label() and not ln.get_label().startswith("_")]
+    return [
+        ln for ax in axes for ln in ax.get_lines() if ln.get_label() and not ln.get_label().startswith("_")
+    ]
 
 
 @pytest.mark.parametrize("plot", [report.plot_errors, report.plot_steps, report.plot_memory_and_norm])
@@ -299,10 +407,22 @@ def test_log_axes_draw_an_exact_zero_on_its_own_tick(result):
 
 def test_make_report_passes_the_parameters():
     dry = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed-stamp", "report", "ACCUM=1 2 4 8", "NORM=group", "TASK=lm-tokens"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        [
+            "make",
+            "-n",
+            "-o",
+            ".venv/.installed-stamp",
+            "report",
+            "ACCUM=1 2 4 8",
+            "NORM=group",
+            "TASK=lm-tokens",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    assert "-m accumlib.report.render notebooks/report.ipynb \"reports\"" in dry
+    assert '-m accumlib.report.render notebooks/report.ipynb "reports"' in dry
     assert '-p accum_steps "1 2 4 8"' in dry and '-p norm "group"' in dry and '-p task "lm-tokens"' in dry
     assert '-p results_path "reports/report.json"' in dry
 
@@ -310,14 +430,23 @@ def test_make_report_passes_the_parameters():
 def _makefile_defaults() -> dict:
     text = (REPO / "Makefile").read_text()
     make = dict(re.findall(r"^([A-Z]+)\s*\?=\s*(.*)$", text, flags=re.M))
-    return dict(task=make["TASK"], accum_steps=report.parse_accum(make["ACCUM"]), batch_size=int(make["BATCH"]), norm=make["NORM"],
-                precision=make["PRECISION"], device=make["DEVICE"], seed=int(make["SEED"]))
+    return dict(
+        task=make["TASK"],
+        accum_steps=report.parse_accum(make["ACCUM"]),
+        batch_size=int(make["BATCH"]),
+        norm=make["NORM"],
+        precision=make["PRECISION"],
+        device=make["DEVICE"],
+        seed=int(make["SEED"]),
+    )
 
 
 def _notebook_defaults() -> dict:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    values = {t.id: ast.literal_eval(node.value) for node in ast.parse(cell.source).body for t in node.targets}
+    values = {
+        t.id: ast.literal_eval(node.value) for node in ast.parse(cell.source).body for t in node.targets
+    }
     return dict(values, accum_steps=report.parse_accum(values["accum_steps"]))
 
 
@@ -336,14 +465,26 @@ def test_defaults_give_every_k_at_least_three_steps_on_every_task(task, norm):
     assert min(math.ceil(n_batches / k) for k in p.ks) >= report.MIN_STEPS
 
 
-@pytest.mark.parametrize("task, accum_steps, batch_size, short", [
-    ("mlp-digits", "1 2 4 8", 16, "7 micro-batches, so k = 4, 8 give 2, 1 steps"),  # the old defaults: one step at k = 8
-    ("mlp-digits", "1 2 4 8", 7, "16 micro-batches, so k = 8 gives 2 steps"),  # 110 / 7: one micro-batch short of 17
-    ("lm-tokens", "1 2 4 8", 4, "16 micro-batches, so k = 8 gives 2 steps"),
-    ("cnn", [2, 8], 8, "128 examples, which batch_size=8 splits into 16 micro-batches, so k = 8 gives 2 steps"),
-])
+@pytest.mark.parametrize(
+    "task, accum_steps, batch_size, short",
+    [
+        # the old defaults: one step at k = 8
+        ("mlp-digits", "1 2 4 8", 16, "7 micro-batches, so k = 4, 8 give 2, 1 steps"),
+        # 110 / 7: one micro-batch short of 17
+        ("mlp-digits", "1 2 4 8", 7, "16 micro-batches, so k = 8 gives 2 steps"),
+        ("lm-tokens", "1 2 4 8", 4, "16 micro-batches, so k = 8 gives 2 steps"),
+        (
+            "cnn",
+            [2, 8],
+            8,
+            "128 examples, which batch_size=8 splits into 16 micro-batches, so k = 8 gives 2 steps",
+        ),
+    ],
+)
 def test_refuses_k_with_fewer_than_three_steps_and_says_what_works(task, accum_steps, batch_size, short):
-    with pytest.raises(ValueError, match="accum_steps and batch_size must give every k at least 3 optimizer steps") as err:
+    with pytest.raises(
+        ValueError, match="accum_steps and batch_size must give every k at least 3 optimizer steps"
+    ) as err:
         report.check_parameters(task=task, accum_steps=accum_steps, batch_size=batch_size)
     message = str(err.value)
     assert short in message and f"batch_size={batch_size}" in message
@@ -359,14 +500,27 @@ def test_refuses_k_with_fewer_than_three_steps_and_says_what_works(task, accum_s
 
 
 def test_the_norm_section_is_held_to_the_same_rule(monkeypatch):
-    monkeypatch.setattr(report.params, "N_IMAGES", 16)  # 16 images in micro-batches of 3: 6 micro-batches, 2 steps at k = 4
-    with pytest.raises(ValueError, match="the norm section's 'cnn-group' has 16 examples.*so k = 4 gives 2 steps"):
+    # 16 images in micro-batches of 3: 6 micro-batches, 2 steps at k = 4
+    monkeypatch.setattr(report.params, "N_IMAGES", 16)
+    with pytest.raises(
+        ValueError, match="the norm section's 'cnn-group' has 16 examples.*so k = 4 gives 2 steps"
+    ):
         report.check_parameters(task="lm-tokens", accum_steps=[1, 2, 4], batch_size=3)
     report.check_parameters(task="lm-tokens", accum_steps=[1, 2], batch_size=3)
 
 
-@pytest.mark.parametrize("value, expected", [([1, 2], (1, 2)), ("1 2 4 8", (1, 2, 4, 8)), ("2,4", (2, 4)), ((3,), (3,)),
-                                             (4, (4,)), ("4", (4,)), ("8 2 2", (2, 8))])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ([1, 2], (1, 2)),
+        ("1 2 4 8", (1, 2, 4, 8)),
+        ("2,4", (2, 4)),
+        ((3,), (3,)),
+        (4, (4,)),
+        ("4", (4,)),
+        ("8 2 2", (2, 8)),
+    ],
+)
 def test_parse_accum(value, expected):
     assert report.parse_accum(value) == expected
 
@@ -374,28 +528,49 @@ def test_parse_accum(value, expected):
 @pytest.mark.parametrize("value", ["", "1 x", [0, 2], "-1", 0, [], [2.5], "2.5", 2.5, True, None, [True]])
 def test_parse_accum_refuses_bad_values(value):
     # the value is named as given: [2.5] once ran k = 2 silently (issue 13)
-    with pytest.raises(ValueError, match=r"accum_steps must be integers >= 1.*\(got " + re.escape(repr(value)) + r"\)"):
+    with pytest.raises(
+        ValueError, match=r"accum_steps must be integers >= 1.*\(got " + re.escape(repr(value)) + r"\)"
+    ):
         report.parse_accum(value)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(task="resnet"), "task must be one of 'cnn', "),
-    (dict(accum_steps="1 x"), "accum_steps must be integers >= 1"),
-    (dict(accum_steps=[0, 2]), "accum_steps must be integers >= 1"),
-    (dict(batch_size=0), r"batch_size must be an integer >= 1 \(got 0\)"),
-    (dict(batch_size=2.5), r"batch_size must be an integer >= 1 \(got 2.5"),
-    (dict(batch_size=True), r"batch_size must be an integer >= 1 \(got True"),
-    (dict(norm="layer"), r"norm must be one of 'batch', 'group', 'none' \(got 'layer'\)"),  # checked even when task is not 'cnn'
-    (dict(precision="float8"), r"precision must be one of 'float32', 'bfloat16', 'float16' \(got 'float8'\)"),
-    (dict(device="tpu"), r"device must be .*\(got 'tpu'\)"),
-    (dict(seed=-1), r"seed must be an integer >= 0 \(got -1\)"),
-    (dict(seed="0"), r"seed must be an integer >= 0 \(got '0'"),
-    (dict(seed="abc"), r"seed must be an integer >= 0 \(got 'abc'"),  # once failed inside torch (issue 13)
-    (dict(accum_steps=[2.5]), r"accum_steps must be integers >= 1.*\(got \[2.5\]\)"),
-    (dict(results_path="report.txt"), r"results_path must end in .json, or be '' to write no file \(got 'report.txt'\)"),
-    (dict(results_path="/no/such/folder/report.json"), r"results_path must be in an existing folder \(got '/no/such/folder/report.json'"),
-    (dict(results_path=3), r"results_path must be a path ending in .json, or '' to write no file \(got 3\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(task="resnet"), "task must be one of 'cnn', "),
+        (dict(accum_steps="1 x"), "accum_steps must be integers >= 1"),
+        (dict(accum_steps=[0, 2]), "accum_steps must be integers >= 1"),
+        (dict(batch_size=0), r"batch_size must be an integer >= 1 \(got 0\)"),
+        (dict(batch_size=2.5), r"batch_size must be an integer >= 1 \(got 2.5"),
+        (dict(batch_size=True), r"batch_size must be an integer >= 1 \(got True"),
+        # checked even when task is not 'cnn'
+        (dict(norm="layer"), r"norm must be one of 'batch', 'group', 'none' \(got 'layer'\)"),
+        (
+            dict(precision="float8"),
+            r"precision must be one of 'float32', 'bfloat16', 'float16' \(got 'float8'\)",
+        ),
+        (dict(device="tpu"), r"device must be .*\(got 'tpu'\)"),
+        (dict(seed=-1), r"seed must be an integer >= 0 \(got -1\)"),
+        (dict(seed="0"), r"seed must be an integer >= 0 \(got '0'"),
+        (
+            dict(seed="abc"),
+            r"seed must be an integer >= 0 \(got 'abc'",
+        ),  # once failed inside torch (issue 13)
+        (dict(accum_steps=[2.5]), r"accum_steps must be integers >= 1.*\(got \[2.5\]\)"),
+        (
+            dict(results_path="report.txt"),
+            r"results_path must end in .json, or be '' to write no file \(got 'report.txt'\)",
+        ),
+        (
+            dict(results_path="/no/such/folder/report.json"),
+            r"results_path must be in an existing folder \(got '/no/such/folder/report.json'",
+        ),
+        (
+            dict(results_path=3),
+            r"results_path must be a path ending in .json, or '' to write no file \(got 3\)",
+        ),
+    ],
+)
 def test_run_refuses_bad_parameters_before_any_work(monkeypatch, kwargs, message):
     def no_training(*args, **kw):
         raise AssertionError("run trained before checking its parameters")

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from accumlib import get_task, report
-from accumlib.loops import ALL, LOOPS
 from accumlib.lessons._common import fmt_error
+from accumlib.loops import ALL, LOOPS
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
 
 KS, BATCH, SEED = (1, 2, 3), 12, 1  # seed 1, not run's default 0: a seed that is not forwarded shows
@@ -32,8 +32,16 @@ def run_in_folder(tmp_path_factory):
     here = os.getcwd()
     os.chdir(folder)
     try:
-        result = report.run(task="mlp-digits", accum_steps=list(KS), batch_size=BATCH, norm="batch", precision="float32",
-                            device="cpu", seed=SEED, results_path="report.json")
+        result = report.run(
+            task="mlp-digits",
+            accum_steps=list(KS),
+            batch_size=BATCH,
+            norm="batch",
+            precision="float32",
+            device="cpu",
+            seed=SEED,
+            results_path="report.json",
+        )
     finally:
         os.chdir(here)
     return result, json.loads((folder / "report.json").read_text()), folder
@@ -88,7 +96,10 @@ def test_cells_keep_each_loops_worst_step(summary):
     assert cells[("naive", 2)]["min_cosine"] < 1 - FLOAT32_RTOL
     assert cells[("ragged", 2)]["min_cosine"] >= 1 - FLOAT32_RTOL
     for c in cells.values():
-        assert c["steps"] == c["expected_steps"] == math.ceil(N_BATCHES / c["k"]) and c["items_used"] == c["items"] == N_ITEMS
+        assert (
+            c["steps"] == c["expected_steps"] == math.ceil(N_BATCHES / c["k"])
+            and c["items_used"] == c["items"] == N_ITEMS
+        )
 
 
 def test_the_findings_name_each_loops_worst_k(summary):
@@ -124,15 +135,22 @@ def test_memory_finding_and_table_compare_one_micro_batch_with_the_large_batch(r
     m, big = mem[3]["micro_batch_bytes"], mem[3]["large_batch_bytes"]
     finding = _finding(summary, "Activation memory")
     assert f"one micro-batch of {BATCH} needs {m / 1024:.1f} KiB" in finding
-    assert f"the large batch of k = 3 micro-batches would need {big / 1024:.1f} KiB ({big / m:.2f}x)" in finding
+    assert (
+        f"the large batch of k = 3 micro-batches would need {big / 1024:.1f} KiB ({big / m:.2f}x)" in finding
+    )
     table = result.memory_table()
-    assert [(r[0], r[1], r[4]) for r in table.rows] == [("1", "12", "1.00x"), ("2", "24", "2.00x"), ("3", "36", "3.00x")]
+    assert [(r[0], r[1], r[4]) for r in table.rows] == [
+        ("1", "12", "1.00x"),
+        ("2", "24", "2.00x"),
+        ("3", "36", "3.00x"),
+    ]
 
 
 def test_the_settings_count_the_tail_step(result):
     rows = dict(result.settings().rows)
     assert rows["data"] == f"{N_ITEMS} items in {N_BATCHES} micro-batches"
-    assert rows["optimizer steps per epoch"] == "10 at k = 1, 5 at k = 2, 4 at k = 3"  # ceil(10 / k): the tail is a step
+    # ceil(10 / k): the tail is a step
+    assert rows["optimizer steps per epoch"] == "10 at k = 1, 5 at k = 2, 4 at k = 3"
     assert rows["seed"] == str(SEED) and rows["norm layer (CNN section)"] == "batch"
 
 
@@ -162,7 +180,8 @@ def test_the_error_figure_plots_each_loops_worst_step_by_k(result, summary):
         assert list(line.get_xdata()) == list(KS)
         assert list(line.get_ydata()) == [max(report.ZERO, max(cells[(loop, k)]["rel_errors"])) for k in KS]
     (band,) = [p for p in ax.patches if p.get_label().startswith("exact: within float32 rounding")]
-    assert band.get_y() + band.get_height() == pytest.approx(FLOAT32_RTOL)  # the band ends at the float32 bound
+    # the band ends at the float32 bound
+    assert band.get_y() + band.get_height() == pytest.approx(FLOAT32_RTOL)
     alt = report.alt_errors(result)
     naive = [max(cells[("naive", k)]["rel_errors"]) for k in KS]
     assert f"naive: 0 at k = 1, {naive[1]:.2g} at k = 2, {naive[2]:.2g} at k = 3;" in alt
@@ -183,7 +202,9 @@ def test_the_step_figure_defaults_to_the_largest_k(result, summary):
         assert list(_lines(gaps)[loop].get_ydata()) == [a - b for a, b in zip(c["logged"], ref)]
     assert [t.get_text() for t in errors.get_xticklabels()] == ["1", "2", "3", "4\ntail: 1 of 3"]
     alt = report.alt_steps(result)
-    assert alt.startswith("Two line charts over the 4 optimizer steps at k = 3 (the last window holds 1 of 3 micro-batches)")
+    assert alt.startswith(
+        "Two line charts over the 4 optimizer steps at k = 3 (the last window holds 1 of 3 micro-batches)"
+    )
     assert "naive: 2, 2, 2, 0;" in alt
 
 
@@ -199,8 +220,12 @@ def test_the_memory_and_norm_figure_plots_both_sides(result, summary):
     memory, norm = fig.axes
     mem = {int(k): v for k, v in summary["memory"].items()}
     lines = _lines(memory)
-    assert list(lines["one large batch of k micro-batches"].get_ydata()) == [mem[k]["large_batch_bytes"] / 1024 for k in KS]
-    assert list(lines["one micro-batch (accumulation)"].get_ydata()) == [mem[k]["micro_batch_bytes"] / 1024 for k in KS]
+    assert list(lines["one large batch of k micro-batches"].get_ydata()) == [
+        mem[k]["large_batch_bytes"] / 1024 for k in KS
+    ]
+    assert list(lines["one micro-batch (accumulation)"].get_ydata()) == [
+        mem[k]["micro_batch_bytes"] / 1024 for k in KS
+    ]
     (ragged,) = _lines(norm).values()
     assert list(ragged.get_ydata()) == [max(report.ZERO, e) for e in summary["norm_max_rel_error"].values()]
     alt = report.alt_memory_and_norm(result)
@@ -229,22 +254,37 @@ def wrong_loops():
     def doubled(model, optimizer, loader, item_losses, **kw):
         return amp(model, optimizer, loader, lambda m, b: 2 * item_losses(m, b), **kw)
 
-    forgets_the_last.__name__, doubled.__name__ = "naive", "amp"  # their registry names: their contracts still apply
+    # their registry names: their contracts still apply
+    forgets_the_last.__name__, doubled.__name__ = "naive", "amp"
     with pytest.MonkeyPatch.context() as mp:
         for name, loop in (("naive", forgets_the_last), ("amp", doubled)):
             mp.setitem(LOOPS, name, loop)
             mp.setitem(ALL, name, loop)
-        return report.run(task="mlp-digits", accum_steps=[1], batch_size=BATCH, norm="group", precision="bfloat16", device="cpu")
+        return report.run(
+            task="mlp-digits",
+            accum_steps=[1],
+            batch_size=BATCH,
+            norm="group",
+            precision="bfloat16",
+            device="cpu",
+        )
 
 
 def test_a_loop_that_drops_a_micro_batch_shows_the_missing_step_and_items(wrong_loops):
     cell = wrong_loops.cells[("naive", 1)]
     last = N_ITEMS - BATCH * (N_BATCHES - 1)  # 2 items in the last micro-batch
-    assert (cell.steps, cell.expected_steps, cell.items_used, cell.items) == (N_BATCHES - 1, N_BATCHES, N_ITEMS - last, N_ITEMS)
+    assert (cell.steps, cell.expected_steps, cell.items_used, cell.items) == (
+        N_BATCHES - 1,
+        N_BATCHES,
+        N_ITEMS - last,
+        N_ITEMS,
+    )
     row = next(r for r in wrong_loops.loop_table().rows if r[0] == "naive")
     assert (row[5], row[6]) == (f"{N_BATCHES - 1}/{N_BATCHES}", f"{N_ITEMS - last}/{N_ITEMS}")
     assert f"Items that reached no optimizer step: naive at k = 1: {last}." in wrong_loops.findings()
-    assert f"{N_ITEMS - last}/{N_ITEMS} items stepped" in next(f for f in wrong_loops.findings() if f.startswith("naive: "))
+    assert f"{N_ITEMS - last}/{N_ITEMS} items stepped" in next(
+        f for f in wrong_loops.findings() if f.startswith("naive: ")
+    )
 
 
 def test_a_wrong_low_precision_loop_is_not_exact_in_the_report(wrong_loops):
@@ -270,8 +310,15 @@ def group_norm(result):
     from accumlib.harness import trace_loop
 
     cnn = report.cnn_task("group", SEED)
-    errors = {k: max(c.rel_error for c in trace_loop(ragged, cnn, accum_steps=k, batch_size=BATCH, seed=SEED, device="cpu").comparisons)
-              for k in KS}
+    errors = {
+        k: max(
+            c.rel_error
+            for c in trace_loop(
+                ragged, cnn, accum_steps=k, batch_size=BATCH, seed=SEED, device="cpu"
+            ).comparisons
+        )
+        for k in KS
+    }
     return replace(result, norm="group", norm_errors=errors)
 
 
@@ -280,16 +327,23 @@ def test_the_norm_title_says_what_accumulation_cannot_fix_only_where_the_numbers
     assert [k for k, e in result.norm_errors.items() if e > FLOAT32_RTOL] == [2, 3] == result.norm_inexact_ks
     m, big = result.memory[3]
     batch = report.title_memory_and_norm(result)
-    assert batch == f"What accumulation saves: {big / m:.1f}x less activation memory at k = 3,\nand what it cannot fix: batch norm, off at k = 2, 3"
+    assert (
+        batch
+        == f"What accumulation saves: {big / m:.1f}x less activation memory at k = 3,\nand what it cannot fix: batch norm, off at k = 2, 3"
+    )
     # group norm normalizes each sample alone: exact at every k, and the title says so (it once said "cannot fix")
     assert max(group_norm.norm_errors.values()) <= FLOAT32_RTOL and group_norm.norm_inexact_ks == []
     group = report.title_memory_and_norm(group_norm)
     assert group.endswith("and what it keeps exact: group norm, at every k") and "cannot fix" not in group
     fig = report.plot_memory_and_norm(group_norm)
-    assert fig.get_suptitle() == group and fig.axes[1].get_title() == "ragged, SmallCNN, group norm:\nexact at every k"
+    assert (
+        fig.get_suptitle() == group
+        and fig.axes[1].get_title() == "ragged, SmallCNN, group norm:\nexact at every k"
+    )
     assert report.alt_memory_and_norm(group_norm).startswith(group.replace(",\n", ", ") + ". ")
     assert report.plot_memory_and_norm(result).axes[1].get_title() == (
-        f"ragged, SmallCNN, batch norm:\noff by up to {max(result.norm_errors.values()):.2g}")
+        f"ragged, SmallCNN, batch norm:\noff by up to {max(result.norm_errors.values()):.2g}"
+    )
     # the finding reads the same rule
     (finding,) = [f for f in group_norm.findings() if f.startswith("SmallCNN with group norm")]
     assert finding.endswith("(exact: per-sample normalization does not see the micro-batching).")
@@ -302,16 +356,26 @@ def test_the_norm_title_follows_the_numbers_not_the_layers_name(result, group_no
     swapped = replace(result, norm_errors=group_norm.norm_errors)  # "batch" with exact numbers
     assert report.title_memory_and_norm(swapped).endswith("and what it keeps exact: batch norm, at every k")
     swapped = replace(group_norm, norm_errors=result.norm_errors)
-    assert report.title_memory_and_norm(swapped).endswith("and what it cannot fix: group norm, off at k = 2, 3")
-    assert report.title_memory_and_norm(replace(result, norm="none", norm_errors=group_norm.norm_errors)).endswith(
-        "and what it keeps exact: no norm layer, at every k")
+    assert report.title_memory_and_norm(swapped).endswith(
+        "and what it cannot fix: group norm, off at k = 2, 3"
+    )
+    assert report.title_memory_and_norm(
+        replace(result, norm="none", norm_errors=group_norm.norm_errors)
+    ).endswith("and what it keeps exact: no norm layer, at every k")
 
 
 def test_the_error_title_names_the_loops_exact_at_every_k(result, summary, wrong_loops):
-    exact = [loop for loop in result.loops if all(c["verdict"] == "exact" for c in summary["loops"] if c["loop"] == loop)]
+    exact = [
+        loop
+        for loop in result.loops
+        if all(c["verdict"] == "exact" for c in summary["loops"] if c["loop"] == loop)
+    ]
     assert exact == result.exact_loops == ["ragged", "large_batch"]  # naive and normalized miss at k >= 2
     title = report.title_errors(result)
-    assert title == "Each loop's worst step against the large batch (mlp-digits),\nexact at every k: ragged, large_batch"
+    assert (
+        title
+        == "Each loop's worst step against the large batch (mlp-digits),\nexact at every k: ragged, large_batch"
+    )
     assert report.plot_errors(result).get_suptitle() == title
     assert report.alt_errors(result).startswith(title.replace(",\n", ", ") + ". Line chart")
     # at k = 1 alone, normalized is exact too; the doubled amp loop is not, nor the naive loop that forgets the last

@@ -37,7 +37,8 @@ def test_a_styled_figure_has_no_text_below_14_pt_and_is_not_pyplots():
     assert fig not in map(plt.figure, plt.get_fignums())
     unstyled, ax = _style.figure()
     ax.legend(handles=ax.plot([0, 1], label="x"), fontsize=9)
-    assert min(_style.font_sizes(unstyled)) < _style.MIN_FONT_PT  # the check can fail: readable() is what raises it
+    # the check can fail: readable() is what raises it
+    assert min(_style.font_sizes(unstyled)) < _style.MIN_FONT_PT
 
 
 def test_a_figure_is_never_wider_than_a_projector_shows_unscaled():
@@ -71,7 +72,9 @@ def test_alt_text_is_built_from_the_figures_numbers():
     bx.bar(["drop", "exact"], [0.125, 1e-7], label="tail weight")
     bx.set_yscale("log")
     alt = _style.describe(fig)
-    assert alt.startswith("Figure: gradient error per k. Panel 1: x k, y |g| / |g*|; naive: 1, 2, 4; divided: 1, 1, 1")
+    assert alt.startswith(
+        "Figure: gradient error per k. Panel 1: x k, y |g| / |g*|; naive: 1, 2, 4; divided: 1, 1, 1"
+    )
     assert "Panel 2: y (log scale)" not in alt and "tail weight: 0.125, 1e-07" in alt
     long = _style.figure()[1]
     long.plot(range(100), [i / 10 for i in range(100)], label="loss")
@@ -86,10 +89,14 @@ def test_every_way_a_figure_is_shown_carries_alt_text():
     fig, ax = _style.figure(title="t")
     ax.plot([0, 1], [0.5, 0.25], label="curve")
     out = _style.output(fig)  # a widget's output, no alt given
-    assert 'alt="Figure: t. Panel 1; curve: 0.5, 0.25."' in out["data"]["text/html"] and "image/png" in out["data"]
+    assert (
+        'alt="Figure: t. Panel 1; curve: 0.5, 0.25."' in out["data"]["text/html"]
+        and "image/png" in out["data"]
+    )
     shell = InteractiveShell.instance()
     try:
-        _style.styled(lambda: fig)()  # a plot() returned by a cell: IPython's HTML formatter gets the <img alt>
+        # a plot() returned by a cell: IPython's HTML formatter gets the <img alt>
+        _style.styled(lambda: fig)()
         data, _ = shell.display_formatter.format(fig)
         assert 'alt="Figure: t. Panel 1; curve: 0.5, 0.25."' in data["text/html"]
     finally:
@@ -129,16 +136,28 @@ def test_figures_drawn_from_two_threads_at_once_do_not_collide():
     assert not errors
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: check_int("batch_size", 0, low=1), r"batch_size must be an integer >= 1 \(got 0\)"),
-    (lambda: check_int("k", 2.5, low=1), r"k must be an integer >= 1 \(got 2.5 of type float\)"),
-    (lambda: check_int("k", True, low=1), r"k must be an integer >= 1 \(got True of type bool\)"),
-    (lambda: check_int("world_size", 9, low=1, high=8), r"world_size must be an integer between 1 and 8 \(got 9\)"),
-    (lambda: check_float("lr", 0.0, low=0.0, low_open=True), r"lr must be a number > 0.0 \(got 0.0\)"),
-    (lambda: check_float("lr", float("nan"), low=0.0), r"lr must be a number >= 0.0 \(got nan\)"),
-    (lambda: check_ints("accum_steps", [], low=1), r"accum_steps must be a non-empty sequence of integers \(got \[\]\)"),
-    (lambda: check_ints("accum_steps", [2, 2.5], low=1), r"accum_steps\[1\] must be an integer >= 1 \(got 2.5"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: check_int("batch_size", 0, low=1), r"batch_size must be an integer >= 1 \(got 0\)"),
+        (lambda: check_int("k", 2.5, low=1), r"k must be an integer >= 1 \(got 2.5 of type float\)"),
+        (lambda: check_int("k", True, low=1), r"k must be an integer >= 1 \(got True of type bool\)"),
+        (
+            lambda: check_int("world_size", 9, low=1, high=8),
+            r"world_size must be an integer between 1 and 8 \(got 9\)",
+        ),
+        (lambda: check_float("lr", 0.0, low=0.0, low_open=True), r"lr must be a number > 0.0 \(got 0.0\)"),
+        (lambda: check_float("lr", float("nan"), low=0.0), r"lr must be a number >= 0.0 \(got nan\)"),
+        (
+            lambda: check_ints("accum_steps", [], low=1),
+            r"accum_steps must be a non-empty sequence of integers \(got \[\]\)",
+        ),
+        (
+            lambda: check_ints("accum_steps", [2, 2.5], low=1),
+            r"accum_steps\[1\] must be an integer >= 1 \(got 2.5",
+        ),
+    ],
+)
 def test_checks_name_the_argument_the_rule_and_the_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -27,6 +27,8 @@ pytest.importorskip("transformers", reason="transformers is in the hf and test e
 
 SURVEYS = Path(__file__).resolve().parent.parent / "surveys"
 VERSION = version("transformers")
+
+
 def path(task: str, suffix: str) -> Path:
     return path_in(SURVEYS, task, suffix)
 
@@ -35,13 +37,30 @@ def path_in(folder: Path, task: str, suffix: str) -> Path:
     return folder / (STEMS[task] + suffix)
 
 
-STEMS = {"causal-lm": f"transformers-{VERSION}", "sequence-classification": f"transformers-{VERSION}-sequence-classification"}
+STEMS = {
+    "causal-lm": f"transformers-{VERSION}",
+    "sequence-classification": f"transformers-{VERSION}-sequence-classification",
+}
 SUBSET = {"causal-lm": "gpt2,llama,qwen2,bart", "sequence-classification": "bert"}
 S = [8, 8, 6]  # sequences per window: micro-batches of 2 in windows of 4, 4 and 3
 # the classes the issue names: each must have been built tiny and judged
-NAMED = {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-         "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "PhiForCausalLM", "Phi3ForCausalLM", "OPTForCausalLM",
-         "GPTNeoXForCausalLM", "FalconForCausalLM", "BloomForCausalLM", "StableLmForCausalLM"}
+NAMED = {
+    "GPT2LMHeadModel",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "GemmaForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "PhiForCausalLM",
+    "Phi3ForCausalLM",
+    "OPTForCausalLM",
+    "GPTNeoXForCausalLM",
+    "FalconForCausalLM",
+    "BloomForCausalLM",
+    "StableLmForCausalLM",
+}
 
 
 def committed(task: str) -> survey.Survey:
@@ -61,7 +80,8 @@ def test_the_committed_causal_lm_survey_covers_the_issue():
     judged = {r.model_class: r for r in s.judged}
     assert len(judged) >= 20 and NAMED <= set(judged), sorted(NAMED - set(judged))
     assert all(r.steps == 3 for r in s.judged)  # windows of 4, 4, 3: the ragged tail was stepped and judged
-    assert not [r for r in s.rows if r.status == "error"]  # every class either ran or says why it could not be built
+    # every class either ran or says why it could not be built
+    assert not [r for r in s.rows if r.status == "error"]
     for r in s.judged:
         assert (r.max_rel_error <= FLOAT32_RTOL) == (not r.bugs), r  # exact exactly when no bug was named
         if "misscaled" in r.codes:
@@ -74,18 +94,37 @@ def test_a_subset_rerun_matches_the_committed_survey(task, tmp_path, capsys):
     errors to float32 rounding), and writes the same two files it was told to."""
     was_survey = committed(task)
     old = {r.model_type: r for r in was_survey.rows}
-    argv = ["survey", "transformers", "--task", task, "--models", SUBSET[task], "--out", str(tmp_path), "--json"]
+    argv = [
+        "survey",
+        "transformers",
+        "--task",
+        task,
+        "--models",
+        SUBSET[task],
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 0
     new = survey.Survey.from_json(capsys.readouterr().out)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(STEMS[task] + x for x in (".json", ".md"))
-    assert survey.Survey.from_json(path_in(tmp_path, task, ".json").read_text()) == new  # the file is what was printed
+    # the file is what was printed
+    assert survey.Survey.from_json(path_in(tmp_path, task, ".json").read_text()) == new
     assert path_in(tmp_path, task, ".md").read_text() == survey.to_markdown(new)
     assert (new.task, new.setup) == (task, was_survey.setup)
     assert [r.model_type for r in new.rows] == SUBSET[task].split(",")
     for r in new.rows:
         was = old[r.model_type]
         assert (r.status, r.model_class, r.codes, r.item_losses, r.loss_type, r.steps, r.params, r.cause) == (
-            was.status, was.model_class, was.codes, was.item_losses, was.loss_type, was.steps, was.params, was.cause), r
+            was.status,
+            was.model_class,
+            was.codes,
+            was.item_losses,
+            was.loss_type,
+            was.steps,
+            was.params,
+            was.cause,
+        ), r
         assert r.scales == pytest.approx(was.scales, abs=1e-5)
         if r.bugs:
             assert r.max_rel_error == pytest.approx(was.max_rel_error, rel=1e-4)
@@ -114,21 +153,33 @@ def test_sequence_classifiers_step_m_times_the_gradient():
 def test_unknown_models_are_refused_by_name(capsys):
     assert main(["survey", "transformers", "--models", "gpt2,no-such-model"]) == 2
     err = capsys.readouterr().err
-    assert "--models must name causal-LM model types or classes" in err and "(got unknown no-such-model)" in err
+    assert (
+        "--models must name causal-LM model types or classes" in err and "(got unknown no-such-model)" in err
+    )
 
 
 def test_the_json_is_plain_data():
     """Every number is in the JSON, so a README table can be computed from it."""
     committed("causal-lm")  # skips when there is none
     data = json.loads(path("causal-lm", ".json").read_text())
-    assert set(data) == {"versions", "setup", "rows", "seconds", "task"} and data["versions"]["transformers"] == VERSION
+    assert (
+        set(data) == {"versions", "setup", "rows", "seconds", "task"}
+        and data["versions"]["transformers"] == VERSION
+    )
 
 
-@pytest.mark.parametrize("task, named, expected", [
-    ("causal-lm", ["GPT2LMHeadModel", "LlamaForCausalLM"], ["gpt2", "llama"]),
-    ("causal-lm", ["gpt-sw3", "internlm3"], ["gpt-sw3", "internlm3"]),  # a model type still means itself
-    ("sequence-classification", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"], ["gpt2", "llama"]),
-])
+@pytest.mark.parametrize(
+    "task, named, expected",
+    [
+        ("causal-lm", ["GPT2LMHeadModel", "LlamaForCausalLM"], ["gpt2", "llama"]),
+        ("causal-lm", ["gpt-sw3", "internlm3"], ["gpt-sw3", "internlm3"]),  # a model type still means itself
+        (
+            "sequence-classification",
+            ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"],
+            ["gpt2", "llama"],
+        ),
+    ],
+)
 def test_a_class_name_resolves_to_its_own_model_type(task, named, expected):
     """Several model types share a class: GPT2LMHeadModel served gpt-sw3 and LlamaForCausalLM internlm3
     (the first type listed for the class), so `--models GPT2LMHeadModel` surveyed another model's config."""
@@ -142,7 +193,9 @@ def test_the_packaged_tables_are_the_committed_ones():
     packaged = Path(survey.__file__).parent / "tables"
     committed = {p.name: p.read_bytes() for p in SURVEYS.glob("transformers-*.json")}
     shipped = {p.name: p.read_bytes() for p in packaged.glob("transformers-*.json")}
-    assert shipped == committed, "copy surveys/transformers-*.json to accumlib/survey/tables/ after `make survey`"
+    assert shipped == committed, (
+        "copy surveys/transformers-*.json to accumlib/survey/tables/ after `make survey`"
+    )
     for task in survey.TASKS:
         for v in survey.versions(task):
             assert survey.load(task, version=v).task == task
@@ -151,10 +204,15 @@ def test_the_packaged_tables_are_the_committed_ones():
 def test_load_reads_the_installed_version_and_names_the_versions_it_has():
     if VERSION in survey.versions():
         assert survey.load().versions["transformers"] == VERSION
-    with pytest.raises(survey.NoTable, match=r"no sequence-classification survey ships for transformers 4\.0\.0; "
-                                             r"accumlib holds one for transformers 5\.23\.0"):
+    with pytest.raises(
+        survey.NoTable,
+        match=r"no sequence-classification survey ships for transformers 4\.0\.0; "
+        r"accumlib holds one for transformers 5\.23\.0",
+    ):
         survey.load("sequence-classification", version="4.0.0")
-    with pytest.raises(ValueError, match=r"task must be one of causal-lm, sequence-classification \(got 'vision'\)"):
+    with pytest.raises(
+        ValueError, match=r"task must be one of causal-lm, sequence-classification \(got 'vision'\)"
+    ):
         survey.load("vision")
     with pytest.raises(ValueError, match=r"version must be a transformers version string .* \(got 5\.23\)"):
         survey.load(version=5.23)
@@ -164,5 +222,7 @@ def test_load_refuses_an_installed_version_without_a_table(monkeypatch):
     import importlib
 
     monkeypatch.setattr(importlib.import_module("accumlib.survey.run"), "_version", lambda dist: "9.9.9")
-    with pytest.raises(survey.NoTable, match=r"transformers 9\.9\.9.*accumlib holds one for transformers 5\.23\.0"):
+    with pytest.raises(
+        survey.NoTable, match=r"transformers 9\.9\.9.*accumlib holds one for transformers 5\.23\.0"
+    ):
         survey.load()

@@ -4,10 +4,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from accumlib import LOOPS, compare, get_task, true_gradient
-from accumlib import resolve_device
-from accumlib.models import MLP
+from accumlib import LOOPS, compare, get_task, resolve_device, true_gradient
 from accumlib.data import TokenSequences, digits, synthetic_classification
+from accumlib.models import MLP
 
 
 def setup():
@@ -25,7 +24,9 @@ def ce(model, batch):
 @pytest.mark.parametrize("bad", [0, -1, 2.0, 2.5, "4", True, None])
 def test_accum_steps_must_be_a_positive_integer(loop, bad):
     model, opt, loader = setup()
-    with pytest.raises(ValueError, match=r"accum_steps must be .*" + (r"\(got " if not isinstance(bad, str) else "")):
+    with pytest.raises(
+        ValueError, match=r"accum_steps must be .*" + (r"\(got " if not isinstance(bad, str) else "")
+    ):
         LOOPS[loop](model, opt, loader, ce, accum_steps=bad)
 
 
@@ -143,6 +144,7 @@ def test_oracle_refuses_a_ddp_wrapper():
 
 # --- the loops refuse what torch would only answer with its own error ----------------------------
 
+
 @pytest.mark.parametrize("loop", ["naive", "normalized", "ragged", "amp", "large_batch", "grad_divided"])
 def test_loops_name_the_argument_for_models_devices_and_detached_losses(loop):
     import accumlib
@@ -152,11 +154,17 @@ def test_loops_name_the_argument_for_models_devices_and_detached_losses(loop):
     task = get_task("mlp-digits")
     model = task.make_model(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="model must hold real parameters, not parameters on the meta device"):
+    with pytest.raises(
+        ValueError, match="model must hold real parameters, not parameters on the meta device"
+    ):
         fn(task.make_model(0).to("meta"), opt, task.loader(), task.item_losses, accum_steps=2)
-    with pytest.raises(ValueError, match=r"model must have at least one parameter with requires_grad=True \(got Identity"):
+    with pytest.raises(
+        ValueError, match=r"model must have at least one parameter with requires_grad=True \(got Identity"
+    ):
         fn(torch.nn.Identity(), opt, task.loader(), task.item_losses, accum_steps=2)
-    with pytest.raises(ValueError, match=r"device must be 'cpu', 'cuda', 'auto' or a torch.device \(got 'tpu'\)"):
+    with pytest.raises(
+        ValueError, match=r"device must be 'cpu', 'cuda', 'auto' or a torch.device \(got 'tpu'\)"
+    ):
         fn(model, opt, task.loader(), task.item_losses, accum_steps=2, device="tpu")
     with pytest.raises(ValueError, match="item_losses must return losses attached to the autograd graph"):
         fn(model, opt, task.loader(), lambda m, b: task.item_losses(m, b).detach(), accum_steps=2)
@@ -170,6 +178,14 @@ def test_loops_accept_device_auto():
     runs = []
     for device in (None, "auto"):  # "auto" is the CPU here (CUDA when present)
         model = task.make_model(0)
-        runs.append(accumlib.normalized(model, torch.optim.SGD(model.parameters(), lr=0.1), task.loader(),
-                                        task.item_losses, accum_steps=2, device=device))
+        runs.append(
+            accumlib.normalized(
+                model,
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                task.loader(),
+                task.item_losses,
+                accum_steps=2,
+                device=device,
+            )
+        )
     assert runs[0] == runs[1] and len(runs[0]) == 7  # 14 micro-batches of 8 (the last 6), windows of 2

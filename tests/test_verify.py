@@ -9,10 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import accumlib
-from accumlib import LOOPS, TASKS, compare, get_task, true_gradient
+from accumlib import CODES, LOOPS, TASKS, Finding, Report, compare, get_task, true_gradient
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
-from accumlib import Finding, Report
-from accumlib import CODES
 
 K = 4
 TASK = get_task("mlp-digits")  # 110 items, batch 8: 14 micro-batches, windows 4, 4, 4, 2 (8 + 6 items)
@@ -28,7 +26,7 @@ def exact(model, opt, loader):
     """The reference: every item weighs 1/N of its window, the tail stepped."""
     batches = list(loader)
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window)
         for x, y in window:
             (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
@@ -45,6 +43,7 @@ def naive(model, opt, loader):
 
 
 # ---- the numbers in the report are the oracle's ----------------------------------------------
+
 
 def test_report_rows_agree_with_true_gradient():
     """Record what the loop's optimizer saw ourselves and compare with accumlib.true_gradient."""
@@ -83,6 +82,7 @@ def test_exact_loop_passes_with_tiny_error():
 
 # ---- every reference loop passes or fails as its docstring says -------------------------------
 
+
 def expected_codes(loop: str, task: str) -> set[str]:
     tags = set(TASKS[task].tags)
     bn = {"batchnorm"} if "batchnorm" in tags else set()
@@ -110,8 +110,15 @@ def test_reference_loops_get_their_documented_verdict(loop, task):
     def train_fn(model, opt, loader):
         return LOOPS[loop](model, opt, loader, t.item_losses, accum_steps=t.accum_steps, **kw)
 
-    report = accumlib.verify(train_fn, model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
-                             accum_steps=t.accum_steps, batch_size=t.batch_size, collate_fn=t.collate_fn)
+    report = accumlib.verify(
+        train_fn,
+        model=t.make_model(0),
+        dataset=t.make_dataset(),
+        item_losses=t.item_losses,
+        accum_steps=t.accum_steps,
+        batch_size=t.batch_size,
+        collate_fn=t.collate_fn,
+    )
     assert report.codes == expected_codes(loop, task), str(report)
     if not report.codes:
         tol = BF16_RTOL if loop == "amp" else FLOAT32_RTOL
@@ -120,8 +127,10 @@ def test_reference_loops_get_their_documented_verdict(loop, task):
 
 # ---- codes not covered by the gallery's simple cases ------------------------------------------
 
+
 def test_unknown_inputs_are_matched_by_rows():
     """A loop that copies its inputs (new storage) is still attributed to the right micro-batches."""
+
     def copying(model, opt, loader):
         for i, (x, y) in enumerate(loader):
             (F.cross_entropy(model(x.clone()), y, reduction="sum") / 32).backward()
@@ -179,8 +188,15 @@ def test_window_without_items_is_a_finding():
                 opt.step()
                 opt.zero_grad()
 
-    report = accumlib.verify(loop, model=lm.make_model(0), dataset=lm.make_dataset(), item_losses=ignore_all,
-                             accum_steps=K, batch_size=4, collate_fn=lm.collate_fn)
+    report = accumlib.verify(
+        loop,
+        model=lm.make_model(0),
+        dataset=lm.make_dataset(),
+        item_losses=ignore_all,
+        accum_steps=K,
+        batch_size=4,
+        collate_fn=lm.collate_fn,
+    )
     assert "no-items" in report.codes
 
 
@@ -209,7 +225,7 @@ def test_clip_of_unscaled_window_passes_and_really_clipped():
     def clipped(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
@@ -227,12 +243,15 @@ def test_clip_of_unscaled_window_passes_and_really_clipped():
 
 # ---- guarantees --------------------------------------------------------------------------------
 
+
 def test_model_optimizer_and_data_are_untouched():
     model = TASK.make_model(0)
     data = TASK.make_dataset()
     before = copy.deepcopy(model.state_dict())
     tensors = [t.clone() for t in data.tensors]
-    report = accumlib.verify(naive, model=model, dataset=data, item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
+    report = accumlib.verify(
+        naive, model=model, dataset=data, item_losses=TASK.item_losses, accum_steps=K, batch_size=8
+    )
     assert not report.ok
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
@@ -241,7 +260,14 @@ def test_model_optimizer_and_data_are_untouched():
 
 def test_dropout_stays_in_the_users_model():
     model = accumlib.models.MLP(dropout=0.3)
-    accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
+    accumlib.verify(
+        exact,
+        model=model,
+        dataset=TASK.make_dataset(),
+        item_losses=TASK.item_losses,
+        accum_steps=K,
+        batch_size=8,
+    )
     assert model.net[2].p == 0.3
 
 
@@ -273,6 +299,7 @@ def test_clip_patch_is_restored_after_an_error():
 
 # ---- bad input ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "change, error, words",
     [
@@ -290,8 +317,17 @@ def test_clip_patch_is_restored_after_an_error():
     ],
 )
 def test_bad_input_names_argument_rule_and_value(change, error, words):
-    kw = dict(train_fn=exact, model=TASK.make_model(0), dataset=TASK.make_dataset(), item_losses=TASK.item_losses,
-              accum_steps=K, batch_size=8) | change
+    kw = (
+        dict(
+            train_fn=exact,
+            model=TASK.make_model(0),
+            dataset=TASK.make_dataset(),
+            item_losses=TASK.item_losses,
+            accum_steps=K,
+            batch_size=8,
+        )
+        | change
+    )
     fn = kw.pop("train_fn")
     with pytest.raises(error, match=words):
         accumlib.verify(fn, **kw)
@@ -301,13 +337,30 @@ def test_an_optimizer_instance_is_refused_with_the_factory_to_write():
     """Before: 'optimizer must be None or callable (got AdamW)', with no example of what to pass."""
     model = TASK.make_model(0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    with pytest.raises(TypeError, match=r"not an optimizer \(got a AdamW instance.*optimizer=lambda params: "
-                                        r"torch\.optim\.AdamW\(params, lr=0\.0003\)"):
-        accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K,
-                        batch_size=8, optimizer=opt)
+    with pytest.raises(
+        TypeError,
+        match=r"not an optimizer \(got a AdamW instance.*optimizer=lambda params: "
+        r"torch\.optim\.AdamW\(params, lr=0\.0003\)",
+    ):
+        accumlib.verify(
+            exact,
+            model=model,
+            dataset=TASK.make_dataset(),
+            item_losses=TASK.item_losses,
+            accum_steps=K,
+            batch_size=8,
+            optimizer=opt,
+        )
     # the factory it names runs, and leaves the caller's optimizer alone
-    report = accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K,
-                             batch_size=8, optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4))
+    report = accumlib.verify(
+        exact,
+        model=model,
+        dataset=TASK.make_dataset(),
+        item_losses=TASK.item_losses,
+        accum_steps=K,
+        batch_size=8,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4),
+    )
     assert report.ok and not opt.state, str(report)
 
 
@@ -315,19 +368,35 @@ def test_items_of_different_sizes_without_collate_fn_are_refused_before_the_loop
     """Before: torch's 'stack expects each tensor to be equal size' from inside the loop."""
     lm = accumlib.get_task("lm-tokens")
     ran = []
-    with pytest.raises(ValueError, match=r"collate_fn must be given when items differ in size.*got item shapes \[\(40,\)\]"):
-        accumlib.verify(lambda *a: ran.append(1), model=lm.make_model(0), dataset=lm.make_dataset(),
-                        item_losses=lm.item_losses, accum_steps=K, batch_size=4)
+    with pytest.raises(
+        ValueError, match=r"collate_fn must be given when items differ in size.*got item shapes \[\(40,\)\]"
+    ):
+        accumlib.verify(
+            lambda *a: ran.append(1),
+            model=lm.make_model(0),
+            dataset=lm.make_dataset(),
+            item_losses=lm.item_losses,
+            accum_steps=K,
+            batch_size=4,
+        )
     assert not ran
 
 
 def test_frozen_model_is_refused():
     model = TASK.make_model(0).requires_grad_(False)
     with pytest.raises(ValueError, match="requires_grad=True"):
-        accumlib.verify(exact, model=model, dataset=TASK.make_dataset(), item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
+        accumlib.verify(
+            exact,
+            model=model,
+            dataset=TASK.make_dataset(),
+            item_losses=TASK.item_losses,
+            accum_steps=K,
+            batch_size=8,
+        )
 
 
 # ---- the report ---------------------------------------------------------------------------------
+
 
 def test_report_prints_table_html_and_json():
     import json
@@ -342,9 +411,19 @@ def test_report_prints_table_html_and_json():
 
 def test_codes_and_severities():
     issue_codes = {
-        "unscaled-sum", "mean-of-means", "tail-dropped", "tail-misscaled", "zero-grad-inside-window", "no-zero-grad",
-        "early-step", "scheduler-per-micro-batch", "clip-per-micro-batch", "clip-before-unscale", "batchnorm",
-        "dropout", "logged-loss-scaled",
+        "unscaled-sum",
+        "mean-of-means",
+        "tail-dropped",
+        "tail-misscaled",
+        "zero-grad-inside-window",
+        "no-zero-grad",
+        "early-step",
+        "scheduler-per-micro-batch",
+        "clip-per-micro-batch",
+        "clip-before-unscale",
+        "batchnorm",
+        "dropout",
+        "logged-loss-scaled",
     }
     assert issue_codes <= set(CODES)
     assert Report([], [Finding("dropout", "m", "f")], K, 0, 0).ok  # a note does not fail a loop
@@ -358,7 +437,7 @@ def test_clipping_we_cannot_intercept_is_recognised_from_norms():
     def clipped(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
@@ -405,7 +484,8 @@ def test_window_skipped_by_gradscaler_is_not_merged_into_the_next():
     assert [r.micro_batches for r in report.steps] == [4] * 4
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 def _textbook(k):
@@ -415,6 +495,7 @@ def _textbook(k):
             if (i + 1) % k == 0 or i + 1 == len(loader):
                 opt.step()
                 opt.zero_grad()
+
     return loop
 
 
@@ -428,13 +509,19 @@ def test_awkward_sizes_on_purpose(n, b, k):
     data = torch.utils.data.Subset(DIGITS_50, range(n))
 
     def verify(fn):
-        return accumlib.verify(fn, model=TASK.make_model(0), dataset=data, item_losses=TASK.item_losses,
-                               accum_steps=k, batch_size=b)
+        return accumlib.verify(
+            fn,
+            model=TASK.make_model(0),
+            dataset=data,
+            item_losses=TASK.item_losses,
+            accum_steps=k,
+            batch_size=b,
+        )
 
     def exact_k(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), k):
-            window = batches[s:s + k]
+            window = batches[s : s + k]
             items = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / items).backward()
@@ -466,7 +553,7 @@ def test_oracle_runs_in_float32_even_when_the_step_happens_under_autocast():
     def step_inside_autocast(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / n).backward()

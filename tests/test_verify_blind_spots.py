@@ -20,16 +20,19 @@ TASK = get_task("mlp-digits")  # batch 8
 
 def run(fn, *, n: int = 128, k: int = K, **kw):
     kw = {"accum_steps": k, "batch_size": 8} | kw
-    return accumlib.verify(fn, model=TASK.make_model(0), dataset=accumlib.data.digits(n), item_losses=TASK.item_losses, **kw)
+    return accumlib.verify(
+        fn, model=TASK.make_model(0), dataset=accumlib.data.digits(n), item_losses=TASK.item_losses, **kw
+    )
 
 
 def windows(loader, k=K):
     batches = list(loader)
-    return [batches[s:s + k] for s in range(0, len(batches), k)]
+    return [batches[s : s + k] for s in range(0, len(batches), k)]
 
 
 def scaled_loop(scale: float, *, bf16: bool = False):
     """Every item weighs 1/(scale * N) of its window: exact at scale 1, uniformly misscaled otherwise."""
+
     def loop(model, opt, loader):
         for window in windows(loader):
             n = sum(len(y) for _, y in window)
@@ -39,10 +42,12 @@ def scaled_loop(scale: float, *, bf16: bool = False):
                 (total.float() / (scale * n)).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
 # ---- a fit that looks close never turns a failed step into an ok --------------------------------
+
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_uniform_misscale_is_misscaled_with_its_factor(bf16):
@@ -67,8 +72,10 @@ def test_bf16_figure_is_read_against_float32_but_judged_against_the_replay():
     the replay. A 5% misscale sits inside bf16's spread against float32, far outside the replay's."""
     exact, off = run(scaled_loop(1.0, bf16=True)), run(scaled_loop(1.05, bf16=True))
     assert min(r.rel_error for r in exact.steps) > FLOAT32_RTOL  # bf16 really rounded
-    assert max(r.rel_error for r in exact.steps) > min(r.rel_error for r in off.steps) * 0.5  # overlapping figures...
-    assert max(r.ref_error for r in exact.steps) < AUTOCAST_RTOL < min(r.ref_error for r in off.steps)  # ...told apart
+    # overlapping figures...
+    assert max(r.rel_error for r in exact.steps) > min(r.rel_error for r in off.steps) * 0.5
+    # ...told apart
+    assert max(r.ref_error for r in exact.steps) < AUTOCAST_RTOL < min(r.ref_error for r in off.steps)
 
 
 def test_causal_lm_label_count_before_the_shift_is_named():
@@ -85,8 +92,15 @@ def test_causal_lm_label_count_before_the_shift_is_named():
             opt.zero_grad(set_to_none=True)
 
     def check(fn):
-        return accumlib.verify(fn, model=lm.make_model(0), dataset=lm.make_dataset(), item_losses=lm.item_losses,
-                               accum_steps=K, batch_size=lm.batch_size, collate_fn=lm.collate_fn)
+        return accumlib.verify(
+            fn,
+            model=lm.make_model(0),
+            dataset=lm.make_dataset(),
+            item_losses=lm.item_losses,
+            accum_steps=K,
+            batch_size=lm.batch_size,
+            collate_fn=lm.collate_fn,
+        )
 
     report = check(loop)
     assert report.codes == {"misscaled"}, str(report)
@@ -103,18 +117,23 @@ def test_causal_lm_label_count_before_the_shift_is_named():
 def test_unexplained_says_what_is_known_and_what_to_check():
     """A loop whose loss has a term item_losses does not compute (here an L2 penalty) is off by ~1e-2:
     between FIT_RTOL (1e-3) and 1e-2, so a looser fit would wrongly call it misscaled."""
+
     def l2(model, opt, loader):
         for window in windows(loader):
             n = sum(len(y) for _, y in window)
             for x, y in window:
-                penalty = 4e-4 * sum((p ** 2).sum() for p in model.parameters()) / len(window)
+                penalty = 4e-4 * sum((p**2).sum() for p in model.parameters()) / len(window)
                 (F.cross_entropy(model(x), y, reduction="sum") / n + penalty).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
     report = run(l2)
     assert report.codes == {"unexplained"}, str(report)
-    residuals = [float(f.split("fit residual ")[1].split(")")[0]) for f in str(report).split("|") if "fit residual" in f]
+    residuals = [
+        float(f.split("fit residual ")[1].split(")")[0])
+        for f in str(report).split("|")
+        if "fit residual" in f
+    ]
     assert residuals and all(FIT_RTOL < r < 1e-2 for r in residuals), residuals
     msg = next(f.message for f in report.findings if f.code == "unexplained")
     for said in ("per-micro-batch weights", "|G|/|g*|", "cosine", "item_losses"):
@@ -123,8 +142,10 @@ def test_unexplained_says_what_is_known_and_what_to_check():
 
 # ---- clipping -------------------------------------------------------------------------------------
 
+
 def own_clip(max_norm_of_step):
     """fairseq / DeepSpeed style: the loop's own clip, no torch.nn.utils call verify could record."""
+
     def loop(model, opt, loader):
         for t, window in enumerate(windows(loader)):
             n = sum(len(y) for _, y in window)
@@ -137,6 +158,7 @@ def own_clip(max_norm_of_step):
                 g.mul_(coef)
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
@@ -158,9 +180,10 @@ def test_scales_that_do_not_end_at_one_norm_are_not_a_clip():
     assert "clip-assumed" not in report.codes and "misscaled" in report.codes, str(report)
 
 
-@pytest.mark.parametrize("init_scale", [2.0, 4.0, 2.0 ** 16])
+@pytest.mark.parametrize("init_scale", [2.0, 4.0, 2.0**16])
 def test_clip_before_unscale_at_any_scale(init_scale):
     """GradScaler's scale may be small (init_scale, or after backing off): 2 and 4 must be caught too."""
+
     def loop(model, opt, loader, unscale_first=False):
         scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
         for window in windows(loader):
@@ -195,6 +218,7 @@ def test_clip_one_micro_batch_before_the_window_ends():
 
 # ---- learning rates, losses, randomness ----------------------------------------------------------
 
+
 def test_lr_column_reads_the_loops_own_optimizer_from_the_first_step():
     def loop(model, opt, loader):
         own = torch.optim.SGD(model.parameters(), lr=0.0123)
@@ -211,6 +235,7 @@ def test_lr_column_reads_the_loops_own_optimizer_from_the_first_step():
 
 def test_scheduler_per_micro_batch_at_k2():
     """k = 2 gives only two distinct rates per window, and the loop's own optimizer is unknown until it steps."""
+
     def loop(model, opt, loader, per_micro_batch=True):
         own = torch.optim.SGD(model.parameters(), lr=0.05)
         sched = torch.optim.lr_scheduler.StepLR(own, step_size=1, gamma=0.5)
@@ -220,7 +245,8 @@ def test_scheduler_per_micro_batch_at_k2():
                 (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
                 if per_micro_batch:
                     with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # torch warns of a scheduler stepped before the optimizer: the bug on show
+                        # torch warns of a scheduler stepped before the optimizer: the bug on show
+                        warnings.simplefilter("ignore")
                         sched.step()
             own.step()
             if not per_micro_batch:
@@ -261,6 +287,7 @@ class Noisy(torch.nn.Module):
 
 def test_oracle_leaves_the_loops_random_stream_alone():
     """The oracle's forwards run under fork_rng: the loop draws the same numbers with and without verify."""
+
     def loop(model, opt, loader, drawn):
         for window in windows(loader):
             n = sum(len(y) for _, y in window)
@@ -272,10 +299,18 @@ def test_oracle_leaves_the_loops_random_stream_alone():
 
     with_verify, alone = [], []
     torch.manual_seed(7)
-    report = accumlib.verify(lambda m, o, l: loop(m, o, l, with_verify), model=Noisy(), dataset=accumlib.data.digits(128),
-                             item_losses=TASK.item_losses, accum_steps=K, batch_size=8)
+    report = accumlib.verify(
+        lambda m, o, l: loop(m, o, l, with_verify),
+        model=Noisy(),
+        dataset=accumlib.data.digits(128),
+        item_losses=TASK.item_losses,
+        accum_steps=K,
+        batch_size=8,
+    )
     torch.manual_seed(7)
     model = Noisy()
-    loop(model, torch.optim.SGD(model.parameters(), lr=0.05), TASK.loader(8, accumlib.data.digits(128)), alone)
+    loop(
+        model, torch.optim.SGD(model.parameters(), lr=0.05), TASK.loader(8, accumlib.data.digits(128)), alone
+    )
     assert report.ok
     assert with_verify == alone and len(alone) == 4

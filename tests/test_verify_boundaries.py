@@ -5,6 +5,7 @@ edge of a rule in accumlib/_verify, so moving that edge fails it.
 
 Tolerance tests use literal numbers on purpose: a test that compares with the constant itself
 moves with it and cannot catch a wrong value."""
+
 from __future__ import annotations
 
 import math
@@ -26,13 +27,18 @@ TASK = get_task("mlp-digits")
 
 def run(fn, *, n: int = 128, k: int = K, **kw):
     kw = {"accum_steps": k, "batch_size": 8} | kw
-    return accumlib.verify(fn, model=kw.pop("model", None) or TASK.make_model(0), dataset=kw.pop("dataset", None) or accumlib.data.digits(n),
-                           item_losses=TASK.item_losses, **kw)
+    return accumlib.verify(
+        fn,
+        model=kw.pop("model", None) or TASK.make_model(0),
+        dataset=kw.pop("dataset", None) or accumlib.data.digits(n),
+        item_losses=TASK.item_losses,
+        **kw,
+    )
 
 
 def windows(loader, k=K):
     b = list(loader)
-    return [b[s:s + k] for s in range(0, len(b), k)]
+    return [b[s : s + k] for s in range(0, len(b), k)]
 
 
 def scaled_loop(scale, k=K):
@@ -43,6 +49,7 @@ def scaled_loop(scale, k=K):
                 (F.cross_entropy(model(x), y, reduction="sum") / (scale * n)).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
@@ -64,6 +71,7 @@ def test_grad_divided_by_k_after_every_backward_is_zero_grad_inside_window():
                     p.grad /= K  # meant once per window; weights 1/64, 1/16, 1/4, 1
             opt.step()
             opt.zero_grad()
+
     assert run(loop).codes == {"zero-grad-inside-window"}
 
 
@@ -83,6 +91,7 @@ def own_clip(max_norm_of_step, *, scale_up=False, half_norm=False):
                 g.mul_(coef)
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
@@ -102,7 +111,8 @@ def test_a_clip_that_also_scales_up_is_misscaled():
 
 
 def test_a_loops_own_norm_setting_that_scales_some_steps_up_is_no_clip():
-    report = run(own_clip(lambda t: 0.5, scale_up=True))  # every step set to norm 0.5: some shrunk, some grown
+    # every step set to norm 0.5: some shrunk, some grown
+    report = run(own_clip(lambda t: 0.5, scale_up=True))
     assert any(r.scale > 1 for r in report.steps) and any(r.scale < 1 for r in report.steps), str(report)
     assert report.codes == {"misscaled"}, str(report)
 
@@ -123,6 +133,7 @@ def test_last_micro_batch_loss_logged_per_step_is_off_by_k_on_every_step():
             opt.zero_grad()
             logged.append(loss.item())  # the last micro-batch's loss / k: 1/k x the step's loss, +-3%
         return logged
+
     report = run(loop, n=256)
     f = next(f for f in report.findings if f.code == "logged-loss-scaled")
     assert f.steps == tuple(range(8)), str(report)
@@ -137,6 +148,7 @@ def test_grad_kept_as_a_decaying_sum_is_no_zero_grad():
             for p in model.parameters():
                 p.grad.mul_(0.9)  # "smoothing": .grad decays instead of being zeroed
             opt.step()
+
     report = run(loop)
     assert report.codes == {"misscaled", "no-zero-grad"}, str(report)
     # step 0 (nothing leaked yet) is the decay alone; after it, the decay is how .grad leaks: one mistake, one code
@@ -145,7 +157,8 @@ def test_grad_kept_as_a_decaying_sum_is_no_zero_grad():
 
 def test_steplr_stepped_per_micro_batch_with_step_size_k():
     def loop(model, opt, loader):
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=K, gamma=0.5)  # changes after every k-th micro-batch
+        # changes after every k-th micro-batch
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=K, gamma=0.5)
         for w in windows(loader):
             n = sum(len(y) for _, y in w)
             for x, y in w:
@@ -155,6 +168,7 @@ def test_steplr_stepped_per_micro_batch_with_step_size_k():
                     sched.step()
             opt.step()
             opt.zero_grad()
+
     assert run(loop).codes == {"scheduler-per-micro-batch"}
 
 
@@ -170,6 +184,7 @@ def test_learning_rate_set_by_hand_per_micro_batch():
                 (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
             opt.step()
             opt.zero_grad()
+
     assert run(loop).codes == {"scheduler-per-micro-batch"}
     assert run(lambda m, o, l: loop(m, o, l, False)).ok
 
@@ -187,6 +202,7 @@ def test_a_scheduler_stepped_inside_one_window_flags_that_window_only():
                         sched.step()
             opt.step()
             opt.zero_grad()
+
     report = run(loop)
     assert [f.steps for f in report.findings] == [(0,)], str(report)
 
@@ -199,6 +215,7 @@ def test_a_mean_over_one_kth_of_the_items_names_cause_k():
                 (F.cross_entropy(model(x), y, reduction="sum") / (n / K)).backward()
             opt.step()
             opt.zero_grad()
+
     report = run(loop, n=110)  # the tail (8 + 6 items) is misscaled by k
     msg = next(f.message for f in report.findings if f.code == "misscaled")
     assert CAUSES["k"][0] in msg, str(report)
@@ -220,14 +237,24 @@ def test_window_mean_divided_by_m_names_cause_1_over_m():
                 (lm.item_losses(model, b).sum() / (n * len(w))).backward()
             opt.step()
             opt.zero_grad()
-    report = accumlib.verify(loop, model=lm.make_model(0), dataset=lm.make_dataset(), item_losses=lm.item_losses,
-                             accum_steps=6, batch_size=lm.batch_size, collate_fn=lm.collate_fn)  # windows 6, 6, 4
+
+    report = accumlib.verify(
+        loop,
+        model=lm.make_model(0),
+        dataset=lm.make_dataset(),
+        item_losses=lm.item_losses,
+        # windows 6, 6, 4
+        accum_steps=6,
+        batch_size=lm.batch_size,
+        collate_fn=lm.collate_fn,
+    )
     msg = next(f.message for f in report.findings if f.code == "misscaled")
     assert CAUSES["1/m"][0] in msg and CAUSES["1/k"][0] in msg, str(report)
 
 
 def test_shift_cause_is_not_named_for_a_model_without_sequences():
-    report = run(scaled_loop(2, k=2), k=2)  # loss / (k N) at k = 2; digits: items == rows, so N/(N+S) == 1/2 == 1/k
+    # loss / (k N) at k = 2; digits: items == rows, so N/(N+S) == 1/2 == 1/k
+    report = run(scaled_loop(2, k=2), k=2)
     f = next(f for f in report.findings if f.code == "misscaled")
     assert f.fix == CAUSES["1/k"][1], str(report)
 
@@ -239,10 +266,11 @@ def test_an_extra_term_on_the_last_micro_batch_only_is_unexplained():
             for j, (x, y) in enumerate(w):
                 loss = F.cross_entropy(model(x), y, reduction="sum") / n
                 if j == len(w) - 1:
-                    loss = loss + 4e-3 * sum((p ** 2).sum() for p in model.parameters())
+                    loss = loss + 4e-3 * sum((p**2).sum() for p in model.parameters())
                 loss.backward()
             opt.step()
             opt.zero_grad()
+
     assert run(loop).codes == {"unexplained"}
 
 
@@ -254,13 +282,14 @@ def test_a_scheduler_per_micro_batch_does_not_explain_a_wrong_gradient():
             for j, (x, y) in enumerate(w):
                 loss = F.cross_entropy(model(x), y, reduction="sum") / n
                 if j == len(w) - 1:  # an extra term no known bug explains
-                    loss = loss + 4e-3 * sum((p ** 2).sum() for p in model.parameters())
+                    loss = loss + 4e-3 * sum((p**2).sum() for p in model.parameters())
                 loss.backward()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     sched.step()
             opt.step()
             opt.zero_grad()
+
     assert run(loop).codes == {"scheduler-per-micro-batch", "unexplained"}
 
 
@@ -291,13 +320,19 @@ def test_a_one_parameter_model_is_judged_and_its_unscaled_sum_named():
                     (one_losses(model, b).sum() / div(n)).backward()
                 opt.step()
                 opt.zero_grad()
+
         return train
 
     def check(fn):
-        return accumlib.verify(fn, model=One(), dataset=data, item_losses=one_losses, accum_steps=K, batch_size=8)
+        return accumlib.verify(
+            fn, model=One(), dataset=data, item_losses=one_losses, accum_steps=K, batch_size=8
+        )
+
     assert check(loop(lambda n: n)).ok
     unscaled = check(loop(lambda n: 8))
-    assert unscaled.codes == {"unscaled-sum"} and [r.scale for r in unscaled.steps] == pytest.approx([4.0, 4.0])
+    assert unscaled.codes == {"unscaled-sum"} and [r.scale for r in unscaled.steps] == pytest.approx(
+        [4.0, 4.0]
+    )
 
 
 def test_clip_of_a_tiny_gradient_is_undone_exactly():
@@ -317,9 +352,11 @@ def test_clip_of_a_tiny_gradient_is_undone_exactly():
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-5)
             opt.step()
             opt.zero_grad()
+
     report = run(loop, model=Cold())
     assert report.ok and all(r.clip < 1 for r in report.steps), str(report)
-    assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL  # like for like: the truth clipped as torch clips
+    # like for like: the truth clipped as torch clips
+    assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
 
 
 def test_eval_mode_batchnorm_after_a_training_epoch_is_exact():
@@ -335,14 +372,21 @@ def test_eval_mode_batchnorm_after_a_training_epoch_is_exact():
 
     def loop(model, opt, loader):
         exact(model, opt, loader)  # train mode: running statistics move
-        model.eval()               # then BatchNorm frozen (fine-tuning): running statistics, per-item: exact
+        model.eval()  # then BatchNorm frozen (fine-tuning): running statistics, per-item: exact
         exact(model, opt, loader)
 
-    report = accumlib.verify(loop, model=cnn.make_model(0), dataset=cnn.make_dataset(), item_losses=cnn.item_losses,
-                             accum_steps=K, batch_size=cnn.batch_size)
+    report = accumlib.verify(
+        loop,
+        model=cnn.make_model(0),
+        dataset=cnn.make_dataset(),
+        item_losses=cnn.item_losses,
+        accum_steps=K,
+        batch_size=cnn.batch_size,
+    )
     half = len(report.steps) // 2
     assert all(not r.codes for r in report.steps[half:]), str(report)
-    assert all(r.reference == "float32" for r in report.steps[half:]), str(report)  # judged as any per-item model
+    # judged as any per-item model
+    assert all(r.reference == "float32" for r in report.steps[half:]), str(report)
 
 
 def test_verifys_collate_in_a_worker_is_refused():
@@ -352,6 +396,7 @@ def test_verifys_collate_in_a_worker_is_refused():
         for x, y in DataLoader(own, batch_size=8, num_workers=1, collate_fn=loader.collate_fn):
             F.cross_entropy(model(x), y).backward()
         opt.step()
+
     with pytest.raises(RuntimeError, match="num_workers"):
         run(loop)
 
@@ -383,6 +428,7 @@ def test_two_passes_over_a_stream_that_ends_mid_batch():
     def loop(model, opt, loader):
         exact_windows(model, opt, loader)
         exact_windows(model, opt, loader)
+
     report = run(loop, dataset=Stream(110))
     assert report.ok and [r.micro_batches for r in report.steps] == [4, 4, 4, 2] * 2, str(report)
 
@@ -411,30 +457,32 @@ def fp16_scaler_loop(init_scale):
             scaler.step(opt)
             scaler.update()
             opt.zero_grad()
+
     return loop
 
 
 @pytest.mark.parametrize("f", [1e-5, 1e-6])
 def test_float16_gradscaler_replay_uses_the_loops_scale(f):
-    report = run(fp16_scaler_loop(2.0 ** 16), model=Cold(f))  # unscaled, these gradients underflow in float16
+    report = run(fp16_scaler_loop(2.0**16), model=Cold(f))  # unscaled, these gradients underflow in float16
     assert all(r.reference == "float16 replay" for r in report.steps), str(report)
     assert all(not r.codes for r in report.steps[1:]), str(report)  # step 0: see the next test
 
 
 @pytest.mark.parametrize("f", [1e-5, 1e-6])
 def test_the_first_micro_batch_is_replayed_at_the_loops_scale_too(f):
-    report = run(fp16_scaler_loop(2.0 ** 16), model=Cold(f))
+    report = run(fp16_scaler_loop(2.0**16), model=Cold(f))
     assert report.ok, str(report)
 
 
 def test_float16_gradscaler_at_the_default_scale_is_ok():
-    report = run(fp16_scaler_loop(2.0 ** 16))  # the torch AMP recipe, on the plain MLP
+    report = run(fp16_scaler_loop(2.0**16))  # the torch AMP recipe, on the plain MLP
     assert report.ok, str(report)
 
 
 def test_a_view_into_the_batch_is_matched_by_its_storage():
     x, y = accumlib.data.digits(128).tensors
-    rows = torch.utils.data.TensorDataset(torch.cat([y[:, None].float(), x], 1))  # one tensor: label, then features
+    # one tensor: label, then features
+    rows = torch.utils.data.TensorDataset(torch.cat([y[:, None].float(), x], 1))
 
     def losses(model, batch):
         (t,) = batch
@@ -444,10 +492,14 @@ def test_a_view_into_the_batch_is_matched_by_its_storage():
         for w in windows(loader):
             n = sum(len(t) for (t,) in w)
             for (t,) in w:
-                (F.cross_entropy(model(t[:, 1:]), t[:, 0].long(), reduction="sum") / n).backward()  # t[:, 1:]: same storage, offset
+                # t[:, 1:]: same storage, offset
+                (F.cross_entropy(model(t[:, 1:]), t[:, 0].long(), reduction="sum") / n).backward()
             opt.step()
             opt.zero_grad()
-    report = accumlib.verify(loop, model=TASK.make_model(0), dataset=rows, item_losses=losses, accum_steps=K, batch_size=8)
+
+    report = accumlib.verify(
+        loop, model=TASK.make_model(0), dataset=rows, item_losses=losses, accum_steps=K, batch_size=8
+    )
     assert report.ok and not report.codes and len(report.steps) == 4, str(report)
 
 
@@ -465,6 +517,7 @@ def test_another_models_optimizer_and_clip_are_not_this_models():
                 copt.zero_grad()
             opt.step()
             opt.zero_grad()
+
     report = run(loop)
     assert report.ok and not report.codes and len(report.steps) == 4, str(report)
     assert all(r.clip == 1.0 for r in report.steps)
@@ -475,9 +528,11 @@ def test_weights_that_drift_a_few_percent_are_not_one_factor():
         for w in windows(loader):
             n = sum(len(y) for _, y in w)
             for j, (x, y) in enumerate(w):
-                (F.cross_entropy(model(x), y, reduction="sum") / (n * (1 + 0.02 * j))).backward()  # weights 1, .98, .96, .94
+                # weights 1, .98, .96, .94
+                (F.cross_entropy(model(x), y, reduction="sum") / (n * (1 + 0.02 * j))).backward()
             opt.step()
             opt.zero_grad()
+
     report = run(loop)
     assert report.codes == {"unexplained"}, str(report)
 
@@ -489,19 +544,23 @@ def test_clip_column_only_when_a_step_was_clipped():
 
 def test_no_zero_grad_under_gradscaler_at_a_small_scale_is_named():
     def loop(model, opt, loader):
-        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)  # unscale_ divides the stale .grad by 4 too: leak 1/4
+        # unscale_ divides the stale .grad by 4 too: leak 1/4
+        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
         for w in windows(loader):
             n = sum(len(y) for _, y in w)
             for x, y in w:
                 scaler.scale(F.cross_entropy(model(x), y, reduction="sum") / n).backward()
             scaler.step(opt)
             scaler.update()  # never zeroed
+
     assert "no-zero-grad" in run(loop).codes
 
 
 def test_a_skipped_micro_batch_of_a_stream_is_counted_like_a_map_style_one():
     def loop(model, opt, loader):
-        exact_windows(model, opt, [b for i, b in enumerate(loader) if i != 2])  # the loop filters one micro-batch out
+        # the loop filters one micro-batch out
+        exact_windows(model, opt, [b for i, b in enumerate(loader) if i != 2])
+
     mapped, streamed = run(loop), run(loop, dataset=Stream(128))
     assert (mapped.items_total, "tail-dropped" in mapped.codes) == (128, True)
     assert (streamed.items_total, "tail-dropped" in streamed.codes) == (128, True), str(streamed)
@@ -509,18 +568,31 @@ def test_a_skipped_micro_batch_of_a_stream_is_counted_like_a_map_style_one():
 
 # ---- pure-function boundary tests of diagnose (the tolerances' documented margins) ----------------
 from accumlib._verify.diagnose import diagnose  # noqa: E402
-from accumlib._verify.oracle import Fit  # noqa: E402
 from accumlib._verify.numbers import StepNumbers  # noqa: E402
+from accumlib._verify.oracle import Fit  # noqa: E402
 
 
 def numbers(*, rel, w=1.0, resid=1e-7, m=4):
     fits = [Fit(1, 8, 8, w / 32, 1.0, resid) for _ in range(m)]
-    return StepNumbers(m, 0.05, items=8 * m, sequences=8 * m, fits=fits, weights=[w] * m, rel=rel, scale=w,
-                       scale_resid=resid, gg=w * w, gt=w, tt=1.0)
+    return StepNumbers(
+        m,
+        0.05,
+        items=8 * m,
+        sequences=8 * m,
+        fits=fits,
+        weights=[w] * m,
+        rel=rel,
+        scale=w,
+        scale_resid=resid,
+        gg=w * w,
+        gt=w,
+        tt=1.0,
+    )
 
 
 def test_float32_rounding_up_to_half_the_tolerance_is_ok():
-    assert diagnose(numbers(rel=5e-5), k=4).codes == []  # FLOAT32_RTOL keeps a >= 10x margin over ~1e-6 measured
+    # FLOAT32_RTOL keeps a >= 10x margin over ~1e-6 measured
+    assert diagnose(numbers(rel=5e-5), k=4).codes == []
 
 
 def test_a_fit_with_residual_below_FIT_RTOL_names_the_factor():

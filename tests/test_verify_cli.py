@@ -9,7 +9,7 @@ import pytest
 
 from accumlib.cli import main
 
-LOOPS = textwrap.dedent('''
+LOOPS = textwrap.dedent("""
     import torch
     import torch.nn.functional as F
 
@@ -50,7 +50,7 @@ LOOPS = textwrap.dedent('''
             (F.cross_entropy(model(x[s:s + 5]), y[s:s + 5], reduction="sum") / 20).backward()
         opt.step()
         opt.zero_grad()
-''')
+""")
 
 
 @pytest.fixture
@@ -67,9 +67,25 @@ def test_file_defined_task(loops, capsys):
 
 
 def test_builtin_task_and_json(loops, capsys):
-    assert main(["verify", f"{loops}:divided", "--task", "mlp-digits", "--accum-steps", "4", "--batch-size", "8", "--json"]) == 1
+    assert (
+        main(
+            [
+                "verify",
+                f"{loops}:divided",
+                "--task",
+                "mlp-digits",
+                "--accum-steps",
+                "4",
+                "--batch-size",
+                "8",
+                "--json",
+            ]
+        )
+        == 1
+    )
     data = json.loads(capsys.readouterr().out)
-    assert {f["code"] for f in data["findings"]} == {"tail-dropped"}  # 110 items: the 2-batch tail is never stepped
+    # 110 items: the 2-batch tail is never stepped
+    assert {f["code"] for f in data["findings"]} == {"tail-dropped"}
 
 
 def test_loop_that_raises_exits_3_with_its_traceback(loops, capsys):
@@ -115,9 +131,14 @@ def test_table_mode_still_works(capsys):
     "source, words",
     [
         ("def train(:\n", "target file must import cleanly (importing {f} raised SyntaxError"),
-        ("import accumlib_no_such_module\n", "target file must import cleanly (importing {f} raised ModuleNotFoundError"),
-        (LOOPS.replace("torch.manual_seed(0)\n", "raise RuntimeError('no weights')\n"),
-         "make_model() in the target file must build its object (it raised RuntimeError: no weights)"),
+        (
+            "import accumlib_no_such_module\n",
+            "target file must import cleanly (importing {f} raised ModuleNotFoundError",
+        ),
+        (
+            LOOPS.replace("torch.manual_seed(0)\n", "raise RuntimeError('no weights')\n"),
+            "make_model() in the target file must build its object (it raised RuntimeError: no weights)",
+        ),
     ],
     ids=["syntax-error", "import-error", "make_model-raises"],
 )
@@ -163,9 +184,15 @@ def command_line_runs(tmp_path_factory):
     assert exe, "the accumlib console script is installed beside this Python"
     path = tmp_path_factory.mktemp("cli") / "my_loops.py"
     path.write_text(LOOPS)
-    started = [subprocess.Popen([exe, "verify", f"{path}:{target}", "--batch-size", "5", *extra],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for target, extra, _, _ in EXIT_CASES]
+    started = [
+        subprocess.Popen(
+            [exe, "verify", f"{path}:{target}", "--batch-size", "5", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for target, extra, _, _ in EXIT_CASES
+    ]
     done = []
     try:
         for process in started:
@@ -199,6 +226,11 @@ def test_a_failure_inside_verify_is_cannot_judge_not_the_loops_fault(loops, caps
     err = capsys.readouterr().err
     assert "cannot judge" in err and "not a bug found in the loop" in err, err
     with pytest.raises(accumlib.VerifyError, match="could not judge this run"):
-        accumlib.verify(lambda m, o, loader: [m(x).sum().backward() for x, _ in loader],
-                        model=accumlib.get_task("mlp-digits").make_model(0), dataset=accumlib.data.digits(16),
-                        item_losses=accumlib.get_task("mlp-digits").item_losses, accum_steps=2, batch_size=4)
+        accumlib.verify(
+            lambda m, o, loader: [m(x).sum().backward() for x, _ in loader],
+            model=accumlib.get_task("mlp-digits").make_model(0),
+            dataset=accumlib.data.digits(16),
+            item_losses=accumlib.get_task("mlp-digits").item_losses,
+            accum_steps=2,
+            batch_size=4,
+        )

@@ -23,8 +23,16 @@ K, B = 4, 4
 
 
 def lm_run(loop, **kw):
-    return accumlib.verify(loop, model=LM.make_model(0), dataset=LM.make_dataset(), item_losses=LM.item_losses,
-                           accum_steps=K, batch_size=B, collate_fn=LM.collate_fn, **kw)
+    return accumlib.verify(
+        loop,
+        model=LM.make_model(0),
+        dataset=LM.make_dataset(),
+        item_losses=LM.item_losses,
+        accum_steps=K,
+        batch_size=B,
+        collate_fn=LM.collate_fn,
+        **kw,
+    )
 
 
 def lm_loop(divisor):
@@ -34,7 +42,7 @@ def lm_loop(divisor):
     def loop(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(LM.item_losses(model, b).numel() for b in window)  # the window's token count
             counts.append(n)
             for b in window:
@@ -77,10 +85,11 @@ def test_a_constant_divisor_below_every_count_is_not_a_clip():
 
 def own_clip_loop(max_norm: float, *, scale: float = 1.0, k: int = K):
     """Digits windows divided by scale * N, then the loop's own clip (no torch call verify records)."""
+
     def loop(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), k):
-            window = batches[s:s + k]
+            window = batches[s : s + k]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / (scale * n)).backward()
@@ -90,12 +99,19 @@ def own_clip_loop(max_norm: float, *, scale: float = 1.0, k: int = K):
                 g.mul_(min(1.0, max_norm / (total + 1e-6)))
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
 def digits_run(loop, *, n: int, k: int = K):
-    return accumlib.verify(loop, model=DIGITS.make_model(0), dataset=accumlib.data.digits(n),
-                           item_losses=DIGITS.item_losses, accum_steps=k, batch_size=8)
+    return accumlib.verify(
+        loop,
+        model=DIGITS.make_model(0),
+        dataset=accumlib.data.digits(n),
+        item_losses=DIGITS.item_losses,
+        accum_steps=k,
+        batch_size=8,
+    )
 
 
 def test_one_scaled_step_is_not_evidence_of_a_clip():
@@ -114,10 +130,11 @@ def test_one_scaled_step_is_not_evidence_of_a_clip():
 def test_a_step_scaled_up_refutes_the_clip_for_every_step():
     """Two steps shrunk to one norm by the loop's own clip, then steps scaled up by 1.5: no clip makes a
     gradient larger, so nothing is assumed and the shrunk steps stay misscaled too."""
+
     def loop(model, opt, loader):
         batches = list(loader)
         for t, s in enumerate(range(0, len(batches), K)):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / n * (1.5 if t >= 2 else 1.0)).backward()
@@ -139,13 +156,14 @@ def torch_clip_loop(max_norm: float, *, scale: float):
     def loop(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / (scale * n)).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
@@ -172,22 +190,32 @@ def _clip_after_step(zero_grad: bool):
             (F.cross_entropy(model(x), y) / K).backward()
             if (i + 1) % K == 0:
                 opt.step()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # after the step: on no step's gradient...
+                # after the step: on no step's gradient...
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
                 if zero_grad:
                     opt.zero_grad()  # ...and discarded here
+
     return loop
 
 
 def test_a_clip_after_the_step_is_no_clip_only_when_zero_grad_discards_what_it_cut():
     """The false-pass side of reading a clip after the step as no clip of the next window: where the loop
     keeps the clipped leftover (no zero_grad), the next window's step holds it, and verify must say so."""
+
     def run(loop):
-        return accumlib.verify(loop, model=DIGITS.make_model(0), dataset=accumlib.data.digits(128),
-                               item_losses=DIGITS.item_losses, accum_steps=K, batch_size=8)
+        return accumlib.verify(
+            loop,
+            model=DIGITS.make_model(0),
+            dataset=accumlib.data.digits(128),
+            item_losses=DIGITS.item_losses,
+            accum_steps=K,
+            batch_size=8,
+        )
 
     discarded = run(_clip_after_step(zero_grad=True))
     assert discarded.ok, str(discarded)
     assert all(row.rel_error < FLOAT32_RTOL for row in discarded.steps)  # against the unclipped truth
     kept = run(_clip_after_step(zero_grad=False))
     assert not kept.ok, str(kept)
-    assert all("no-zero-grad" in row.codes for row in kept.steps[1:]), str(kept)  # each holds the clipped leftover
+    # each holds the clipped leftover
+    assert all("no-zero-grad" in row.codes for row in kept.steps[1:]), str(kept)

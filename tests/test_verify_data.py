@@ -27,7 +27,7 @@ def train_windows(model, opt, batches):
     """The correct loop over any sequence of batches: each window's items weigh 1/N, the tail stepped."""
     batches = list(batches)
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window)
         for x, y in window:
             (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
@@ -50,11 +50,22 @@ def exact(report) -> bool:
 
 # ---- the last window is recognised by its place in the pass --------------------------------------
 
+
 def test_shuffled_loader_exact_last_window_is_ok():
     """v1 called the exact last window of a shuffled loader early-step: it looked for the dataset's last index."""
+
     def loop(model, opt, loader):
-        train_windows(model, opt, DataLoader(loader.dataset, batch_size=8, shuffle=True, collate_fn=loader.collate_fn,
-                                             generator=torch.Generator().manual_seed(3)))
+        train_windows(
+            model,
+            opt,
+            DataLoader(
+                loader.dataset,
+                batch_size=8,
+                shuffle=True,
+                collate_fn=loader.collate_fn,
+                generator=torch.Generator().manual_seed(3),
+            ),
+        )
 
     report = run(loop)
     assert exact(report), str(report)
@@ -63,9 +74,14 @@ def test_shuffled_loader_exact_last_window_is_ok():
 
 def test_custom_sampler_and_several_epochs():
     """A reversed sampler, then two epochs of the default loader: every pass ends in its own tail."""
+
     def reversed_order(model, opt, loader):
         sampler = list(range(len(loader.dataset)))[::-1]
-        train_windows(model, opt, DataLoader(loader.dataset, batch_size=8, sampler=sampler, collate_fn=loader.collate_fn))
+        train_windows(
+            model,
+            opt,
+            DataLoader(loader.dataset, batch_size=8, sampler=sampler, collate_fn=loader.collate_fn),
+        )
 
     def two_epochs(model, opt, loader):
         for _ in range(2):
@@ -89,6 +105,7 @@ def test_a_short_window_inside_a_pass_is_still_early():
 def test_reading_the_dataset_outside_a_micro_batch_is_not_a_micro_batch():
     """A loop (or the Trainer's length-grouped sampler) that reads every item for its length first: those
     reads are not a micro-batch, and the first real one does not end the pass (v2 first said early-step)."""
+
     def loop(model, opt, loader):
         sizes = [len(x) for x, _ in loader.dataset]  # every item read once, no forward
         assert len(sizes) == 110
@@ -96,7 +113,8 @@ def test_reading_the_dataset_outside_a_micro_batch_is_not_a_micro_batch():
 
     def own(model, opt, loader):
         _ = [y for _, y in loader.dataset]
-        train_windows(model, opt, DataLoader(loader.dataset, batch_size=8))  # its own collate: followed by reads
+        # its own collate: followed by reads
+        train_windows(model, opt, DataLoader(loader.dataset, batch_size=8))
 
     assert exact(run(loop))
     assert exact(run(own))
@@ -104,10 +122,14 @@ def test_reading_the_dataset_outside_a_micro_batch_is_not_a_micro_batch():
 
 # ---- worker processes and iterable datasets --------------------------------------------------------
 
+
 def test_loader_workers_are_refused_with_the_cause():
     """A worker process cannot report what each micro-batch held: refused before any step is judged."""
+
     def loop(model, opt, loader):
-        train_windows(model, opt, DataLoader(loader.dataset, batch_size=8, num_workers=1, collate_fn=loader.collate_fn))
+        train_windows(
+            model, opt, DataLoader(loader.dataset, batch_size=8, num_workers=1, collate_fn=loader.collate_fn)
+        )
 
     with pytest.raises(RuntimeError, match="num_workers"):
         run(loop)
@@ -127,7 +149,12 @@ class Stream(IterableDataset):
 def test_iterable_dataset_works():
     report = run(lambda m, o, l: train_windows(m, o, l), dataset=Stream(110))
     assert exact(report), str(report)
-    assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2] and report.items_stepped == report.items_total == 110
+    assert [r.micro_batches for r in report.steps] == [
+        4,
+        4,
+        4,
+        2,
+    ] and report.items_stepped == report.items_total == 110
     naive = run(lambda m, o, l: naive_windows(m, o, l), dataset=Stream(110))
     assert naive.codes == {"unscaled-sum"}, str(naive)  # the tail too is a sum of its micro-batch means
 
@@ -140,8 +167,10 @@ def test_iterable_dataset_works():
 
 # ---- a loader of the loop's own -------------------------------------------------------------------
 
+
 def test_own_dataloader_over_loader_dataset_is_followed():
     """A DataLoader of the loop's own over loader.dataset with its own collate: verify follows the items it draws."""
+
     def correct(model, opt, loader):
         train_windows(model, opt, DataLoader(loader.dataset, batch_size=8))
 
@@ -170,6 +199,7 @@ def test_data_verify_never_handed_out_is_said_not_misnamed():
 
 # ---- max_steps ---------------------------------------------------------------------------------------
 
+
 def test_max_steps_judges_exactly_n_steps_and_ends_the_loop():
     forwards = []
 
@@ -183,7 +213,10 @@ def test_max_steps_judges_exactly_n_steps_and_ends_the_loop():
     assert report.items_total is None and report.true_loss is None  # not judged, not reported as a bug
     assert "judged the first 2 optimizer steps" in str(report)
     # a bug in the judged steps is still found; the dropped tail after them is not a finding
-    assert run(lambda m, o, l: naive_windows(m, o, list(l)[:12]), n=1000, max_steps=2).codes == {"unscaled-sum", "partial-run"}
+    assert run(lambda m, o, l: naive_windows(m, o, list(l)[:12]), n=1000, max_steps=2).codes == {
+        "unscaled-sum",
+        "partial-run",
+    }
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])

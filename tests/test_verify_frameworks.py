@@ -17,8 +17,14 @@ K = 4
 
 
 def run(fn, n: int):
-    return accumlib.verify(fn, model=TASK.make_model(0), dataset=accumlib.data.digits(n), item_losses=TASK.item_losses,
-                           accum_steps=K, batch_size=8)
+    return accumlib.verify(
+        fn,
+        model=TASK.make_model(0),
+        dataset=accumlib.data.digits(n),
+        item_losses=TASK.item_losses,
+        accum_steps=K,
+        batch_size=8,
+    )
 
 
 @pytest.fixture
@@ -37,7 +43,8 @@ def accelerate_bf16(model, optimizer, loader):
     from accelerate import Accelerator
 
     accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True, mixed_precision="bf16")
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # autocast now wraps model.forward
+    # autocast now wraps model.forward
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     for x, y in loader:
         with accelerator.accumulate(model):
             accelerator.backward(F.cross_entropy(model(x), y))
@@ -67,7 +74,8 @@ def lightning_own_adam_bf16(model, optimizer, loader):
             return F.cross_entropy(self.model(x), y)
 
         def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=1e-3)  # the usual Lightning way: not verify's optimizer
+            # the usual Lightning way: not verify's optimizer
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
 
     log = logging.getLogger("lightning.pytorch")
     level = log.level
@@ -75,9 +83,17 @@ def lightning_own_adam_bf16(model, optimizer, loader):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            pl.Trainer(max_epochs=1, accumulate_grad_batches=K, precision="bf16-mixed", accelerator="cpu", devices=1,
-                       logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                       enable_model_summary=False).fit(Lit(), loader)
+            pl.Trainer(
+                max_epochs=1,
+                accumulate_grad_batches=K,
+                precision="bf16-mixed",
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+            ).fit(Lit(), loader)
     finally:
         log.setLevel(level)
 

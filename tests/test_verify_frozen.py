@@ -25,11 +25,12 @@ K, B, N = 4, 8, 128  # 16 micro-batches: 4 full windows
 
 def frozen_loop(frozen_at, *, divide=True):
     """``frozen_at(t, j)``: whether the first layer is frozen at window t, micro-batch j."""
+
     def loop(model, opt, loader):
         first = list(model.parameters())[:2]  # the first Linear's weight and bias
         batches = list(loader)
         for t, s in enumerate(range(0, len(batches), K)):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for j, (x, y) in enumerate(window):
                 for p in first:
@@ -38,12 +39,19 @@ def frozen_loop(frozen_at, *, divide=True):
                 (loss / n if divide else loss / len(y)).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
 def run(loop):
-    return accumlib.verify(loop, model=TASK.make_model(0), dataset=accumlib.data.digits(N), item_losses=TASK.item_losses,
-                           accum_steps=K, batch_size=B)
+    return accumlib.verify(
+        loop,
+        model=TASK.make_model(0),
+        dataset=accumlib.data.digits(N),
+        item_losses=TASK.item_losses,
+        accum_steps=K,
+        batch_size=B,
+    )
 
 
 def independent_errors(loop) -> list[float]:
@@ -56,10 +64,14 @@ def independent_errors(loop) -> list[float]:
 
     def before_step(opt, args, kwargs):
         t = state["t"]
-        x = torch.cat([x for x, _ in data[t * K:(t + 1) * K]])
-        y = torch.cat([y for _, y in data[t * K:(t + 1) * K]])
+        x = torch.cat([x for x, _ in data[t * K : (t + 1) * K]])
+        y = torch.cat([y for _, y in data[t * K : (t + 1) * K]])
         start = state["start"]
-        live = [(p, q.requires_grad_(True)) for p, q in zip(model.parameters(), start.parameters()) if p.grad is not None]
+        live = [
+            (p, q.requires_grad_(True))
+            for p, q in zip(model.parameters(), start.parameters())
+            if p.grad is not None
+        ]
         truth = torch.autograd.grad(F.cross_entropy(start(x), y), [q for _, q in live])
         g = torch.cat([p.grad.reshape(-1) for p, _ in live])
         t_ = torch.cat([u.reshape(-1) for u in truth])
@@ -69,8 +81,7 @@ def independent_errors(loop) -> list[float]:
         state["t"] += 1
         state["start"] = copy.deepcopy(model)
 
-    hooks = [register_optimizer_step_pre_hook(before_step),
-             register_optimizer_step_post_hook(after_step)]
+    hooks = [register_optimizer_step_pre_hook(before_step), register_optimizer_step_post_hook(after_step)]
     try:
         loop(model, torch.optim.SGD(model.parameters(), lr=0.05), data)
     finally:
@@ -79,10 +90,10 @@ def independent_errors(loop) -> list[float]:
     return errors
 
 
-@pytest.mark.parametrize("frozen_at, what", [
-    (lambda t, j: t < 1, "unfrozen after step 0"),
-    (lambda t, j: t >= 2, "frozen from step 2 on"),
-])
+@pytest.mark.parametrize(
+    "frozen_at, what",
+    [(lambda t, j: t < 1, "unfrozen after step 0"), (lambda t, j: t >= 2, "frozen from step 2 on")],
+)
 def test_freezing_between_steps_is_judged_and_right(frozen_at, what):
     loop = frozen_loop(frozen_at)
     report = run(loop)
@@ -112,8 +123,14 @@ def test_unfreezing_inside_a_window_is_a_bug_of_its_own():
 def test_the_users_model_keeps_its_flags_and_weights():
     model = TASK.make_model(0)
     before = {k: (v.detach().clone(), v.requires_grad) for k, v in model.named_parameters()}
-    accumlib.verify(frozen_loop(lambda t, j: t < 1), model=model, dataset=accumlib.data.digits(N),
-                    item_losses=TASK.item_losses, accum_steps=K, batch_size=B)
+    accumlib.verify(
+        frozen_loop(lambda t, j: t < 1),
+        model=model,
+        dataset=accumlib.data.digits(N),
+        item_losses=TASK.item_losses,
+        accum_steps=K,
+        batch_size=B,
+    )
     for k, v in model.named_parameters():
         assert v.requires_grad == before[k][1] and torch.equal(v, before[k][0]) and v.grad is None
 
@@ -130,7 +147,7 @@ def test_batchnorm_in_eval_mode_is_no_batchnorm_finding():
                 module.eval()  # the loop's own choice, inside train_fn
         batches = list(loader)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
@@ -138,12 +155,19 @@ def test_batchnorm_in_eval_mode_is_no_batchnorm_finding():
             opt.zero_grad(set_to_none=True)
 
     data = accumlib.data.digits(64, image=True)
-    frozen = accumlib.verify(loop, model=cnn.make_model(0), dataset=data, item_losses=cnn.item_losses, accum_steps=K,
-                             batch_size=4)
+    frozen = accumlib.verify(
+        loop, model=cnn.make_model(0), dataset=data, item_losses=cnn.item_losses, accum_steps=K, batch_size=4
+    )
     assert frozen.ok and not frozen.codes, str(frozen)
     assert max(r.rel_error for r in frozen.steps) <= FLOAT32_RTOL
-    training = accumlib.verify(accumlib.gallery.GALLERY["correct-inner-for"].fn, model=cnn.make_model(0), dataset=data,
-                               item_losses=cnn.item_losses, accum_steps=K, batch_size=4)
+    training = accumlib.verify(
+        accumlib.gallery.GALLERY["correct-inner-for"].fn,
+        model=cnn.make_model(0),
+        dataset=data,
+        item_losses=cnn.item_losses,
+        accum_steps=K,
+        batch_size=4,
+    )
     assert training.codes == {"batchnorm"} and training.status == "cannot-judge", str(training)
 
 

@@ -44,7 +44,7 @@ def summing_loop(m, opt, loader, max_norm=math.inf, divisor=1.0):
     """Each window's squared errors summed over items and outputs, divided by divisor x its item count."""
     batches = list(loader)
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window)
         for x, y in window:
             (F.mse_loss(m(x), y, reduction="sum") / (divisor * n)).backward()
@@ -55,8 +55,14 @@ def summing_loop(m, opt, loader, max_norm=math.inf, divisor=1.0):
 
 
 def run(item_losses, **loop_kw):
-    return accumlib.verify(lambda m, o, dl: summing_loop(m, o, dl, **loop_kw), model=model(), dataset=regression_data(),
-                           item_losses=item_losses, accum_steps=K, batch_size=B)
+    return accumlib.verify(
+        lambda m, o, dl: summing_loop(m, o, dl, **loop_kw),
+        model=model(),
+        dataset=regression_data(),
+        item_losses=item_losses,
+        accum_steps=K,
+        batch_size=B,
+    )
 
 
 def test_a_mean_over_outputs_where_the_loop_sums_is_named_as_a_possible_item_losses_mismatch():
@@ -65,7 +71,10 @@ def test_a_mean_over_outputs_where_the_loop_sums_is_named_as_a_possible_item_los
     assert all(r.scale == pytest.approx(OUT, rel=FIT_RTOL) for r in report.steps)
     text = str(report)
     assert "item_losses may reduce each item differently from the loop" in text, text
-    assert "check that item_losses(model, batch) returns, per item, exactly the term the loop's loss adds up" in text
+    assert (
+        "check that item_losses(model, batch) returns, per item, exactly the term the loop's loss adds up"
+        in text
+    )
     # the twin: item_losses that sums the outputs, as the loop does, is exact
     twin = run(sum_over_outputs)
     assert twin.ok and not twin.codes, str(twin)

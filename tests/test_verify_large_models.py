@@ -17,8 +17,13 @@ K, WIDE = 4, 1100
 
 def wide():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, WIDE), torch.nn.Tanh(), torch.nn.Linear(WIDE, 1000), torch.nn.Tanh(),
-                               torch.nn.Linear(1000, 10))
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, WIDE),
+        torch.nn.Tanh(),
+        torch.nn.Linear(WIDE, 1000),
+        torch.nn.Tanh(),
+        torch.nn.Linear(1000, 10),
+    )
 
 
 def losses(model, batch):
@@ -30,11 +35,15 @@ def loop(model, opt, loader, *, divide=True, zero=True, bf16=False, scaler_init=
     scaler = torch.amp.GradScaler("cpu", init_scale=scaler_init) if scaler_init else None
     batches = list(loader)
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window)
         for x, y in window:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = F.cross_entropy(model(x), y, reduction="sum") / n if divide else F.cross_entropy(model(x), y)
+                loss = (
+                    F.cross_entropy(model(x), y, reduction="sum") / n
+                    if divide
+                    else F.cross_entropy(model(x), y)
+                )
             (scaler.scale(loss) if scaler else loss).backward()
         if scaler:
             scaler.step(opt)
@@ -46,8 +55,14 @@ def loop(model, opt, loader, *, divide=True, zero=True, bf16=False, scaler_init=
 
 
 def run(**kw):
-    return accumlib.verify(lambda m, o, dl: loop(m, o, dl, **kw), model=wide(), dataset=accumlib.data.digits(48),
-                           item_losses=losses, accum_steps=K, batch_size=8)
+    return accumlib.verify(
+        lambda m, o, dl: loop(m, o, dl, **kw),
+        model=wide(),
+        dataset=accumlib.data.digits(48),
+        item_losses=losses,
+        accum_steps=K,
+        batch_size=8,
+    )
 
 
 def test_the_model_is_over_the_small_path_and_a_chunk():
@@ -55,13 +70,17 @@ def test_the_model_is_over_the_small_path_and_a_chunk():
     assert sum(sizes) > SMALL and max(sizes) > CHUNK
 
 
-@pytest.mark.parametrize("kw, codes", [
-    ({}, set()),
-    ({"scaler_init": 2.0 ** 10}, set()),  # the replay divides GradScaler's scale out, tensor by tensor
-    ({"bf16": True}, set()),
-    ({"divide": False}, {"unscaled-sum"}),
-    ({"zero": False}, {"no-zero-grad"}),
-], ids=["exact", "gradscaler", "bf16", "naive", "no-zero-grad"])
+@pytest.mark.parametrize(
+    "kw, codes",
+    [
+        ({}, set()),
+        ({"scaler_init": 2.0**10}, set()),  # the replay divides GradScaler's scale out, tensor by tensor
+        ({"bf16": True}, set()),
+        ({"divide": False}, {"unscaled-sum"}),
+        ({"zero": False}, {"no-zero-grad"}),
+    ],
+    ids=["exact", "gradscaler", "bf16", "naive", "no-zero-grad"],
+)
 def test_a_large_model_gets_the_small_models_verdicts(kw, codes):
     report = run(**kw)
     assert report.codes == codes, str(report)

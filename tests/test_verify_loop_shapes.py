@@ -21,8 +21,15 @@ LM = get_task("lm-tokens")
 
 
 def run(fn, *, n: int = 110, k: int = K, b: int = B, **kw):
-    return accumlib.verify(fn, model=TASK.make_model(0), dataset=accumlib.data.digits(n), item_losses=TASK.item_losses,
-                           accum_steps=k, batch_size=b, **kw)
+    return accumlib.verify(
+        fn,
+        model=TASK.make_model(0),
+        dataset=accumlib.data.digits(n),
+        item_losses=TASK.item_losses,
+        accum_steps=k,
+        batch_size=b,
+        **kw,
+    )
 
 
 def exact(report) -> bool:
@@ -30,6 +37,7 @@ def exact(report) -> bool:
 
 
 # ---- lengths read before the first micro-batch ----------------------------------------------------
+
 
 def counted_from_lengths(model, opt, loader, tail_as_full=False):
     """Each window's item count computed from len(loader) and len(loader.dataset), read up front."""
@@ -46,8 +54,14 @@ def counted_from_lengths(model, opt, loader, tail_as_full=False):
 def test_lengths_read_before_iterating_leave_the_windows_as_drawn():
     report = run(counted_from_lengths)
     assert exact(report), str(report)
-    assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2] and report.items_stepped == report.items_total == 110
-    wrong = run(lambda m, o, dl: counted_from_lengths(m, o, dl, tail_as_full=True))  # the 14-item tail divided by 32
+    assert [r.micro_batches for r in report.steps] == [
+        4,
+        4,
+        4,
+        2,
+    ] and report.items_stepped == report.items_total == 110
+    # the 14-item tail divided by 32
+    wrong = run(lambda m, o, dl: counted_from_lengths(m, o, dl, tail_as_full=True))
     assert wrong.codes == {"misscaled"} and [r.codes for r in wrong.steps][:3] == [()] * 3, str(wrong)
     assert wrong.steps[3].norm_ratio == pytest.approx(14 / 32, rel=FLOAT32_RTOL)  # |G| / |g*| from the oracle
 
@@ -57,7 +71,9 @@ def length_grouped(model, opt, loader, divide=True):
     len(loader.dataset)) before a batch is drawn, then batches of similar lengths through loader.collate_fn."""
     lengths = [len(loader.dataset[i]) for i in range(len(loader.dataset))]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches = DataLoader(loader.dataset, batch_size=LM.batch_size, sampler=order, collate_fn=loader.collate_fn)
+    batches = DataLoader(
+        loader.dataset, batch_size=LM.batch_size, sampler=order, collate_fn=loader.collate_fn
+    )
     assert len(batches) == len(loader)
     window = []
     for b in batches:
@@ -74,8 +90,15 @@ def length_grouped(model, opt, loader, divide=True):
 
 
 def run_lm(fn):
-    return accumlib.verify(fn, model=LM.make_model(0), dataset=LM.make_dataset(), item_losses=LM.item_losses,
-                           accum_steps=K, batch_size=LM.batch_size, collate_fn=LM.collate_fn)
+    return accumlib.verify(
+        fn,
+        model=LM.make_model(0),
+        dataset=LM.make_dataset(),
+        item_losses=LM.item_losses,
+        accum_steps=K,
+        batch_size=LM.batch_size,
+        collate_fn=LM.collate_fn,
+    )
 
 
 def test_a_length_sweep_before_a_length_grouped_sampler_is_not_a_micro_batch():
@@ -89,11 +112,12 @@ def test_a_length_sweep_before_a_length_grouped_sampler_is_not_a_micro_batch():
 
 # ---- the last micro-batch inside optimizer.step(closure) --------------------------------------------
 
+
 def closure_loop(model, opt, loader, *, keyword=False, divide=True, returned=None):
     """Lightning's shape in plain torch: the window's last forward and backward run inside the closure."""
     batches = list(loader)
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window) if divide else len(window[0][1])
 
         def loss_of(x, y):
@@ -119,13 +143,15 @@ def test_the_last_micro_batch_inside_the_step_closure_counts(keyword):
     report = run(lambda m, o, dl: closure_loop(m, o, dl, keyword=keyword, returned=returned))
     assert exact(report), str(report)
     assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2], str(report)
-    assert all(isinstance(x, torch.Tensor) and x.dim() == 0 for x in returned)  # the closure's loss, handed back
+    # the closure's loss, handed back
+    assert all(isinstance(x, torch.Tensor) and x.dim() == 0 for x in returned)
     naive = run(lambda m, o, dl: closure_loop(m, o, dl, keyword=keyword, divide=False))
     assert naive.codes == {"unscaled-sum"}, str(naive)
     assert [r.micro_batches for r in naive.steps] == [4, 4, 4, 2]
 
 
 # ---- a large batch on a loader that draws ahead ------------------------------------------------------
+
 
 def drawing_ahead(model, opt, loader, zero=True):
     """k = 1, one big batch per step; the next batch is drawn before this one's backward (nanoGPT)."""
@@ -171,6 +197,7 @@ def test_a_merged_window_is_matched_to_the_oldest_micro_batches_drawn():
 
 def test_a_prefetching_worker_loader_is_refused_not_misjudged():
     """Worker processes cannot report what they read: refused by name, whichever collate the loop uses."""
+
     def loop(model, opt, loader):
         drawing_ahead(model, opt, DataLoader(loader.dataset, batch_size=32, num_workers=2, prefetch_factor=2))
 
@@ -180,11 +207,12 @@ def test_a_prefetching_worker_loader_is_refused_not_misjudged():
 
 # ---- forwards and backwards in other orders -----------------------------------------------------------
 
+
 def forwards_then_one_backward(model, opt, loader, zero=True):
     """Every forward of a window first, then one backward of the window's summed losses."""
     batches = list(loader)
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window)
         (sum(F.cross_entropy(model(x), y, reduction="sum") for x, y in window) / n).backward()
         opt.step()
@@ -209,7 +237,7 @@ def test_an_evaluation_forward_on_data_of_the_loops_own_is_not_a_micro_batch():
     def loop(model, opt, loader, divide=True):
         batches = list(loader)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window) if divide else len(window[0][1])
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / (n if divide else len(y))).backward()
@@ -227,10 +255,11 @@ def test_an_evaluation_forward_on_data_of_the_loops_own_is_not_a_micro_batch():
 
 def test_a_second_forward_of_a_used_micro_batch_is_not_a_new_one():
     """Accuracy logged with a second forward after the backward: the micro-batch counts once."""
+
     def loop(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
@@ -246,13 +275,15 @@ def test_a_second_forward_of_a_used_micro_batch_is_not_a_new_one():
 
 # ---- a pass left open --------------------------------------------------------------------------------
 
+
 def test_a_new_pass_after_one_left_open_has_its_own_tail():
     """A budget of one window, checked after the next micro-batch was drawn: the first pass stops at 5 of 14
     micro-batches. The next pass begins afresh, so its short last window (2 = 14 mod 4) is its legitimate tail."""
+
     def windows(model, opt, batches):
         batches = list(batches)
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(len(y) for _, y in window)
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
@@ -288,9 +319,11 @@ def test_a_length_sweep_by_iteration_then_the_loops_own_padding_is_followed():
         lengths = [len(s) for s in loader.dataset]
         assert len(lengths) == 64
         by_length = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        batches = list(DataLoader(loader.dataset, batch_size=LM.batch_size, sampler=by_length, collate_fn=pad_to_8))
+        batches = list(
+            DataLoader(loader.dataset, batch_size=LM.batch_size, sampler=by_length, collate_fn=pad_to_8)
+        )
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = sum(LM.count_items(b) for b in window)
             for b in window:
                 losses = LM.item_losses(model, b)
@@ -317,4 +350,6 @@ def test_a_batch_samplers_drop_last_is_named_as_why_items_were_left_out():
     report = run(loop)
     assert report.ok and report.codes == {"loader-left-out"}, str(report)
     assert [r.micro_batches for r in report.steps] == [4, 4, 4, 1]
-    assert "drop_last=True with batch_size 8" in str(report) and "6 of 110 per pass" in str(report), str(report)
+    assert "drop_last=True with batch_size 8" in str(report) and "6 of 110 per pass" in str(report), str(
+        report
+    )

@@ -14,9 +14,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
-from _trainers import recording, windows_of  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _trainers import recording, windows_of  # noqa: E402
 
 from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
@@ -31,7 +31,9 @@ B, V = 2, 5  # micro-batches of 2 sequences; 5 virtual tokens
 SCALE_RTOL = 1e-5  # a float32 fitted scale lands within ~1e-6 of the factor applied
 ADAPTERS = {
     "prompt-tuning": lambda: peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=V),
-    "p-tuning": lambda: peft.PromptEncoderConfig(task_type="CAUSAL_LM", num_virtual_tokens=V, encoder_hidden_size=16),
+    "p-tuning": lambda: peft.PromptEncoderConfig(
+        task_type="CAUSAL_LM", num_virtual_tokens=V, encoder_hidden_size=16
+    ),
     "prefix-tuning": lambda: peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=V),
     "lora": lambda: peft.LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"]),
 }
@@ -51,9 +53,19 @@ def adapted(name):
 
 
 def trainer(model, out, k):
-    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=B, gradient_accumulation_steps=k,
-                             num_train_epochs=1, max_steps=3, max_grad_norm=0.0, use_cpu=True, report_to=[],
-                             disable_tqdm=True, logging_strategy="no", save_strategy="no")
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=B,
+        gradient_accumulation_steps=k,
+        num_train_epochs=1,
+        max_steps=3,
+        max_grad_norm=0.0,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+        save_strategy="no",
+    )
     return Recording(model=model, args=args, train_dataset=token_sequences(), data_collator=collate)
 
 
@@ -68,7 +80,7 @@ def test_causal_lm_losses_average_to_the_adapted_models_own_loss(name):
         own = model(**batch).loss
     prompt = name in ("prompt-tuning", "p-tuning")
     assert virtual_tokens(model) == (V if prompt else 0)
-    assert losses.numel() == int((batch["labels"][:, int(not prompt):] != -100).sum())
+    assert losses.numel() == int((batch["labels"][:, int(not prompt) :] != -100).sum())
     assert float(losses.mean()) == pytest.approx(float(own), rel=1e-6)
 
 
@@ -94,7 +106,8 @@ def test_lora_and_prefix_tuning_are_exact(name, tmp_path):
     model = adapted(name)
     before = {n: p.clone() for n, p in model.state_dict().items()}
     report = verify_trainer(trainer(model, tmp_path, 4))
-    assert report.codes == {"partial-run"} and report.ok, str(report)  # partial: max_steps=3 of 3 windows + a tail
+    # partial: max_steps=3 of 3 windows + a tail
+    assert report.codes == {"partial-run"} and report.ok, str(report)
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(report)
     assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
@@ -108,5 +121,7 @@ def test_a_logit_length_that_matches_no_label_is_refused_by_name():
             return {"logits": F.pad(torch.zeros(*input_ids.shape, 4), (0, 0, 1, 0)) + self.weight}
 
     batch = collate(token_sequences()[:2])
-    with pytest.raises(ValueError, match=r"causal_lm_losses needs one logit row per label .* from Longer; pass item_losses"):
+    with pytest.raises(
+        ValueError, match=r"causal_lm_losses needs one logit row per label .* from Longer; pass item_losses"
+    ):
         causal_lm_losses(Longer(), batch)

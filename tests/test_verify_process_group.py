@@ -19,10 +19,18 @@ def _verify_on_each_rank(rank, world_size):
     task = accumlib.get_task("mlp-digits")
     ran = []
     try:
-        accumlib.verify(lambda *a: ran.append(1), model=task.make_model(0), dataset=task.make_dataset(),
-                        item_losses=task.item_losses, accum_steps=4, batch_size=8)
+        accumlib.verify(
+            lambda *a: ran.append(1),
+            model=task.make_model(0),
+            dataset=task.make_dataset(),
+            item_losses=task.item_losses,
+            accum_steps=4,
+            batch_size=8,
+        )
     except ValueError as err:
-        assert "judges one process's run" in str(err) and f"world size {world_size} (rank {rank})" in str(err), str(err)
+        assert "judges one process's run" in str(err) and f"world size {world_size} (rank {rank})" in str(
+            err
+        ), str(err)
         assert not ran  # refused before the loop ran
         return
     raise AssertionError(f"rank {rank}: verify ran inside a process group of world size {world_size}")
@@ -35,7 +43,12 @@ def test_verify_in_a_process_group_is_refused_on_every_rank():
 
 def test_a_single_process_is_not_refused():
     task = accumlib.get_task("mlp-digits")
-    report = accumlib.verify(lambda m, o, dl: None, model=task.make_model(0), dataset=task.make_dataset(),
-                             item_losses=task.item_losses, accum_steps=4, batch_size=8)
+    report = accumlib.verify(
+        lambda m, o, dl: None,
+        model=task.make_model(0),
+        dataset=task.make_dataset(),
+        item_losses=task.item_losses,
+        accum_steps=4,
+        batch_size=8,
+    )
     assert report.codes == {"tail-dropped"}  # judged: nothing stepped, every item left out
-

@@ -24,17 +24,24 @@ TASK = get_task("mlp-digits")
 
 
 def run(fn, *, n: int, k: int, b: int):
-    return accumlib.verify(fn, model=TASK.make_model(0), dataset=accumlib.data.digits(n), item_losses=TASK.item_losses,
-                           accum_steps=k, batch_size=b)
+    return accumlib.verify(
+        fn,
+        model=TASK.make_model(0),
+        dataset=accumlib.data.digits(n),
+        item_losses=TASK.item_losses,
+        accum_steps=k,
+        batch_size=b,
+    )
 
 
 def over_divided(k, divisor, seen=None):
     """Each micro-batch's mean divided by ``divisor(window, y)``; ``seen`` gets the last window, the model
     as it began and the gradient the optimizer saw."""
+
     def loop(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), k):
-            window = batches[s:s + k]
+            window = batches[s : s + k]
             start = copy.deepcopy(model)
             for x, y in window:
                 (F.cross_entropy(model(x), y) / divisor(window, y)).backward()
@@ -42,6 +49,7 @@ def over_divided(k, divisor, seen=None):
                 seen[:] = [window, start, [p.grad.clone() for p in model.parameters()]]
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
@@ -64,7 +72,9 @@ def test_a_mean_divided_by_k_times_b_names_cause_1_over_b_on_a_short_tail():
     assert report.codes == {"misscaled"}, str(report)
     assert [r.norm_ratio for r in report.steps] == pytest.approx([1 / 8] * 3 + [1 / 16], rel=FLOAT32_RTOL)
     f = misscaled(report)
-    assert f.steps == (0, 1, 2, 3) and CAUSES["1/b"][0] in f.message and f.fix == CAUSES["1/b"][1], str(report)
+    assert f.steps == (0, 1, 2, 3) and CAUSES["1/b"][0] in f.message and f.fix == CAUSES["1/b"][1], str(
+        report
+    )
     assert CAUSES["reduction"][0] not in f.message
 
 
@@ -103,10 +113,11 @@ def test_a_mean_divided_by_k_on_a_ragged_tail_is_not_also_misscaled():
 def test_a_ragged_tail_weighted_by_its_share_of_a_full_window_is_tail_misscaled():
     """Each item of the tail weighs 1/N, then the whole tail m/k = 2/4 of that: divided as if it held k
     micro-batches. The tail's micro-batches hold 8 and 6 items, yet each item weighs alike: no mean-of-means."""
+
     def loop(model, opt, loader):
         batches = list(loader)
         for s in range(0, len(batches), 4):
-            window = batches[s:s + 4]
+            window = batches[s : s + 4]
             for x, y in window:
                 (F.cross_entropy(model(x), y, reduction="sum") / items(window) * len(window) / 4).backward()
             opt.step()
@@ -133,10 +144,11 @@ class Stream(torch.utils.data.IterableDataset):
 def test_a_tail_forwarded_but_never_stepped_is_dropped(stream):
     """The loop forwards and backwards the short last window but never steps it: its 14 items are seen, not
     used, whether verify knows them by index or only by what the loop forwarded."""
+
     def loop(model, opt, loader):
         batches, total = list(loader), 0.0
         for s in range(0, len(batches), 4):
-            window = batches[s:s + 4]
+            window = batches[s : s + 4]
             for x, y in window:
                 loss = F.cross_entropy(model(x), y, reduction="sum")
                 total += loss.item()
@@ -147,9 +159,16 @@ def test_a_tail_forwarded_but_never_stepped_is_dropped(stream):
         return total / 110  # the epoch's mean item loss, the tail's included: what the loop saw
 
     data = Stream(110) if stream else accumlib.data.digits(110)
-    report = accumlib.verify(loop, model=TASK.make_model(0), dataset=data, item_losses=TASK.item_losses, accum_steps=4,
-                             batch_size=8)
+    report = accumlib.verify(
+        loop,
+        model=TASK.make_model(0),
+        dataset=data,
+        item_losses=TASK.item_losses,
+        accum_steps=4,
+        batch_size=8,
+    )
     assert report.codes == {"tail-dropped"}, str(report)
     assert (report.items_stepped, report.items_total) == (96, 110)
     assert "14 of 110 items reached no optimizer step" in str(report)
-    assert report.true_loss == pytest.approx(report.logged_loss, rel=FLOAT32_RTOL)  # the tail's loss counts too
+    # the tail's loss counts too
+    assert report.true_loss == pytest.approx(report.logged_loss, rel=FLOAT32_RTOL)

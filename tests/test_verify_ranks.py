@@ -31,9 +31,18 @@ LAUNCH_TIMEOUT_S = 300  # 9 verify runs per rank on a loaded 2-core machine; one
 # 1e-5 leaves room and is still 3 orders below the smallest bug here (per-rank means: 1.6e-2)
 EXACT = 1e-5
 ITEMS = 63  # odd: a DistributedSampler over 2 ranks pads one item (drop_last=False) or drops one (True)
-CASES = ("correct", "per-rank-mean", "divided-by-ranks", "never-synced", "sync-every-micro-batch", "drop-last",
-         "unsharded", "fsdp2", "fsdp2-per-rank-mean", "uneven-steps")
-
+CASES = (
+    "correct",
+    "per-rank-mean",
+    "divided-by-ranks",
+    "never-synced",
+    "sync-every-micro-batch",
+    "drop-last",
+    "unsharded",
+    "fsdp2",
+    "fsdp2-per-rank-mean",
+    "uneven-steps",
+)
 
 
 class Logged(Dataset):
@@ -73,7 +82,6 @@ def _run_cases(rank, world, out):
 
     from accumlib.examples.ddp_loops import LOOPS
 
-
     task = accumlib.get_task("lm-tokens")
     data = task.make_dataset()
     results = {}
@@ -83,16 +91,31 @@ def _run_cases(rank, world, out):
 
         def record(opt, args, kwargs):
             ps = [p for g in opt.param_groups for p in g["params"]]
-            whole = [(p.full_tensor(), p.grad.full_tensor()) if hasattr(p, "full_tensor") else (p, p.grad) for p in ps]
-            seen.append((list(ds.log), [p.detach().double().clone() for p, _ in whole],
-                         torch.cat([g.detach().double().reshape(-1) for _, g in whole])))
+            whole = [
+                (p.full_tensor(), p.grad.full_tensor()) if hasattr(p, "full_tensor") else (p, p.grad)
+                for p in ps
+            ]
+            seen.append(
+                (
+                    list(ds.log),
+                    [p.detach().double().clone() for p, _ in whole],
+                    torch.cat([g.detach().double().reshape(-1) for _, g in whole]),
+                )
+            )
             ds.log.clear()
 
         hook = register_optimizer_step_pre_hook(record)
         try:
-            report = accumlib.verify(LOOPS[name](task), model=task.make_model(0), dataset=ds, item_losses=task.item_losses,
-                                     accum_steps=task.accum_steps, batch_size=task.batch_size, collate_fn=task.collate_fn,
-                                     ranks="all")
+            report = accumlib.verify(
+                LOOPS[name](task),
+                model=task.make_model(0),
+                dataset=ds,
+                item_losses=task.item_losses,
+                accum_steps=task.accum_steps,
+                batch_size=task.batch_size,
+                collate_fn=task.collate_fn,
+                ranks="all",
+            )
         finally:
             hook.remove()
         every = [None] * world
@@ -105,9 +128,16 @@ def _run_cases(rank, world, out):
             truth = sum(o for o, _ in per_rank) / n
             h = sum(o / c for o, c in per_rank) / world  # each rank's own mean, averaged by DDP
             gs = [s[t][2] for s in every]
-            steps.append(dict(rel=_rel(gs[rank], truth), rel_h=_rel(gs[rank], h), scale=float(gs[rank] @ truth / (truth @ truth)),
-                              spread=_rel(gs[1], gs[0]), counts=[c for _, c in per_rank],
-                              indices=[s[t][0] for s in every]))
+            steps.append(
+                dict(
+                    rel=_rel(gs[rank], truth),
+                    rel_h=_rel(gs[rank], h),
+                    scale=float(gs[rank] @ truth / (truth @ truth)),
+                    spread=_rel(gs[1], gs[0]),
+                    counts=[c for _, c in per_rank],
+                    indices=[s[t][0] for s in every],
+                )
+            )
         drawn = [sorted(i for s in r for i in s[0]) for r in every]
         results[name] = dict(report=report.to_dict(), text=str(report), steps=steps, drawn=drawn)
     with open(f"{out}/rank{rank}.json", "w") as fh:
@@ -137,22 +167,27 @@ def test_every_example_loop_gets_exactly_the_codes_it_is_listed_with(job):
 
     assert set(BUGS) == set(CASES)
     for name in CASES:  # 63 items: the sampler pads one (drop_last=False), a note beside any bug
-        assert {f["code"] for f in _case(job, name)["report"]["findings"]} - {"duplicate-items"} == BUGS[name], name
+        assert {f["code"] for f in _case(job, name)["report"]["findings"]} - {"duplicate-items"} == BUGS[
+            name
+        ], name
 
 
 def test_correct_ddp_loop_is_ok_and_matches_the_tests_own_oracle(job):
     c = _case(job, "correct")
     assert all(s["rel"] < EXACT for s in c["steps"]) and c["steps"]
-    assert any(s["counts"][0] != s["counts"][1] for s in c["steps"])  # the ranks' counts differ: the case that matters
+    # the ranks' counts differ: the case that matters
+    assert any(s["counts"][0] != s["counts"][1] for s in c["steps"])
     assert c["report"]["ok"] and c["report"]["status"] == "ok", c["text"]
-    assert {f["code"] for f in c["report"]["findings"]} <= {"duplicate-items"}  # 63 items: the sampler pads one
+    # 63 items: the sampler pads one
+    assert {f["code"] for f in c["report"]["findings"]} <= {"duplicate-items"}
     assert all(s["rel_error"] < EXACT for s in c["report"]["steps"])
     assert c["report"]["items_stepped"] == sum(sum(s["counts"]) for s in c["steps"])
 
 
 def test_per_rank_mean_is_named_and_is_what_the_loop_did(job):
     c = _case(job, "per-rank-mean")
-    assert all(s["rel_h"] < EXACT and s["rel"] > 1e-3 for s in c["steps"])  # the test's own arithmetic: G = H, not g*
+    # the test's own arithmetic: G = H, not g*
+    assert all(s["rel_h"] < EXACT and s["rel"] > 1e-3 for s in c["steps"])
     codes = {f["code"] for f in c["report"]["findings"]}
     assert "per-rank-mean" in codes and not c["report"]["ok"], c["text"]
     assert all(s["codes"] == ["per-rank-mean"] for s in c["report"]["steps"])
@@ -218,14 +253,28 @@ def test_no_sampler_is_unsharded_data(job):
 def test_ranks_must_be_none_or_all():
     task = accumlib.get_task("mlp-digits")
     with pytest.raises(ValueError, match=r"ranks must be None .* \(got 'every'\)"):
-        accumlib.verify(lambda *a: None, model=task.make_model(0), dataset=task.make_dataset(),
-                        item_losses=task.item_losses, accum_steps=4, batch_size=8, ranks="every")
+        accumlib.verify(
+            lambda *a: None,
+            model=task.make_model(0),
+            dataset=task.make_dataset(),
+            item_losses=task.item_losses,
+            accum_steps=4,
+            batch_size=8,
+            ranks="every",
+        )
 
 
 def test_ranks_all_in_a_single_process_judges_that_process():
     task = accumlib.get_task("mlp-digits")
-    report = accumlib.verify(accumlib.gallery.GALLERY["correct-inner-for"].fn, model=task.make_model(0), dataset=task.make_dataset(),
-                             item_losses=task.item_losses, accum_steps=4, batch_size=8, ranks="all")
+    report = accumlib.verify(
+        accumlib.gallery.GALLERY["correct-inner-for"].fn,
+        model=task.make_model(0),
+        dataset=task.make_dataset(),
+        item_losses=task.item_losses,
+        accum_steps=4,
+        batch_size=8,
+        ranks="all",
+    )
     assert report.ok, report
 
 
@@ -238,7 +287,9 @@ def test_fsdp2_correct_is_ok_and_says_what_the_shadow_costs(job):
     mib = sum(p.numel() * 4 for p in task.make_model(0).parameters()) / 2**20
     assert f"{mib:.3g} MiB per rank" in f["message"], f["message"]
     # the same windows as the DDP loop: the same figures, step for step
-    assert [s["items"] for s in c["report"]["steps"]] == [s["items"] for s in _case(job, "correct")["report"]["steps"]]
+    assert [s["items"] for s in c["report"]["steps"]] == [
+        s["items"] for s in _case(job, "correct")["report"]["steps"]
+    ]
 
 
 def test_fsdp2_per_rank_mean_is_named(job):
@@ -274,12 +325,32 @@ def test_command_line_world_size_judges_the_job_as_the_readme_shows(tmp_path):
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("### Verify a multi-rank job", 1)[1]
     code = re.search(r"```python\n# job.py\n(.*?)```", section, re.S).group(1)
-    shown = re.search(r"```text\n\$ accumlib verify --world-size 2 --task lm-tokens job.py:wrong +# exit 1\n(.*?)```",
-                      section, re.S).group(1)
+    shown = re.search(
+        r"```text\n\$ accumlib verify --world-size 2 --task lm-tokens job.py:wrong +# exit 1\n(.*?)```",
+        section,
+        re.S,
+    ).group(1)
     assert code.strip() == JOB_FILE.strip()
     (tmp_path / "job.py").write_text(code)
-    run = subprocess.run([sys.executable, "-m", "accumlib", "verify", "--world-size", "2", "--task", "lm-tokens",
-                          "--timeout", "240", "job.py:wrong"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accumlib",
+            "verify",
+            "--world-size",
+            "2",
+            "--task",
+            "lm-tokens",
+            "--timeout",
+            "240",
+            "job.py:wrong",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 1, run.stderr[-3000:]
     assert run.stdout.strip() == shown.strip()
 
@@ -289,19 +360,47 @@ def test_command_line_world_size_below_one_is_a_usage_error(tmp_path):
     import sys
 
     (tmp_path / "job.py").write_text(JOB_FILE)
-    run = subprocess.run([sys.executable, "-m", "accumlib", "verify", "--world-size", "0", "--task", "lm-tokens", "job.py:wrong"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accumlib",
+            "verify",
+            "--world-size",
+            "0",
+            "--task",
+            "lm-tokens",
+            "job.py:wrong",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "world_size must be >= 1 (got 0)" in run.stderr, run.stderr
 
 
 def _different_models(rank, world):
     """A pipeline-style job: each rank holds a different part of the model. Refused on every rank, before the loop."""
     task = accumlib.get_task("mlp-digits")
-    model = torch.nn.Linear(64, 10) if rank == 0 else torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 10))
+    model = (
+        torch.nn.Linear(64, 10)
+        if rank == 0
+        else torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 10))
+    )
     ran = []
-    with pytest.raises(ValueError, match=r"ranks='all' judges data-parallel jobs.*rank 0 and rank 1|rank 1 and rank 0") as err:
-        accumlib.verify(lambda *a: ran.append(1), model=model, dataset=task.make_dataset(), item_losses=task.item_losses,
-                        accum_steps=4, batch_size=8, ranks="all")
+    with pytest.raises(
+        ValueError, match=r"ranks='all' judges data-parallel jobs.*rank 0 and rank 1|rank 1 and rank 0"
+    ) as err:
+        accumlib.verify(
+            lambda *a: ran.append(1),
+            model=model,
+            dataset=task.make_dataset(),
+            item_losses=task.item_losses,
+            accum_steps=4,
+            batch_size=8,
+            ranks="all",
+        )
     assert not ran and "Pipeline and tensor parallel groups are not supported" in str(err.value)
     assert model.weight.grad is None if rank == 0 else all(p.grad is None for p in model.parameters())
 

@@ -31,9 +31,13 @@ def averaged_by_hand(broadcast: bool):
             for p in model.parameters():
                 dist.broadcast(p.data, src=0)
         sampler = DistributedSampler(loader.dataset, shuffle=False)
-        batches = list(DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn))
+        batches = list(
+            DataLoader(
+                loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn
+            )
+        )
         for s in range(0, len(batches), K):
-            window = batches[s:s + K]
+            window = batches[s : s + K]
             n = torch.tensor(float(sum(len(y) for _, y in window)))
             dist.all_reduce(n)  # the job's item count
             for x, y in window:
@@ -43,6 +47,7 @@ def averaged_by_hand(broadcast: bool):
                 p.grad /= world
             opt.step()
             opt.zero_grad(set_to_none=True)
+
     return loop
 
 
@@ -50,9 +55,18 @@ def _run(rank, world, out):
     task = accumlib.get_task("mlp-digits")
     results = {}
     for name, broadcast in (("broadcast", True), ("own-init", False)):
-        report = accumlib.verify(averaged_by_hand(broadcast), model=task.make_model(rank), dataset=accumlib.data.digits(64),
-                                 item_losses=task.item_losses, accum_steps=K, batch_size=8, ranks="all")
-        results[name] = dict(codes=sorted(report.codes), steps=[list(r.codes) for r in report.steps], text=str(report))
+        report = accumlib.verify(
+            averaged_by_hand(broadcast),
+            model=task.make_model(rank),
+            dataset=accumlib.data.digits(64),
+            item_losses=task.item_losses,
+            accum_steps=K,
+            batch_size=8,
+            ranks="all",
+        )
+        results[name] = dict(
+            codes=sorted(report.codes), steps=[list(r.codes) for r in report.steps], text=str(report)
+        )
     with open(f"{out}/rank{rank}.json", "w") as fh:
         json.dump(results, fh)
 
@@ -74,4 +88,5 @@ def test_ranks_that_start_from_different_parameters_are_diverged_though_their_gr
     own = job[0]["own-init"]
     assert own["codes"] == ["ranks-diverged"], own["text"]
     assert all(codes == ["ranks-diverged"] for codes in own["steps"]), own["text"]
-    assert "|G_r - G_0| / |G_0| up to 0.00e+00" in own["text"]  # the gradients agree bit for bit; the parameters do not
+    # the gradients agree bit for bit; the parameters do not
+    assert "|G_r - G_0| / |G_0| up to 0.00e+00" in own["text"]

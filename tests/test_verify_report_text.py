@@ -19,7 +19,7 @@ DIGITS, CNN = get_task("mlp-digits"), get_task("cnn-batchnorm")
 def windows(model, opt, loader, divide=True, returns=False):
     batches, total, n_all = list(loader), 0.0, 0
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window)
         for x, y in window:
             loss = F.cross_entropy(model(x), y, reduction="sum")
@@ -32,8 +32,15 @@ def windows(model, opt, loader, divide=True, returns=False):
 
 def run(fn, task=DIGITS, **kw):
     data = task.make_dataset() if task is CNN else accumlib.data.digits(110)
-    return accumlib.verify(fn, model=task.make_model(0), dataset=data, item_losses=task.item_losses, accum_steps=K,
-                           batch_size=8, **kw)
+    return accumlib.verify(
+        fn,
+        model=task.make_model(0),
+        dataset=data,
+        item_losses=task.item_losses,
+        accum_steps=K,
+        batch_size=8,
+        **kw,
+    )
 
 
 def test_a_bug_beside_a_limit_is_a_bug_and_the_limit_alone_cannot_judge():
@@ -51,7 +58,11 @@ def test_the_text_names_each_findings_steps_and_the_verdict():
     naive = run(lambda m, o, dl: windows(m, o, dl, divide=False))
     assert "[unscaled-sum] (steps 0, 1, 2, 3)" in str(naive), str(naive)
     data = json.loads(naive.to_json())
-    assert (data["status"], data["findings"][0]["code"], data["findings"][0]["severity"]) == ("bug", "unscaled-sum", "bug")
+    assert (data["status"], data["findings"][0]["code"], data["findings"][0]["severity"]) == (
+        "bug",
+        "unscaled-sum",
+        "bug",
+    )
     assert data["findings"][0]["steps"] == [0, 1, 2, 3]
     ok = run(windows)
     assert (ok.status, ok.exit_status) == ("ok", 0)
@@ -67,14 +78,22 @@ def test_an_unknown_item_count_reads_as_unknown_not_zero():
 def test_the_loss_the_loop_reported_is_printed_beside_the_true_one():
     report = run(lambda m, o, dl: windows(m, o, dl, returns=True))
     assert abs(report.logged_loss - report.true_loss) <= FLOAT32_RTOL * report.true_loss
-    assert f"loss the loop reported: {report.logged_loss:.4f}   true mean item loss: {report.true_loss:.4f}" in str(report)
+    assert (
+        f"loss the loop reported: {report.logged_loss:.4f}   true mean item loss: {report.true_loss:.4f}"
+        in str(report)
+    )
 
 
 def test_html_shows_a_message_as_text():
     report = run(windows, max_steps=1)  # the partial-run note: a message of verify's own
     html = report._repr_html_()
     assert "<code>partial-run</code>" in html
-    unsafe = accumlib.Report(steps=[], findings=[accumlib.Finding("dropout", "p <0.5> & more", "fix <it>")], accum_steps=K,
-                             items_stepped=0, items_total=0)
+    unsafe = accumlib.Report(
+        steps=[],
+        findings=[accumlib.Finding("dropout", "p <0.5> & more", "fix <it>")],
+        accum_steps=K,
+        items_stepped=0,
+        items_total=0,
+    )
     shown = unsafe._repr_html_()
     assert "p &lt;0.5&gt; &amp; more" in shown and "fix &lt;it&gt;" in shown and "<0.5>" not in shown

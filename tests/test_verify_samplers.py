@@ -22,8 +22,14 @@ K, B, N = 4, 8, 110  # 110 = 13 x 8 + 6: drop_last leaves 6 out per pass; 13 mic
 
 
 def run(loop, n=N, dataset=None):
-    return accumlib.verify(loop, model=TASK.make_model(0), dataset=dataset if dataset is not None else accumlib.data.digits(n),
-                           item_losses=TASK.item_losses, accum_steps=K, batch_size=B)
+    return accumlib.verify(
+        loop,
+        model=TASK.make_model(0),
+        dataset=dataset if dataset is not None else accumlib.data.digits(n),
+        item_losses=TASK.item_losses,
+        accum_steps=K,
+        batch_size=B,
+    )
 
 
 def window_loop(make_loader, *, epochs=2, step_tail=True):
@@ -32,7 +38,7 @@ def window_loop(make_loader, *, epochs=2, step_tail=True):
         for _ in range(epochs):
             batches = list(dl)
             for s in range(0, len(batches), K):
-                window = batches[s:s + K]
+                window = batches[s : s + K]
                 if len(window) < K and not step_tail:
                     for x, y in window:  # forwarded, never stepped
                         F.cross_entropy(model(x), y).backward()
@@ -43,12 +49,19 @@ def window_loop(make_loader, *, epochs=2, step_tail=True):
                     (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
                 opt.step()
                 opt.zero_grad()
+
     return loop
 
 
 def drop_last(loader):
-    return DataLoader(loader.dataset, batch_size=B, drop_last=True, shuffle=True, collate_fn=loader.collate_fn,
-                      generator=torch.Generator().manual_seed(0))
+    return DataLoader(
+        loader.dataset,
+        batch_size=B,
+        drop_last=True,
+        shuffle=True,
+        collate_fn=loader.collate_fn,
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
 def test_drop_last_is_a_stated_choice_not_an_early_step():
@@ -79,8 +92,14 @@ def test_a_sampler_with_replacement_repeats_items_and_says_so():
     seed = 3
 
     def replacement(loader):
-        return DataLoader(loader.dataset, batch_size=B, collate_fn=loader.collate_fn,
-                          sampler=RandomSampler(loader.dataset, replacement=True, generator=torch.Generator().manual_seed(seed)))
+        return DataLoader(
+            loader.dataset,
+            batch_size=B,
+            collate_fn=loader.collate_fn,
+            sampler=RandomSampler(
+                loader.dataset, replacement=True, generator=torch.Generator().manual_seed(seed)
+            ),
+        )
 
     report = run(window_loop(replacement, epochs=1))
     drawn = list(RandomSampler(range(N), replacement=True, generator=torch.Generator().manual_seed(seed)))
@@ -102,26 +121,39 @@ class Stream(IterableDataset):
 def test_an_iterable_dataset_over_two_epochs_is_ok():
     """12 items, batch 2, k = 4: windows of 4 and 2 micro-batches in each of two passes. The position
     in a pass must restart at each pass end, or the second pass's tail reads as an early step."""
+
     def loop(model, opt, loader):
         for _ in range(2):
             batches = list(loader)
             for s in range(0, len(batches), K):
-                window = batches[s:s + K]
+                window = batches[s : s + K]
                 n = sum(len(y) for _, y in window)
                 for x, y in window:
                     (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
                 opt.step()
                 opt.zero_grad()
 
-    report = accumlib.verify(loop, model=TASK.make_model(0), dataset=Stream(12), item_losses=TASK.item_losses,
-                             accum_steps=K, batch_size=2)
+    report = accumlib.verify(
+        loop,
+        model=TASK.make_model(0),
+        dataset=Stream(12),
+        item_losses=TASK.item_losses,
+        accum_steps=K,
+        batch_size=2,
+    )
     assert report.ok and not report.codes, str(report)
     assert [r.micro_batches for r in report.steps] == [4, 2, 4, 2]
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_full_pass_without_drop_last_leaves_nothing_out(shuffle):
-    report = run(window_loop(lambda loader: DataLoader(loader.dataset, batch_size=B, shuffle=shuffle,
-                                                       collate_fn=loader.collate_fn), epochs=1))
+    report = run(
+        window_loop(
+            lambda loader: DataLoader(
+                loader.dataset, batch_size=B, shuffle=shuffle, collate_fn=loader.collate_fn
+            ),
+            epochs=1,
+        )
+    )
     assert report.ok and not report.codes, str(report)
     assert report.items_stepped == report.items_total == N

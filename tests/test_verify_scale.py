@@ -15,8 +15,16 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "verify_scale.py"
-COLUMNS = ("loop", "verdict", "loop alone: extra peak, time", "verify's extra peak", "x parameter bytes",
-           "goal <= 4x + activations", "verify / loop time", "goal <= 3x")
+COLUMNS = (
+    "loop",
+    "verdict",
+    "loop alone: extra peak, time",
+    "verify's extra peak",
+    "x parameter bytes",
+    "goal <= 4x + activations",
+    "verify / loop time",
+    "goal <= 3x",
+)
 
 
 def _load():
@@ -35,7 +43,12 @@ def _finite(x):
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("verify_scale") / "figures.json"
     # one child process for all four measurements at --quick (~12 s on a 2-core machine: most of it imports)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, json.loads(out.read_text())
 
@@ -54,13 +67,21 @@ def test_both_loops_measured_with_finite_figures(quick_run):
     assert list(rows) == ["correct", "never-divided"]
     for r in rows.values():
         assert "verify_error" not in r and "error" not in r, r
-        for f in ("alone_s", "verify_s", "time_ratio", "alone_extra_peak_bytes", "verify_extra_peak_bytes", "extra_over_params"):
+        for f in (
+            "alone_s",
+            "verify_s",
+            "time_ratio",
+            "alone_extra_peak_bytes",
+            "verify_extra_peak_bytes",
+            "extra_over_params",
+        ):
             assert _finite(r[f]), (f, r)
         assert r["alone_s"] > 0 and r["verify_s"] > 0 and r["time_ratio"] > 0
         assert r["verdict_as_expected"], r
         assert r["verify_steps"] == r["steps"]  # the run is a whole number of windows: one step each
     assert rows["correct"]["ok"] and not rows["never-divided"]["ok"]
-    assert res["param_count"] == sum(a * b + b for a, b in zip((32, 64, 64), (64, 64, 10)))  # QUICK: 32-64-64-10
+    # QUICK: 32-64-64-10
+    assert res["param_count"] == sum(a * b + b for a, b in zip((32, 64, 64), (64, 64, 10)))
     assert _finite(res["activation_bytes"]) and res["activation_bytes"] > 0
 
 

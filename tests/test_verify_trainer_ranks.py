@@ -65,15 +65,29 @@ class Recording(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         Recording.model_seen = self.model
-        Recording.windows[-1].append(({k: v.detach().clone() for k, v in inputs.items()}, float(num_items_in_batch)))
+        Recording.windows[-1].append(
+            ({k: v.detach().clone() for k, v in inputs.items()}, float(num_items_in_batch))
+        )
         return super().training_step(model, inputs, num_items_in_batch)
 
 
 def make_trainer(out, data, average, cls=Recording, **kw):
-    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=B, gradient_accumulation_steps=K,
-                             num_train_epochs=1, max_grad_norm=0.0, learning_rate=0.05, use_cpu=True, report_to=[],
-                             disable_tqdm=True, logging_strategy="no", save_strategy="no", ddp_find_unused_parameters=False,
-                             average_tokens_across_devices=average, **kw)
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=B,
+        gradient_accumulation_steps=K,
+        num_train_epochs=1,
+        max_grad_norm=0.0,
+        learning_rate=0.05,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+        save_strategy="no",
+        ddp_find_unused_parameters=False,
+        average_tokens_across_devices=average,
+        **kw,
+    )
     return cls(model=tiny_llama(), args=args, train_dataset=data, data_collator=collate)
 
 
@@ -107,9 +121,14 @@ def _run_cases(rank, world, out):
         seen = []  # per step on this rank: (parameters, gradient)
 
         def record(opt, args, kwargs):
-            ps = list(Recording.model_seen.parameters())  # the model's order (the Trainer groups by weight decay)
-            seen.append(([p.detach().double().clone() for p in ps],
-                         torch.cat([p.grad.detach().double().reshape(-1) for p in ps])))
+            # the model's order (the Trainer groups by weight decay)
+            ps = list(Recording.model_seen.parameters())
+            seen.append(
+                (
+                    [p.detach().double().clone() for p in ps],
+                    torch.cat([p.grad.detach().double().reshape(-1) for p in ps]),
+                )
+            )
             Recording.windows.append([])
 
         Recording.windows = [[]]
@@ -120,8 +139,11 @@ def _run_cases(rank, world, out):
             report = verify_trainer(user)
         finally:
             hook.remove()
-        untouched = (all(torch.equal(a, b) for a, b in zip(before, user.model.parameters(), strict=True))
-                     and user.state.global_step == 0 and all(p.grad is None for p in user.model.parameters()))
+        untouched = (
+            all(torch.equal(a, b) for a, b in zip(before, user.model.parameters(), strict=True))
+            and user.state.global_step == 0
+            and all(p.grad is None for p in user.model.parameters())
+        )
         windows = [w for w in Recording.windows if w][: len(seen)]
         mine = [([b for b, _ in w], [nib for _, nib in w], p, g) for w, (p, g) in zip(windows, seen)]
         every = [None] * world
@@ -133,9 +155,16 @@ def _run_cases(rank, world, out):
             truth = sum(o for o, _, _ in per_rank) / sum(c for _, c, _ in per_rank)
             h = sum(o / c for o, c, _ in per_rank) / world  # each rank's own mean, averaged by DDP
             g = every[rank][t][3]
-            steps.append(dict(rel=_rel(g, truth), rel_h=_rel(g, h), counts=[c for _, c, _ in per_rank],
-                              loss_sums=[x for _, _, x in per_rank], divided_by=[sorted(set(e[t][1])) for e in every],
-                              ids=[[i for b in e[t][0] for i in _ids(b, data)] for e in every]))
+            steps.append(
+                dict(
+                    rel=_rel(g, truth),
+                    rel_h=_rel(g, h),
+                    counts=[c for _, c, _ in per_rank],
+                    loss_sums=[x for _, _, x in per_rank],
+                    divided_by=[sorted(set(e[t][1])) for e in every],
+                    ids=[[i for b in e[t][0] for i in _ids(b, data)] for e in every],
+                )
+            )
         results[name] = dict(report=report.to_dict(), text=str(report), steps=steps, untouched=untouched)
     results["fsdp"] = _refused(rank, out)
     with open(f"{out}/rank{rank}.json", "w") as fh:
@@ -154,8 +183,12 @@ def _refused(rank, out):
         error = str(err)
     else:
         error = None
-    untouched = (all(torch.equal(a, b) for a, b in zip(before, user.model.parameters(), strict=True))
-                 and user.state.global_step == 0 and user.args.fsdp is True and all(p.grad is None for p in user.model.parameters()))
+    untouched = (
+        all(torch.equal(a, b) for a, b in zip(before, user.model.parameters(), strict=True))
+        and user.state.global_step == 0
+        and user.args.fsdp is True
+        and all(p.grad is None for p in user.model.parameters())
+    )
     return dict(error=error, trained=Recording.windows != [[]], untouched=untouched)
 
 
@@ -174,15 +207,18 @@ def _codes(case):
 def test_every_rank_gets_the_same_report(job):
     for name in CASES:
         assert job[0][name]["text"] == job[1][name]["text"], name
-        assert job[0][name]["untouched"] and job[1][name]["untouched"], name  # the user's model, on both ranks
+        # the user's model, on both ranks
+        assert job[0][name]["untouched"] and job[1][name]["untouched"], name
 
 
 def test_average_tokens_across_devices_is_exact(job):
     """True (the default): every rank divides by the window's tokens over both ranks and multiplies by 2."""
     c = job[0]["average-tokens"]
     steps = c["steps"]
-    assert len(steps) == 3 and all(s["counts"][0] != s["counts"][1] for s in steps)  # unequal: True vs False matters
-    assert all(s["divided_by"] == [[sum(s["counts"])]] * 2 for s in steps)  # the all-gathered count, on each rank
+    # unequal: True vs False matters
+    assert len(steps) == 3 and all(s["counts"][0] != s["counts"][1] for s in steps)
+    # the all-gathered count, on each rank
+    assert all(s["divided_by"] == [[sum(s["counts"])]] * 2 for s in steps)
     assert all(s["rel"] < EXACT and s["rel_h"] > 0.1 for s in steps)  # the test's oracle: G = g*, far from H
     assert c["report"]["ok"] and c["report"]["status"] == "ok" and not c["report"]["findings"], c["text"]
     assert [s["codes"] for s in c["report"]["steps"]] == [[]] * 3
@@ -206,7 +242,8 @@ def test_per_rank_token_counts_are_per_rank_mean(job):
     """False: each rank divides by its own window's tokens, and DDP averages the two means."""
     c = job[0]["per-rank-tokens"]
     steps = c["steps"]
-    assert all(s["divided_by"] == [[s["counts"][0]], [s["counts"][1]]] for s in steps)  # each rank its own count
+    # each rank its own count
+    assert all(s["divided_by"] == [[s["counts"][0]], [s["counts"][1]]] for s in steps)
     assert all(s["rel_h"] < EXACT and s["rel"] > 0.1 for s in steps)  # the test's oracle: G = H, not g*
     assert not c["report"]["ok"] and _codes(c) == {"per-rank-mean"}, c["text"]
     assert [s["codes"] for s in c["report"]["steps"]] == [["per-rank-mean"]] * 3
@@ -228,13 +265,21 @@ def test_a_length_not_divisible_by_the_ranks_repeats_one_item(job):
     f = c["report"]["findings"][0]
     assert "1 draw(s)" in f["message"] and "every rank" in f["message"] and f["severity"] != "bug", f
     # the repeated sequence's tokens count twice, in the Trainer's N and in verify's: nothing reads as left out
-    assert c["report"]["items_stepped"] == c["report"]["items_total"] == sum(sum(s["counts"]) for s in c["steps"])
+    assert (
+        c["report"]["items_stepped"]
+        == c["report"]["items_total"]
+        == sum(sum(s["counts"]) for s in c["steps"])
+    )
 
 
 def test_fsdp_through_the_trainers_args_is_refused_before_any_work(job):
     for rank in job:
         r = rank["fsdp"]
-        assert r["error"] and r["error"].startswith("trainer.args.fsdp must be unset") and "(got trainer.args.fsdp=True)" in r["error"]
+        assert (
+            r["error"]
+            and r["error"].startswith("trainer.args.fsdp must be unset")
+            and "(got trainer.args.fsdp=True)" in r["error"]
+        )
         assert not r["trained"] and r["untouched"]
 
 
@@ -259,14 +304,19 @@ def user(tmp_path, monkeypatch):
 
 def test_deepspeed_is_refused_by_name(user):
     user.args.deepspeed = {"zero_optimization": {"stage": 2}}  # as built under deepspeed (not installed here)
-    with pytest.raises(ValueError, match=r"trainer.args.deepspeed must be unset: .*DeepSpeed.*\(got trainer.args.deepspeed="
-                                         r"\{'zero_optimization': \{'stage': 2\}\}\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.args.deepspeed must be unset: .*DeepSpeed.*\(got trainer.args.deepspeed="
+        r"\{'zero_optimization': \{'stage': 2\}\}\)",
+    ):
         verify_trainer(user)
 
 
 def test_fsdp_from_an_accelerate_config_is_refused_by_name(user):
     user.is_fsdp_enabled = True  # what `accelerate launch` with an FSDP config sets on the Trainer
-    with pytest.raises(ValueError, match=r"trainer.is_fsdp_enabled must be False: .*\(got trainer.is_fsdp_enabled=True\)"):
+    with pytest.raises(
+        ValueError, match=r"trainer.is_fsdp_enabled must be False: .*\(got trainer.is_fsdp_enabled=True\)"
+    ):
         verify_trainer(user)
 
 
@@ -278,6 +328,9 @@ def test_data_parallel_is_refused_by_name(user, monkeypatch):
 
 def test_a_world_size_without_its_process_group_is_refused(user, monkeypatch):
     monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: 2))
-    with pytest.raises(ValueError, match=r"trainer.args.world_size must be the size of the process group .*"
-                                         r"\(got world_size=2, process group of 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.args.world_size must be the size of the process group .*"
+        r"\(got world_size=2, process group of 1\)",
+    ):
         verify_trainer(user)

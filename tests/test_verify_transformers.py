@@ -31,8 +31,17 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 import accumlib
 from accumlib.tolerances import FLOAT32_RTOL
 
-transformers = pytest.importorskip("transformers", reason="transformers is in the test extra (pip install -e .[test])")
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is in the test extra (pip install -e .[test])"
+)
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainingArguments,
+)  # noqa: E402
 
 V = 64  # vocabulary: a one-layer model over it trains an epoch in well under a second
 K, B = 4, 2  # 22 sequences / B = 11 micro-batches: windows of 4, 4, 3
@@ -78,10 +87,17 @@ def gpt2() -> GPT2LMHeadModel:
 
 def llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-    ))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=V,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    )
 
 
 MODELS = {"gpt2": gpt2, "llama": llama}
@@ -97,7 +113,10 @@ class Windows:
         self.open: list[torch.Tensor] = []
 
     def attach(self, model: torch.nn.Module) -> list:
-        return [model.register_forward_pre_hook(self._forward, with_kwargs=True), register_optimizer_step_pre_hook(self._step)]
+        return [
+            model.register_forward_pre_hook(self._forward, with_kwargs=True),
+            register_optimizer_step_pre_hook(self._step),
+        ]
 
     def _forward(self, module, args, kwargs) -> None:
         if "labels" in kwargs:  # the Trainer's forwards; an item_losses forward passes none
@@ -109,7 +128,9 @@ class Windows:
 
     def counts(self) -> list[tuple[int, int]]:
         """(N, S) per step: predicted tokens (labels after the shift) and sequences."""
-        return [(sum(int((y[:, 1:] != -100).sum()) for y in w), sum(y.shape[0] for y in w)) for w in self.windows]
+        return [
+            (sum(int((y[:, 1:] != -100).sum()) for y in w), sum(y.shape[0] for y in w)) for w in self.windows
+        ]
 
 
 def reset_accelerate() -> None:
@@ -127,14 +148,30 @@ def trainer_loop(output_dir, windows: Windows | None = None, **overrides):
 
     def train_fn(model, optimizer, loader):
         args = TrainingArguments(
-            output_dir=str(output_dir), per_device_train_batch_size=loader.batch_size, gradient_accumulation_steps=K,
-            num_train_epochs=1, lr_scheduler_type="constant", learning_rate=LR, report_to=[], save_strategy="no",
-            logging_strategy="no", use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True, **overrides,
+            output_dir=str(output_dir),
+            per_device_train_batch_size=loader.batch_size,
+            gradient_accumulation_steps=K,
+            num_train_epochs=1,
+            lr_scheduler_type="constant",
+            learning_rate=LR,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            use_cpu=True,
+            dataloader_num_workers=0,
+            seed=0,
+            disable_tqdm=True,
+            **overrides,
         )
         # the loader's dataset and collate_fn are verify's recording wrappers: the Trainer's own
         # DataLoader (shuffled, prepared by Accelerate) goes through them
-        trainer = Trainer(model=model, args=args, train_dataset=loader.dataset, data_collator=loader.collate_fn,
-                          optimizers=(optimizer, None))
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=loader.dataset,
+            data_collator=loader.collate_fn,
+            optimizers=(optimizer, None),
+        )
         hooks = windows.attach(model) if windows is not None else []
         try:
             trainer.train()
@@ -145,12 +182,24 @@ def trainer_loop(output_dir, windows: Windows | None = None, **overrides):
     return train_fn
 
 
-def run(model: torch.nn.Module, output_dir, windows: Windows | None = None, verify_kw: dict | None = None, **overrides):
+def run(
+    model: torch.nn.Module,
+    output_dir,
+    windows: Windows | None = None,
+    verify_kw: dict | None = None,
+    **overrides,
+):
     reset_accelerate()
     try:
         return accumlib.verify(
-            trainer_loop(output_dir, windows, **overrides), model=model, dataset=DATA, item_losses=causal_lm_losses,
-            accum_steps=K, batch_size=B, collate_fn=collate, optimizer=lambda ps: torch.optim.SGD(ps, lr=LR),
+            trainer_loop(output_dir, windows, **overrides),
+            model=model,
+            dataset=DATA,
+            item_losses=causal_lm_losses,
+            accum_steps=K,
+            batch_size=B,
+            collate_fn=collate,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=LR),
             **(verify_kw or {}),
         )
     finally:
@@ -166,7 +215,10 @@ def judged(tmp_path_factory):
         if (name, max_grad_norm) not in cache:
             windows = Windows()
             out = tmp_path_factory.mktemp(f"{name}-clip{max_grad_norm}")
-            cache[name, max_grad_norm] = run(MODELS[name](), out, windows, max_grad_norm=max_grad_norm), windows
+            cache[name, max_grad_norm] = (
+                run(MODELS[name](), out, windows, max_grad_norm=max_grad_norm),
+                windows,
+            )
         return cache[name, max_grad_norm]
 
     return get
@@ -192,11 +244,16 @@ def test_trainer_gradient_against_the_token_mean_without_verify(tmp_path, name, 
 
     def on_step(opt, args, kwargs):
         params = [p for g in opt.param_groups for p in g["params"]]
-        captured.append(([p.grad.detach().clone() for p in params], [p.detach().clone() for p in params], list(seen)))
+        captured.append(
+            ([p.grad.detach().clone() for p in params], [p.detach().clone() for p in params], list(seen))
+        )
         seen.clear()
 
     loader = torch.utils.data.DataLoader(DATA, batch_size=B, collate_fn=collate)
-    hooks = [model.register_forward_pre_hook(on_forward, with_kwargs=True), register_optimizer_step_pre_hook(on_step)]
+    hooks = [
+        model.register_forward_pre_hook(on_forward, with_kwargs=True),
+        register_optimizer_step_pre_hook(on_step),
+    ]
     reset_accelerate()
     try:
         trainer_loop(tmp_path, max_grad_norm=0.0)(model, optimizer, loader)
@@ -212,7 +269,9 @@ def test_trainer_gradient_against_the_token_mean_without_verify(tmp_path, name, 
             for p, q in zip(fresh.parameters(), params):
                 p.copy_(q)
         losses = torch.cat([causal_lm_losses(fresh, b) for b in window])
-        true = torch.cat([g.flatten() for g in torch.autograd.grad(losses.mean(), list(fresh.parameters()))]).double()
+        true = torch.cat(
+            [g.flatten() for g in torch.autograd.grad(losses.mean(), list(fresh.parameters()))]
+        ).double()
         got = torch.cat([g.flatten() for g in grads]).double()
         n, s = losses.numel(), sum(b["input_ids"].shape[0] for b in window)
         ratio = float(got @ true / (true @ true))  # least-squares scale of the true gradient

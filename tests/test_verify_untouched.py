@@ -34,6 +34,7 @@ class Patched(torch.nn.Module):
 
         def count(module, args):  # a hook closing over the model
             owner.calls += 1
+
         self.register_forward_pre_hook(count)
 
     def forward(self, x):
@@ -57,10 +58,12 @@ def losses(model, batch):
 def windows(model, opt, loader, divide=True):
     batches = list(loader)
     for s in range(0, len(batches), K):
-        window = batches[s:s + K]
+        window = batches[s : s + K]
         n = sum(len(y) for _, y in window)
         for x, y in window:
-            (F.cross_entropy(model(x), y, reduction="sum") / n if divide else F.cross_entropy(model(x), y)).backward()
+            (
+                F.cross_entropy(model(x), y, reduction="sum") / n if divide else F.cross_entropy(model(x), y)
+            ).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -69,14 +72,24 @@ def test_the_callers_patched_model_is_untouched_and_the_copy_judged():
     model, data = patched(), accumlib.data.digits(110)
     before = copy.deepcopy(model.state_dict())
     items = [t.clone() for t in data.tensors]
-    report = accumlib.verify(windows, model=model, dataset=data, item_losses=losses, accum_steps=K, batch_size=8)
-    assert report.ok and not report.codes and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(report)
+    report = accumlib.verify(
+        windows, model=model, dataset=data, item_losses=losses, accum_steps=K, batch_size=8
+    )
+    assert report.ok and not report.codes and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(
+        report
+    )
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
     assert model.calls == 0  # no forward of verify's ran the caller's hook
     assert all(torch.equal(a, b) for a, b in zip(items, data.tensors))
-    naive = accumlib.verify(lambda m, o, dl: windows(m, o, dl, divide=False), model=model, dataset=data,
-                            item_losses=losses, accum_steps=K, batch_size=8)
+    naive = accumlib.verify(
+        lambda m, o, dl: windows(m, o, dl, divide=False),
+        model=model,
+        dataset=data,
+        item_losses=losses,
+        accum_steps=K,
+        batch_size=8,
+    )
     assert naive.codes == {"unscaled-sum"}, str(naive)
     assert all(p.grad is None for p in model.parameters()) and model.calls == 0
 
@@ -87,9 +100,15 @@ def torch_as_it_is():
     from torch.optim.optimizer import _global_optimizer_pre_hooks
     from torch.utils.data import DataLoader
 
-    return (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_, torch.amp.GradScaler.step,
-            torch.amp.GradScaler.scale, torch.optim.lr_scheduler.LRScheduler.step, DataLoader.__iter__,
-            list(_global_optimizer_pre_hooks))
+    return (
+        torch.nn.utils.clip_grad_norm_,
+        torch.nn.utils.clip_grad.clip_grad_norm_,
+        torch.amp.GradScaler.step,
+        torch.amp.GradScaler.scale,
+        torch.optim.lr_scheduler.LRScheduler.step,
+        DataLoader.__iter__,
+        list(_global_optimizer_pre_hooks),
+    )
 
 
 def test_torch_is_left_as_verify_found_it_after_a_run_a_max_steps_stop_and_an_error():
@@ -103,8 +122,15 @@ def test_torch_is_left_as_verify_found_it_after_a_run_a_max_steps_stop_and_an_er
     for kw in runs:
         fn = kw.pop("fn")
         try:
-            accumlib.verify(fn, model=patched(), dataset=accumlib.data.digits(64), item_losses=losses, accum_steps=K,
-                            batch_size=8, **kw)
+            accumlib.verify(
+                fn,
+                model=patched(),
+                dataset=accumlib.data.digits(64),
+                item_losses=losses,
+                accum_steps=K,
+                batch_size=8,
+                **kw,
+            )
         except KeyError:
             assert fn is broken
         assert torch_as_it_is() == before, fn.__name__

@@ -22,6 +22,7 @@ still resolves ``accumlib`` to the mutated copy, in spawned ranks and kernels to
 written there: two mutants of the same size written in the same second would otherwise share a
 stale .pyc.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,33 +50,36 @@ PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts="
 class Mutant:
     """One mistake: ``old`` (which must occur exactly once in ``file``, or ``at`` picks the
     occurrence) becomes ``new``."""
+
     name: str
     file: str
     old: str
     new: str
     at: int | None = None
-    equivalent: str = ""   # why the change cannot alter behaviour; such a mutant leaves the score
-    tests: tuple[str, ...] = ()   # overrides the group's TESTS
+    equivalent: str = ""  # why the change cannot alter behaviour; such a mutant leaves the score
+    tests: tuple[str, ...] = ()  # overrides the group's TESTS
 
     def apply(self, text: str) -> str:
         n = text.count(self.old)
         if self.at is None and n != 1:
-            raise ValueError(f"mutant {self.name!r}: old must occur exactly once in {self.file} (found {n}); "
-                             f"give at=<occurrence index>")
+            raise ValueError(
+                f"mutant {self.name!r}: old must occur exactly once in {self.file} (found {n}); "
+                f"give at=<occurrence index>"
+            )
         if self.at is not None and not 0 <= self.at < n:
             raise ValueError(f"mutant {self.name!r}: at must be in [0, {n}) for {self.file} (got {self.at})")
         i = -1
         for _ in range((self.at or 0) + 1):
             i = text.index(self.old, i + 1)
-        return text[:i] + self.new + text[i + len(self.old):]
+        return text[:i] + self.new + text[i + len(self.old) :]
 
 
 def load(group: str):
     if str(CATALOGUE.parent) not in sys.path:
-        sys.path.insert(0, str(CATALOGUE.parent))   # the catalogues import Mutant from this file
+        sys.path.insert(0, str(CATALOGUE.parent))  # the catalogues import Mutant from this file
     spec = importlib.util.spec_from_file_location(f"mutants_{group}", CATALOGUE / f"{group}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod   # dataclasses resolve annotations through sys.modules
+    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(mod)
     return mod
 
@@ -85,8 +89,12 @@ def groups() -> list[str]:
 
 
 def copy_tree(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     for f in filter(None, files):
         src = ROOT / f.decode()
         if src.is_file():
@@ -96,12 +104,19 @@ def copy_tree(dest: Path) -> None:
 
 def run_tests(tree: Path, tests, extra, timeout: float) -> tuple[str, float, str]:
     env = os.environ | {"PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
-    if (ROOT / ".venv" / "pycache").is_dir():   # the Makefile's bytecode of torch & co., read only
+    if (ROOT / ".venv" / "pycache").is_dir():  # the Makefile's bytecode of torch & co., read only
         env.setdefault("PYTHONPYCACHEPREFIX", str(ROOT / ".venv" / "pycache"))
     t = time.perf_counter()
     # its own session, so that a timeout kills spawned ranks and kernels with it
-    p = subprocess.Popen([sys.executable, *PYTEST, *extra, *tests], cwd=tree, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, *PYTEST, *extra, *tests],
+        cwd=tree,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -111,14 +126,18 @@ def run_tests(tree: Path, tests, extra, timeout: float) -> tuple[str, float, str
     # pytest's exit codes: 0 all passed, 1 some failed, 2 interrupted or a collection error;
     # anything else (5: nothing collected) means the group's test list is wrong
     status = {0: "survived", 1: "killed", 2: "killed"}.get(p.returncode, f"error rc={p.returncode}")
-    lines = [ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))] or out.strip().splitlines()[-1:]
+    lines = [ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))] or out.strip().splitlines()[
+        -1:
+    ]
     return status, time.perf_counter() - t, (lines[0] if lines else "")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("groups", nargs="*", help=f"groups to run (default all: {', '.join(groups())})")
-    ap.add_argument("--only", default="", help="run only mutants whose name contains this string (results not recorded)")
+    ap.add_argument(
+        "--only", default="", help="run only mutants whose name contains this string (results not recorded)"
+    )
     ap.add_argument("--list", action="store_true", help="check and print the catalogue, run nothing")
     a = ap.parse_args(argv)
     unknown = set(a.groups) - set(groups())
@@ -128,8 +147,11 @@ def main(argv=None) -> int:
     if a.list:
         for g in chosen:
             for m in (m for m in load(g).MUTANTS if a.only in m.name):
-                compile(m.apply((ROOT / m.file).read_text()), m.file, "exec")   # stale, ambiguous or broken: an error here
-                print(f"{g:12} {m.file}: {m.name}" + (f"  [equivalent: {m.equivalent}]" if m.equivalent else ""))
+                # stale, ambiguous or broken: an error here
+                compile(m.apply((ROOT / m.file).read_text()), m.file, "exec")
+                print(
+                    f"{g:12} {m.file}: {m.name}" + (f"  [equivalent: {m.equivalent}]" if m.equivalent else "")
+                )
         return 0
 
     results = {}
@@ -140,7 +162,7 @@ def main(argv=None) -> int:
             results[g] = run_group(g, tree, a.only)
             if results[g] is None:
                 return 2
-    if not a.only:   # a whole group's run replaces its entry in the record, and the page is redrawn
+    if not a.only:  # a whole group's run replaces its entry in the record, and the page is redrawn
         record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
         record.update(results)
         RECORD.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
@@ -175,18 +197,32 @@ def run_group(g: str, tree: Path, only: str = "") -> dict | None:
             path.write_text(original)
         if status == "survived" and m.equivalent:
             status = "equivalent"
-        print(f"  {status:10} {secs:5.0f} s  {m.name}" + (f"\n             {tail}" if status == "killed" else ""), flush=True)
-        rows.append({"name": m.name, "file": m.file, "status": status, "detail": tail if status == "killed" else "",
-                     "equivalent": m.equivalent})
+        print(
+            f"  {status:10} {secs:5.0f} s  {m.name}"
+            + (f"\n             {tail}" if status == "killed" else ""),
+            flush=True,
+        )
+        rows.append(
+            {
+                "name": m.name,
+                "file": m.file,
+                "status": status,
+                "detail": tail if status == "killed" else "",
+                "equivalent": m.equivalent,
+            }
+        )
     c = tally(rows)
-    print(f"{g}: killed {c['killed']} (+{c['timeout']} by timeout) of {c['judged']} non-equivalent "
-          f"({score(c)}); {c['equivalent']} equivalent", flush=True)
+    print(
+        f"{g}: killed {c['killed']} (+{c['timeout']} by timeout) of {c['judged']} non-equivalent "
+        f"({score(c)}); {c['equivalent']} equivalent",
+        flush=True,
+    )
     return {"tests": list(mod.TESTS), "baseline_s": round(base), "mutants": rows}
 
 
 def tally(rows) -> dict:
     c = {k: sum(r["status"] == k for r in rows) for k in ("killed", "timeout", "survived", "equivalent")}
-    c["survived"] += sum(r["status"].startswith("error") for r in rows)   # a wrong test list counts against
+    c["survived"] += sum(r["status"].startswith("error") for r in rows)  # a wrong test list counts against
     c["judged"] = c["killed"] + c["timeout"] + c["survived"]
     return c
 
@@ -206,23 +242,35 @@ def render(record: dict) -> str:
     by_module: dict[str, list] = {}
     for r in rows:
         by_module.setdefault(module_of(r["file"]), []).append(r)
-    lines = ["# Mutation score", "",
-             "Written by `tools/mutate.py` from `tools/mutation.json` (each group's latest whole run). A mutant is",
-             "killed when the tests that cover its module fail; *equivalent* mutants (argued in their catalogue,",
-             "`tools/mutants/`) leave the score, which is killed / non-equivalent.", "",
-             "| module | mutants | killed | timeout | survived | equivalent | score |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Mutation score",
+        "",
+        "Written by `tools/mutate.py` from `tools/mutation.json` (each group's latest whole run). A mutant is",
+        "killed when the tests that cover its module fail; *equivalent* mutants (argued in their catalogue,",
+        "`tools/mutants/`) leave the score, which is killed / non-equivalent.",
+        "",
+        "| module | mutants | killed | timeout | survived | equivalent | score |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for mod, rs in sorted(by_module.items()):
         c = tally(rs)
-        lines.append(f"| `{mod}` | {len(rs)} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['equivalent']} | {score(c)} |")
+        lines.append(
+            f"| `{mod}` | {len(rs)} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['equivalent']} | {score(c)} |"
+        )
     c = tally(rows)
-    lines.append(f"| all | {len(rows)} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['equivalent']} | {score(c)} |")
+    lines.append(
+        f"| all | {len(rows)} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['equivalent']} | {score(c)} |"
+    )
     lines += ["", "| group | tests run per mutant | baseline |", "|---|---|---|"]
     lines += [f"| {g} | {' '.join(v['tests'])} | {v['baseline_s']} s |" for g, v in record.items()]
     rest = [r for r in rows if r["status"] != "killed"]
     if rest:
         lines += ["", "## Not killed", ""]
-        lines += [f"- `{r['file']}`: {r['name']} ({r['status']})" + (f": {r['equivalent']}" if r["equivalent"] else "")
-                  for r in rest]
+        lines += [
+            f"- `{r['file']}`: {r['name']} ({r['status']})"
+            + (f": {r['equivalent']}" if r["equivalent"] else "")
+            for r in rest
+        ]
     return "\n".join(lines) + "\n"
 
 

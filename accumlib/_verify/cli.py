@@ -47,7 +47,9 @@ def _load(target: str) -> tuple[ModuleType, Any]:
         spec.loader.exec_module(module)
     except Exception as err:  # SyntaxError, ImportError, ...: the file cannot be used, the loop was never run
         traceback.print_exc()
-        raise UsageError(f"target file must import cleanly (importing {path} raised {type(err).__name__}: {err})") from None
+        raise UsageError(
+            f"target file must import cleanly (importing {path} raised {type(err).__name__}: {err})"
+        ) from None
     finally:
         sys.path.pop(0)
     fn = getattr(module, name, None)
@@ -63,18 +65,32 @@ def _task(args: argparse.Namespace, module: ModuleType) -> dict[str, Any]:
         if len(args.task) != 1:
             raise UsageError(f"--task must be given once with a target (got {args.task})")
         t = get_task(args.task[0])
-        return dict(model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
-                    collate_fn=t.collate_fn, accum_steps=t.accum_steps, batch_size=t.batch_size, optimizer=None)
+        return dict(
+            model=t.make_model(0),
+            dataset=t.make_dataset(),
+            item_losses=t.item_losses,
+            collate_fn=t.collate_fn,
+            accum_steps=t.accum_steps,
+            batch_size=t.batch_size,
+            optimizer=None,
+        )
     missing = [n for n in ("item_losses", "make_model") if not callable(getattr(module, n, None))]
     if not (callable(getattr(module, "make_dataset", None)) or hasattr(module, "dataset")):
         missing.append("make_dataset or dataset")
     if missing:
-        raise UsageError(f"without --task the file must define {', '.join(missing)} (see `accumlib verify --help`)")
+        raise UsageError(
+            f"without --task the file must define {', '.join(missing)} (see `accumlib verify --help`)"
+        )
     make = getattr(module, "make_dataset", None)
-    return dict(model=_call(module.make_model, "make_model"), dataset=_call(make, "make_dataset") if callable(make) else module.dataset,
-                item_losses=module.item_losses, collate_fn=getattr(module, "collate_fn", None),
-                accum_steps=getattr(module, "ACCUM_STEPS", None), batch_size=getattr(module, "BATCH_SIZE", None),
-                optimizer=getattr(module, "make_optimizer", None))
+    return dict(
+        model=_call(module.make_model, "make_model"),
+        dataset=_call(make, "make_dataset") if callable(make) else module.dataset,
+        item_losses=module.item_losses,
+        collate_fn=getattr(module, "collate_fn", None),
+        accum_steps=getattr(module, "ACCUM_STEPS", None),
+        batch_size=getattr(module, "BATCH_SIZE", None),
+        optimizer=getattr(module, "make_optimizer", None),
+    )
 
 
 def _call(fn: Any, name: str) -> Any:
@@ -83,7 +99,9 @@ def _call(fn: Any, name: str) -> Any:
         return fn()
     except Exception as err:
         traceback.print_exc()
-        raise UsageError(f"{name}() in the target file must build its object (it raised {type(err).__name__}: {err})") from None
+        raise UsageError(
+            f"{name}() in the target file must build its object (it raised {type(err).__name__}: {err})"
+        ) from None
 
 
 def run_target(args: argparse.Namespace) -> int:
@@ -95,22 +113,34 @@ def run_target(args: argparse.Namespace) -> int:
         if args.loop:
             raise UsageError("--loop selects reference loops; it cannot be combined with a target")
         if args.device != "cpu":
-            raise UsageError(f"--device applies to the reference table; with a target, make_model places the model (got {args.device!r})")
+            raise UsageError(
+                f"--device applies to the reference table; with a target, make_model places the model (got {args.device!r})"
+            )
         module, fn = _load(args.target)
         kw = _task(args, module)
         kw["accum_steps"] = args.accum_steps if args.accum_steps is not None else kw["accum_steps"]
         kw["batch_size"] = args.batch_size if args.batch_size is not None else kw["batch_size"]
         for flag in ("accum_steps", "batch_size"):
             if kw[flag] is None:
-                raise UsageError(f"--{flag.replace('_', '-')} is required when the file does not set {flag.upper()}")
+                raise UsageError(
+                    f"--{flag.replace('_', '-')} is required when the file does not set {flag.upper()}"
+                )
         check_accum_steps(kw["accum_steps"])
         kw["max_steps"] = args.max_steps
         if args.world_size != 1:
             from ..distributed.launch import check_world_size
 
             check_world_size(args.world_size)
-        check_args(fn, kw["model"], kw["dataset"], kw["item_losses"], kw["batch_size"], kw["optimizer"], kw["collate_fn"],
-                   kw["max_steps"])
+        check_args(
+            fn,
+            kw["model"],
+            kw["dataset"],
+            kw["item_losses"],
+            kw["batch_size"],
+            kw["optimizer"],
+            kw["collate_fn"],
+            kw["max_steps"],
+        )
     except (UsageError, ValueError, TypeError) as err:
         print(f"accumlib verify: error: {err}", file=sys.stderr)
         return EXIT_STATUS["usage"]
@@ -140,12 +170,19 @@ def _run_ranks(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="accumlib-verify-") as out:
         try:
-            launch(rank_main, (vars(args) | {"func": None}, out), world_size=args.world_size, timeout=args.timeout)
+            launch(
+                rank_main,
+                (vars(args) | {"func": None}, out),
+                world_size=args.world_size,
+                timeout=args.timeout,
+            )
         except Exception as err:  # a rank raised (its traceback is in the error) or the job ran out of time
             print(err, file=sys.stderr)
             cannot = "VerifyError" in str(err)
-            print(f"accumlib verify: {'cannot judge' if cannot else 'the loop raised on a rank (exit 3); nothing was judged'}",
-                  file=sys.stderr)
+            print(
+                f"accumlib verify: {'cannot judge' if cannot else 'the loop raised on a rank (exit 3); nothing was judged'}",
+                file=sys.stderr,
+            )
             return EXIT_STATUS["cannot-judge" if cannot else "raised"]
         result = Path(out, "report.txt").read_text()
         status = int(Path(out, "status").read_text())

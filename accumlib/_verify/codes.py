@@ -21,116 +21,174 @@ class Code:
 
 CODES: dict[str, Code] = {
     "unscaled-sum": Code(
-        "bug", "the step's gradient is the sum of its m micro-batch means, about m x the true gradient: the loss was never divided",
-        "divide each micro-batch's loss so the window's items weigh 1/N each: (losses.sum() / n_items_in_window).backward()"),
+        "bug",
+        "the step's gradient is the sum of its m micro-batch means, about m x the true gradient: the loss was never divided",
+        "divide each micro-batch's loss so the window's items weigh 1/N each: (losses.sum() / n_items_in_window).backward()",
+    ),
     "mean-of-means": Code(
-        "bug", "micro-batches with different item counts were weighted per micro-batch, not per item",
-        "weigh items, not micro-batches: count the window's items N first, then backward losses.sum() / N"),
+        "bug",
+        "micro-batches with different item counts were weighted per micro-batch, not per item",
+        "weigh items, not micro-batches: count the window's items N first, then backward losses.sum() / N",
+    ),
     "misscaled": Code(
-        "bug", "at each of these steps every micro-batch's share of the gradient is scaled by one factor c != 1 "
+        "bug",
+        "at each of these steps every micro-batch's share of the gradient is scaled by one factor c != 1 "
         "(the c column gives each step's)",
-        "divide the window's summed item losses by exactly the number of items item_losses counts (N), nothing else"),
+        "divide the window's summed item losses by exactly the number of items item_losses counts (N), nothing else",
+    ),
     "tail-dropped": Code(
-        "bug", "items reached no optimizer step",
+        "bug",
+        "items reached no optimizer step",
         "step the last, partial window too (`if (i + 1) % k == 0 or i + 1 == len(loader)`), dividing it by its own item "
-        "count, not by k (accumlib.ragged does both)"),
+        "count, not by k (accumlib.ragged does both)",
+    ),
     "tail-misscaled": Code(
-        "bug", "the last, partial window was divided as if it held all {k} micro-batches",
-        "divide the last window by its own item count, not by k micro-batches' worth"),
+        "bug",
+        "the last, partial window was divided as if it held all {k} micro-batches",
+        "divide the last window by its own item count, not by k micro-batches' worth",
+    ),
     "zero-grad-inside-window": Code(
-        "bug", "earlier micro-batches of a window (almost) never reached the step: .grad was zeroed, or shrunk again "
+        "bug",
+        "earlier micro-batches of a window (almost) never reached the step: .grad was zeroed, or shrunk again "
         "(divided inside the loop), between micro-batches of one window",
-        "call optimizer.zero_grad() only right after optimizer.step(), and divide .grad (if at all) once, after the last micro-batch"),
+        "call optimizer.zero_grad() only right after optimizer.step(), and divide .grad (if at all) once, after the last micro-batch",
+    ),
     "no-zero-grad": Code(
-        "bug", "gradients of an earlier window leaked into this step: .grad was not zeroed after the previous step",
-        "call optimizer.zero_grad(set_to_none=True) after every optimizer.step()"),
+        "bug",
+        "gradients of an earlier window leaked into this step: .grad was not zeroed after the previous step",
+        "call optimizer.zero_grad(set_to_none=True) after every optimizer.step()",
+    ),
     "early-step": Code(
-        "bug", "the optimizer stepped more often than every {k} micro-batches",
-        "step once per window: when (i + 1) % accum_steps == 0 or at the last micro-batch"),
+        "bug",
+        "the optimizer stepped more often than every {k} micro-batches",
+        "step once per window: when (i + 1) % accum_steps == 0 or at the last micro-batch",
+    ),
     "scheduler-per-micro-batch": Code(
-        "bug", "the learning rate changed between micro-batches of one window (a scheduler stepped per micro-batch)",
-        "call scheduler.step() next to optimizer.step(), once per window"),
+        "bug",
+        "the learning rate changed between micro-batches of one window (a scheduler stepped per micro-batch)",
+        "call scheduler.step() next to optimizer.step(), once per window",
+    ),
     "frozen-inside-window": Code(
-        "bug", "a parameter was frozen or unfrozen (requires_grad) between micro-batches of one window, so its gradient "
+        "bug",
+        "a parameter was frozen or unfrozen (requires_grad) between micro-batches of one window, so its gradient "
         "covers only part of the window's items while the rest of the model's covers all of them",
-        "change requires_grad only between optimizer steps (right after optimizer.zero_grad()), never inside a window"),
+        "change requires_grad only between optimizer steps (right after optimizer.zero_grad()), never inside a window",
+    ),
     "clip-per-micro-batch": Code(
-        "bug", "gradients were clipped before the window's gradient was complete",
-        "clip once, after the window's last backward and right before optimizer.step()"),
+        "bug",
+        "gradients were clipped before the window's gradient was complete",
+        "clip once, after the window's last backward and right before optimizer.step()",
+    ),
     "clip-before-unscale": Code(
-        "bug", "clipping ran on GradScaler-scaled gradients, so it clipped (almost) everything",
-        "call scaler.unscale_(optimizer) before clip_grad_norm_"),
+        "bug",
+        "clipping ran on GradScaler-scaled gradients, so it clipped (almost) everything",
+        "call scaler.unscale_(optimizer) before clip_grad_norm_",
+    ),
     "logged-loss-scaled": Code(
-        "bug", "the loss the loop reports is off by about {k} = accum_steps",
-        "log the undivided loss (or multiply back by the divisor) when reporting"),
+        "bug",
+        "the loss the loop reports is off by about {k} = accum_steps",
+        "log the undivided loss (or multiply back by the divisor) when reporting",
+    ),
     "unexplained": Code(
-        "bug", "the step's gradient differs from the true large-batch gradient in a way no known bug explains",
+        "bug",
+        "the step's gradient differs from the true large-batch gradient in a way no known bug explains",
         "first check that item_losses computes the loop's own loss (same reduction, masking, label shift, extra terms); "
-        "then compare the loop with accumlib.ragged line by line"),
+        "then compare the loop with accumlib.ragged line by line",
+    ),
     "non-finite": Code(
-        "bug", "the gradient the optimizer saw holds inf or nan",
-        "lower the learning rate or check the data; with GradScaler, make sure it can skip steps"),
+        "bug",
+        "the gradient the optimizer saw holds inf or nan",
+        "lower the learning rate or check the data; with GradScaler, make sure it can skip steps",
+    ),
     "no-items": Code(
-        "bug", "the optimizer stepped on a window with no items",
-        "make sure every window holds at least one item the loss counts"),
+        "bug",
+        "the optimizer stepped on a window with no items",
+        "make sure every window holds at least one item the loss counts",
+    ),
     "per-rank-mean": Code(
-        "bug", "each rank divided its window's loss by its own item count N_r, so the job's gradient is the mean of the "
+        "bug",
+        "each rank divided its window's loss by its own item count N_r, so the job's gradient is the mean of the "
         "ranks' means, G = (1/R) sum_r O_r / N_r: the items of a rank holding fewer weigh more",
         "count the window's items on every rank and all-reduce the count (N = sum_r N_r); backward losses.sum() * R / N "
-        "under DDP's average (with a transformers Trainer: average_tokens_across_devices=True)"),
+        "under DDP's average (with a transformers Trainer: average_tokens_across_devices=True)",
+    ),
     "ranks-diverged": Code(
-        "bug", "the ranks applied different gradients, or held different parameters, at these steps: the gradient was "
+        "bug",
+        "the ranks applied different gradients, or held different parameters, at these steps: the gradient was "
         "never synchronized across ranks",
         "let the window's last backward synchronize: run it outside model.no_sync() (DDP), or with "
-        "set_requires_gradient_sync(True) (FSDP2)"),
+        "set_requires_gradient_sync(True) (FSDP2)",
+    ),
     "unsharded-data": Code(
-        "bug", "every rank drew the same dataset items, so R ranks did the work of one: the job's large batch is R copies "
+        "bug",
+        "every rank drew the same dataset items, so R ranks did the work of one: the job's large batch is R copies "
         "of one rank's window",
-        "give each rank its own shard: DataLoader(loader.dataset, sampler=DistributedSampler(loader.dataset), ...)"),
+        "give each rank its own shard: DataLoader(loader.dataset, sampler=DistributedSampler(loader.dataset), ...)",
+    ),
     "uneven-steps": Code(
-        "bug", "the ranks stepped a different number of times: steps some ranks took alone were judged on "
+        "bug",
+        "the ranks stepped a different number of times: steps some ranks took alone were judged on "
         "their own rank only",
         "give every rank the same number of micro-batches (DistributedSampler pads to equal length; with drop_last, "
-        "all ranks drop alike), and step on the same micro-batch everywhere"),
+        "all ranks drop alike), and step on the same micro-batch everywhere",
+    ),
     "sync-every-micro-batch": Code(
-        "cost", "the gradient was synchronized across ranks after every micro-batch, not once per window: "
+        "cost",
+        "the gradient was synchronized across ranks after every micro-batch, not once per window: "
         "the result is right, but it pays k all-reduces per step where one would do",
         "run the window's other backwards inside model.no_sync() (DDP; the forward as well: DDP decides at the "
-        "forward), or set_requires_gradient_sync(False) (FSDP2); a Trainer and Accelerate's accumulate() do this"),
+        "forward), or set_requires_gradient_sync(False) (FSDP2); a Trainer and Accelerate's accumulate() do this",
+    ),
     "sharded-model": Code(
-        "note", "the model is sharded (FSDP2 fully_shard): to judge it, verify's oracle holds a whole copy of the parameters "
+        "note",
+        "the model is sharded (FSDP2 fully_shard): to judge it, verify's oracle holds a whole copy of the parameters "
         "on every rank and gathers each gradient whole at every step ({size} per rank, plus one gradient-sized buffer)",
-        "nothing to fix; on a model too large to hold whole on one device, verify a smaller configuration of it"),
+        "nothing to fix; on a model too large to hold whole on one device, verify a smaller configuration of it",
+    ),
     "batchnorm": Code(
-        "limit", "the model holds BatchNorm: per-micro-batch statistics differ from the large batch's, so no loop can match it",
-        "replace BatchNorm with GroupNorm or LayerNorm, or accept per-micro-batch statistics"),
+        "limit",
+        "the model holds BatchNorm: per-micro-batch statistics differ from the large batch's, so no loop can match it",
+        "replace BatchNorm with GroupNorm or LayerNorm, or accept per-micro-batch statistics",
+    ),
     "untracked-data": Code(
-        "limit", "the loop's forwards ran on data that did not come from the loader verify handed it, so those steps "
+        "limit",
+        "the loop's forwards ran on data that did not come from the loader verify handed it, so those steps "
         "could not be judged",
-        "iterate the `loader` argument (or a DataLoader over loader.dataset with loader.collate_fn) inside train_fn"),
+        "iterate the `loader` argument (or a DataLoader over loader.dataset with loader.collate_fn) inside train_fn",
+    ),
     "loader-left-out": Code(
-        "note", "the loop's DataLoader handed out fewer items than the dataset holds, by its own design ({why}): "
+        "note",
+        "the loop's DataLoader handed out fewer items than the dataset holds, by its own design ({why}): "
         "{n} dataset item(s) left out over {passes} pass(es) ({per} of {held} per pass), so no step could use them; "
         "every step was judged on the items it drew",
         "nothing to fix if dropping them is intended; with drop_last=False (the default) the last, partial "
-        "micro-batch is drawn and must be stepped, divided by its own item count"),
+        "micro-batch is drawn and must be stepped, divided by its own item count",
+    ),
     "duplicate-items": Code(
-        "note", "{n} draw(s) repeated a dataset item already drawn in the same pass (a sampler with replacement, or "
+        "note",
+        "{n} draw(s) repeated a dataset item already drawn in the same pass (a sampler with replacement, or "
         "padding): each copy weighs as one item, in the loop and in the large batch it is judged against",
         "nothing to fix if the sampler repeats items on purpose; a DistributedSampler pads ranks this way (with "
-        "drop_last=False it repeats up to R-1 items per pass so every rank holds as many)"),
+        "drop_last=False it repeats up to R-1 items per pass so every rank holds as many)",
+    ),
     "dropout": Code(
-        "note", "dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns "
+        "note",
+        "dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns "
         "accumulation alone, not dropout noise",
-        "nothing to fix for accumulation; dropout masks are random in any loop"),
+        "nothing to fix for accumulation; dropout masks are random in any loop",
+    ),
     "clip-assumed": Code(
-        "note", "no clip_grad_norm_ call was seen, but the scaled steps all end at one norm: verify assumes the loop clips "
+        "note",
+        "no clip_grad_norm_ call was seen, but the scaled steps all end at one norm: verify assumes the loop clips "
         "with a function of its own and compares those steps with the oracle clipped to that norm",
-        "nothing to fix if the loop clips on purpose; clip with torch.nn.utils.clip_grad_norm_ to have it checked, not assumed"),
+        "nothing to fix if the loop clips on purpose; clip with torch.nn.utils.clip_grad_norm_ to have it checked, not assumed",
+    ),
     "partial-run": Code(
-        "note", "verify judged the first {n} optimizer steps and then ended the loop (max_steps); the rest of the run "
+        "note",
+        "verify judged the first {n} optimizer steps and then ended the loop (max_steps); the rest of the run "
         "(its last window, items never stepped, the epoch loss) was not judged",
-        "nothing to fix; run without max_steps to judge the whole run"),
+        "nothing to fix; run without max_steps to judge the whole run",
+    ),
 }
 
 KINDS = ("bug", "limit", "note", "cost")

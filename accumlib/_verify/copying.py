@@ -42,13 +42,16 @@ def copy_model(model: torch.nn.Module, memo: dict[int, Any] | None = None) -> to
     """
     memo = {} if memo is None else memo
     twin = copy.deepcopy(model, memo)
-    done: dict[int, Any] = {}  # rebuilt callables; deepcopy's memo maps a bound method to one it did not rebuild
-    for m in model.modules():  # the original's attributes: the copy's were copied as they were (still pointing back)
+    # rebuilt callables; deepcopy's memo maps a bound method to one it did not rebuild
+    done: dict[int, Any] = {}
+    # the original's attributes: the copy's were copied as they were (still pointing back)
+    for m in model.modules():
         copied = vars(memo[id(m)])
         for name, value in vars(m).items():
             if isinstance(value, _REBOUND):
                 copied[name] = _rebound(value, memo, done)
-            elif name.endswith("hooks") and isinstance(value, dict):  # _forward_hooks, _forward_pre_hooks, ...
+            # _forward_hooks, _forward_pre_hooks, ...
+            elif name.endswith("hooks") and isinstance(value, dict):
                 for key, hook in value.items():
                     if isinstance(hook, _REBOUND) and key in copied[name]:
                         copied[name][key] = _rebound(hook, memo, done)
@@ -62,8 +65,11 @@ def _rebound(obj: Any, memo: dict[int, Any], done: dict[int, Any]) -> Any:
     if isinstance(obj, types.MethodType):
         out: Any = types.MethodType(_rebound(obj.__func__, memo, done), _rebound(obj.__self__, memo, done))
     elif isinstance(obj, functools.partial):
-        out = functools.partial(_rebound(obj.func, memo, done), *(_rebound(a, memo, done) for a in obj.args),
-                                **{k: _rebound(v, memo, done) for k, v in obj.keywords.items()})
+        out = functools.partial(
+            _rebound(obj.func, memo, done),
+            *(_rebound(a, memo, done) for a in obj.args),
+            **{k: _rebound(v, memo, done) for k, v in obj.keywords.items()},
+        )
     elif isinstance(obj, types.FunctionType):
         if not obj.__closure__ and not obj.__defaults__ and not obj.__kwdefaults__:
             return obj  # refers to globals only: nothing of the model
@@ -75,8 +81,14 @@ def _rebound(obj: Any, memo: dict[int, Any], done: dict[int, Any]) -> Any:
                 cell.cell_contents = _rebound(old.cell_contents, memo, done)
             except ValueError:  # an empty cell (a name not yet bound when the function was made) stays empty
                 pass
-        out.__defaults__ = tuple(_rebound(d, memo, done) for d in obj.__defaults__) if obj.__defaults__ else None
-        out.__kwdefaults__ = {k: _rebound(v, memo, done) for k, v in obj.__kwdefaults__.items()} if obj.__kwdefaults__ else None
+        out.__defaults__ = (
+            tuple(_rebound(d, memo, done) for d in obj.__defaults__) if obj.__defaults__ else None
+        )
+        out.__kwdefaults__ = (
+            {k: _rebound(v, memo, done) for k, v in obj.__kwdefaults__.items()}
+            if obj.__kwdefaults__
+            else None
+        )
         out.__dict__.update(obj.__dict__)  # functools.wraps' __wrapped__ and the like
         out.__qualname__, out.__doc__, out.__module__ = obj.__qualname__, obj.__doc__, obj.__module__
         out.__annotations__ = dict(obj.__annotations__)

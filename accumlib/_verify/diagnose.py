@@ -22,7 +22,13 @@ import math
 from dataclasses import dataclass, field
 
 from ..tolerances import (
-    AUTOCAST_RTOL, CLIP_NORM_RTOL, COEF_RTOL, FIT_RTOL, FLOAT32_RTOL, SAME_FACTOR_RTOL, SCALED_CLIP_RATIO,
+    AUTOCAST_RTOL,
+    CLIP_NORM_RTOL,
+    COEF_RTOL,
+    FIT_RTOL,
+    FLOAT32_RTOL,
+    SAME_FACTOR_RTOL,
+    SCALED_CLIP_RATIO,
 )
 from .numbers import Clip, StepNumbers
 
@@ -50,35 +56,58 @@ def _near(a: float, b: float, rtol: float) -> bool:
 # Known causes of one factor c, as (prediction, what it means, how to fix it). Each prediction is
 # exact, so a match is tight; the explanation names the quantities, the table shows each step's c.
 CAUSES = {
-    "shift": ("c = N/(N+S) at every step (N items, S sequences): one item too many per sequence, i.e. a causal LM's "
-              "labels were counted before the shift",
-              "count labels[:, 1:] != -100, after the shift; with a transformers Trainer whose model has loss_type None "
-              "(GPT2LMHeadModel among others), set model.loss_type = 'ForCausalLM' (docs/transformers-label-count.md)"),
-    "virtual-tokens": ("c = N/(N-S) at every step (N items, S sequences): one item too few per sequence, i.e. a PEFT "
-                       "prompt-learning model (prompt tuning, p-tuning) scores each sequence's first token from its last "
-                       "virtual token, but the count took labels[:, 1:] of the unpadded labels",
-                       "divide by the labels the model scores (labels != -100 after PEFT prepends its virtual tokens: the "
-                       "first token counts); see docs/trl-peft-bugs.md"),
-    "1/R": ("c = 1/R (R ranks): the loss was divided by the rank count on top of DDP's own mean over ranks",
-            "DDP already averages the ranks' gradients: divide by the job's item count N and multiply by R once, "
-            "or divide by each window's share N / R, not by R again"),
-    "R": ("c = R (R ranks): the ranks' gradients were summed where DDP averages, or the loss was multiplied by R twice",
-          "scale each rank's summed loss by R / N once (DDP's mean over ranks divides by R)"),
-    "1/k": ("c = 1/k: the loss was divided by k once too often", "divide by the window's item count N once, not by k as well"),
-    "k": ("c = k: the loss was multiplied by k, or a mean was taken over 1/k of the items", "divide by the window's item count N"),
-    "1/m": ("c = 1/m: the window's mean was divided by its micro-batch count again", "divide by the window's item count N once"),
-    "constant": ("c = N/D at every step with one divisor D for the whole run: the loss was divided by a constant "
-                 "(a fixed token budget, a max length times the batch), not by each window's own item count N",
-                 "divide each window's summed item losses by that window's own item count N (count it before the backward)"),
-    "reduction": ("c = d or 1/d for a whole number d, matching no count of the window: item_losses may reduce each item "
-                  "differently from the loop (a mean over an item's d outputs or terms where the loop sums them, or "
-                  "the reverse), in which case item_losses, not the loop, is what to fix",
-                  "first check that item_losses(model, batch) returns, per item, exactly the term the loop's loss adds "
-                  "up (same reduction over outputs, same extra terms); if it does, divide the loop's summed item "
-                  "losses by the window's item count N"),
-    "1/b": ("c = m/N = 1/b (a short last window divided by k x b: (m/k)/b): each micro-batch's mean was divided by its "
-            "item count b again (and by k, or by the window's N), as if it were a sum",
-            "a mean is already divided by its b items: divide the mean by k, or the sum by N, not the mean by k x b"),
+    "shift": (
+        "c = N/(N+S) at every step (N items, S sequences): one item too many per sequence, i.e. a causal LM's "
+        "labels were counted before the shift",
+        "count labels[:, 1:] != -100, after the shift; with a transformers Trainer whose model has loss_type None "
+        "(GPT2LMHeadModel among others), set model.loss_type = 'ForCausalLM' (docs/transformers-label-count.md)",
+    ),
+    "virtual-tokens": (
+        "c = N/(N-S) at every step (N items, S sequences): one item too few per sequence, i.e. a PEFT "
+        "prompt-learning model (prompt tuning, p-tuning) scores each sequence's first token from its last "
+        "virtual token, but the count took labels[:, 1:] of the unpadded labels",
+        "divide by the labels the model scores (labels != -100 after PEFT prepends its virtual tokens: the "
+        "first token counts); see docs/trl-peft-bugs.md",
+    ),
+    "1/R": (
+        "c = 1/R (R ranks): the loss was divided by the rank count on top of DDP's own mean over ranks",
+        "DDP already averages the ranks' gradients: divide by the job's item count N and multiply by R once, "
+        "or divide by each window's share N / R, not by R again",
+    ),
+    "R": (
+        "c = R (R ranks): the ranks' gradients were summed where DDP averages, or the loss was multiplied by R twice",
+        "scale each rank's summed loss by R / N once (DDP's mean over ranks divides by R)",
+    ),
+    "1/k": (
+        "c = 1/k: the loss was divided by k once too often",
+        "divide by the window's item count N once, not by k as well",
+    ),
+    "k": (
+        "c = k: the loss was multiplied by k, or a mean was taken over 1/k of the items",
+        "divide by the window's item count N",
+    ),
+    "1/m": (
+        "c = 1/m: the window's mean was divided by its micro-batch count again",
+        "divide by the window's item count N once",
+    ),
+    "constant": (
+        "c = N/D at every step with one divisor D for the whole run: the loss was divided by a constant "
+        "(a fixed token budget, a max length times the batch), not by each window's own item count N",
+        "divide each window's summed item losses by that window's own item count N (count it before the backward)",
+    ),
+    "reduction": (
+        "c = d or 1/d for a whole number d, matching no count of the window: item_losses may reduce each item "
+        "differently from the loop (a mean over an item's d outputs or terms where the loop sums them, or "
+        "the reverse), in which case item_losses, not the loop, is what to fix",
+        "first check that item_losses(model, batch) returns, per item, exactly the term the loop's loss adds "
+        "up (same reduction over outputs, same extra terms); if it does, divide the loop's summed item "
+        "losses by the window's item count N",
+    ),
+    "1/b": (
+        "c = m/N = 1/b (a short last window divided by k x b: (m/k)/b): each micro-batch's mean was divided by its "
+        "item count b again (and by k, or by the window's N), as if it were a sum",
+        "a mean is already divided by its b items: divide the mean by k, or the sum by N, not the mean by k x b",
+    ),
 }
 
 
@@ -86,7 +115,11 @@ def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float,
     """The key of the known cause a factor matches (see ``CAUSES``), or ''."""
     # a sequence adds one unpredicted label only where items are tokens: more items than sequences
     known = [("1/R", 1 / ranks), ("R", float(ranks))] if ranks > 1 else []
-    known += [("shift", items / (items + sequences)), ("virtual-tokens", items / (items - sequences))] if 0 < sequences < items else []
+    known += (
+        [("shift", items / (items + sequences)), ("virtual-tokens", items / (items - sequences))]
+        if 0 < sequences < items
+        else []
+    )
     known += [("1/k", 1 / k), ("k", float(k))] + ([("1/m", 1 / m)] if m > 1 else [])
     if items > m:  # over-division: each micro-batch's mean divided by its b items again, as if it were a sum
         known += [("1/b", m / items)]  # by k x b in a full window, or by the window's own N
@@ -114,7 +147,9 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
     if m == 0:
         if n.untracked:
             out.codes.append("untracked-data")
-            out.detail = f"{n.untracked} forward(s) since the previous step ran on data verify did not hand out"
+            out.detail = (
+                f"{n.untracked} forward(s) since the previous step ran on data verify did not hand out"
+            )
         else:
             out.codes.append("early-step")
             out.detail = "stepped without a single micro-batch since the previous step"
@@ -166,11 +201,16 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
         _misscaled(n, out, n.scale, m=m, k=k, tol=fit_tol)
     if not _explains(out):
         out.codes.append("unexplained")
-        weights = f"per-micro-batch weights {[round(w, 4) for w in n.weights]} (1 is right)" if n.weights else ""
+        weights = (
+            f"per-micro-batch weights {[round(w, 4) for w in n.weights]} (1 is right)" if n.weights else ""
+        )
         worst = max((f.resid for f in n.fits), default=math.nan)
         cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
-        fitted = "they reproduce the gradient, but match no known bug's weights" if worst <= fit_tol else \
-            "no weighting of the window's micro-batches reproduces the gradient"
+        fitted = (
+            "they reproduce the gradient, but match no known bug's weights"
+            if worst <= fit_tol
+            else "no weighting of the window's micro-batches reproduces the gradient"
+        )
         out.detail = (
             f"{weights}; {fitted} (fit residual {worst:.2e}); "
             f"|G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, cosine {cos:.6f}. "
@@ -184,8 +224,10 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
     weights are not the job's (a sync mixes the ranks' .grad), so the names come from exact predictions."""
     if max(n.diverged, n.params_diverged) > tol:
         out.codes.append("ranks-diverged")
-        out.detail = (f"|G_r - G_0| / |G_0| up to {n.diverged:.2e}, parameters |p_r - p_0| / |p_0| up to "
-                      f"{n.params_diverged:.2e} (0 when every rank holds the same)")
+        out.detail = (
+            f"|G_r - G_0| / |G_0| up to {n.diverged:.2e}, parameters |p_r - p_0| / |p_0| up to "
+            f"{n.params_diverged:.2e} (0 when every rank holds the same)"
+        )
         return
     if n.rel <= tol:
         out.batchnorm_limit = n.batchnorm
@@ -207,8 +249,10 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
     else:
         out.codes.append("unexplained")
         cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
-        out.detail = (f"window items per rank {n.rank_items}; |G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, "
-                      f"cosine {cos:.6f}; no per-rank or common factor reproduces the gradient")
+        out.detail = (
+            f"window items per rank {n.rank_items}; |G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, "
+            f"cosine {cos:.6f}; no per-rank or common factor reproduces the gradient"
+        )
 
 
 def _explains(out: StepVerdict) -> bool:
@@ -282,8 +326,11 @@ def clip_norms(n: StepNumbers) -> list[float]:
     """The max_norm each complete-window clip applied to the true (unscaled) gradient: a compensated
     clip of S g at M S is a clip of g at M; any other as recorded."""
     g_norm = math.sqrt(n.gg) / n.unclip
-    return [c.max_norm * g_norm / c.total_norm if g_norm > 0 and compensated_clip(c, g_norm) else c.max_norm
-            for c in n.clips if c.seen >= n.micro_batches]
+    return [
+        c.max_norm * g_norm / c.total_norm if g_norm > 0 and compensated_clip(c, g_norm) else c.max_norm
+        for c in n.clips
+        if c.seen >= n.micro_batches
+    ]
 
 
 def like_for_like(n: StepNumbers, clip_to: list[float]) -> tuple[float, float]:
@@ -327,7 +374,9 @@ def diagnose_run(numbers: list[StepNumbers], *, k: int) -> tuple[list[StepVerdic
     clip hid from the update is marked ``masked``. Returns the verdicts and the assumed max_norm."""
     verdicts = [diagnose(s, k=k) for s in numbers]
     assumed = infer_clip(numbers, verdicts)
-    scaled = [(s, v) for s, v in zip(numbers, verdicts) if "misscaled" in v.codes and v.factor and not v.cause]
+    scaled = [
+        (s, v) for s, v in zip(numbers, verdicts) if "misscaled" in v.codes and v.factor and not v.cause
+    ]
     if assumed is None and len({s.items for s, _ in scaled}) > 1:  # a run-level cause: c_t N_t-proportional
         divisors = [s.items / v.factor for s, v in scaled]
         if all(_near(d, divisors[0], SAME_FACTOR_RTOL) for d in divisors):
@@ -345,6 +394,14 @@ def diagnose_run(numbers: list[StepNumbers], *, k: int) -> tuple[list[StepVerdic
 
 
 __all__ = [
-    "CAUSES", "StepVerdict", "causes", "clip_norms", "compensated_clip", "diagnose", "diagnose_run", "infer_clip",
-    "like_for_like", "step_tol",
+    "CAUSES",
+    "StepVerdict",
+    "causes",
+    "clip_norms",
+    "compensated_clip",
+    "diagnose",
+    "diagnose_run",
+    "infer_clip",
+    "like_for_like",
+    "step_tol",
 ]

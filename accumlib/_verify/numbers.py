@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .oracle import Fit
 
+
 @dataclass
 class Clip:
     seen: int  # micro-batches in the window when clipping ran
@@ -68,11 +69,14 @@ class StepNumbers:
     ranks: int = 1
     rank_items: list[int] = field(default_factory=list)  # each rank's window item count N_r
     diverged: float = 0.0  # max over ranks ||G_r - G_0|| / ||G_0||: the ranks applied different gradients
-    params_diverged: float = 0.0  # max over ranks ||p_r - p_0|| / ||p_0|| at the step: they hold different parameters
+    # max over ranks ||p_r - p_0|| / ||p_0|| at the step: they hold different parameters
+    params_diverged: float = 0.0
     syncs: int = 0  # micro-batch boundaries at which .grad was the same on every rank (a gradient sync)
-    per_rank_scale: float = math.nan  # c in G ~= c H, H = (1/R) sum_r O_r / N_r: each rank divided by its own count
+    # c in G ~= c H, H = (1/R) sum_r O_r / N_r: each rank divided by its own count
+    per_rank_scale: float = math.nan
     per_rank_resid: float = math.nan  # ||G - c H|| / ||G||
-    all_ranks: bool = True  # every rank stepped here (False: some had ended its run; judged on this rank alone)
+    # every rank stepped here (False: some had ended its run; judged on this rank alone)
+    all_ranks: bool = True
 
 
 __all__ = ["Clip", "MicroBatch", "StepNumbers"]

@@ -42,7 +42,9 @@ CHUNK = 1 << 20  # float64 dot products are taken 1M elements at a time: 8 MB of
 SMALL = 1 << 20
 
 
-def gram(vectors: Sequence[Vec], scales: Sequence[float] | None = None, scratch: torch.Tensor | None = None) -> torch.Tensor:
+def gram(
+    vectors: Sequence[Vec], scales: Sequence[float] | None = None, scratch: torch.Tensor | None = None
+) -> torch.Tensor:
     """All pairwise dot products of a few parameter-shaped vectors, in float64 (float32 products
     are exact in float64, so a fit's residual keeps ~1e-8 relative precision); ``scales`` multiply
     the vectors first."""
@@ -163,8 +165,9 @@ class WindowOracle:
         if self.scratch is None or self.scratch.device != self.leaves[0].device:
             self.scratch = torch.empty(3, CHUNK, dtype=torch.float64, device=self.leaves[0].device)
 
-    def backward(self, batches: Sequence[Any], how: Replay, watch: tuple[Vec, Vec, float] | None = None
-                 ) -> tuple[int, float, int, torch.Tensor | None]:
+    def backward(
+        self, batches: Sequence[Any], how: Replay, watch: tuple[Vec, Vec, float] | None = None
+    ) -> tuple[int, float, int, torch.Tensor | None]:
         """Add grad sum_i l_i over ``batches`` (computed as ``how`` says) into the leaves' .grad.
         ``watch=(grads, P, unclip)``: also return the Gram matrix of (grads / unclip, P, s).
         Returns items, loss sum, sequences (rows), and the Gram matrix."""
@@ -174,7 +177,11 @@ class WindowOracle:
         rows = sum(leading_rows(b) for b in batches)
         # float16 has 5 exponent bits: the gradient of the loss *sum* times GradScaler's 2**16 overflows where
         # the loop's (a mean, or a sum / N) does not; per row, the replay's magnitudes are the loop's
-        scale = how.scale / max(rows, 1) if how.autocast is not None and how.autocast[1] == torch.float16 else how.scale
+        scale = (
+            how.scale / max(rows, 1)
+            if how.autocast is not None and how.autocast[1] == torch.float16
+            else how.scale
+        )
 
         def hook(i: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
             def seen(g: torch.Tensor) -> torch.Tensor | None:
@@ -184,6 +191,7 @@ class WindowOracle:
                     grads, prev, _ = watch  # type: ignore[misc]
                     _gram_into(dots, [grads[i], prev[i], g], self.scratch)
                 return g if scale != 1.0 else None
+
             return seen
 
         small = sum(leaf.numel() for leaf in self.leaves) <= SMALL
@@ -193,8 +201,14 @@ class WindowOracle:
             if small:  # a small model: one gradient vector and one product cost less than a hook per tensor
                 s = [None] * len(self.leaves)
                 try:
-                    got, losses = sum_grad(self.shadow, batches, self.item_losses, [self.leaves[i] for i in live],
-                                           scale=scale, check_finite=False)
+                    got, losses = sum_grad(
+                        self.shadow,
+                        batches,
+                        self.item_losses,
+                        [self.leaves[i] for i in live],
+                        scale=scale,
+                        check_finite=False,
+                    )
                     for i, g in zip(live, got):
                         s[i] = g
                 except ValueError:
@@ -204,15 +218,29 @@ class WindowOracle:
                 s = [g / scale if g is not None and scale != 1.0 else g for g in s]  # type: ignore[union-attr]
                 if dots is not None:
                     grads, prev, _ = watch  # type: ignore[misc]
-                    _gram_into(dots, [_cat(grads, self.leaves), _cat(prev, self.leaves), _cat(s, self.leaves)])
+                    _gram_into(
+                        dots, [_cat(grads, self.leaves), _cat(prev, self.leaves), _cat(s, self.leaves)]
+                    )
                 for leaf, g in zip(self.leaves, s):
                     if g is not None:  # a parameter unfrozen inside the window may have no buffer yet
                         leaf.grad = g.detach().clone() if leaf.grad is None else leaf.grad.add_(g)
-                return sum(x.numel() for x in losses), sum(float(x.double().sum()) for x in losses), rows, dots
+                return (
+                    sum(x.numel() for x in losses),
+                    sum(float(x.double().sum()) for x in losses),
+                    rows,
+                    dots,
+                )
             handles = [self.leaves[i].register_hook(hook(i)) for i in live] if (watch or scale != 1.0) else []
             try:  # one backward for the group: s is the group's, as the loop's .grad saw it
-                _, losses = sum_grad(self.shadow, batches, self.item_losses, [self.leaves[i] for i in live], scale=scale,
-                                     check_finite=False, accumulate=True)
+                _, losses = sum_grad(
+                    self.shadow,
+                    batches,
+                    self.item_losses,
+                    [self.leaves[i] for i in live],
+                    scale=scale,
+                    check_finite=False,
+                    accumulate=True,
+                )
             except ValueError:
                 if any(x.numel() for x in _losses(self, batches)):
                     raise
@@ -224,18 +252,29 @@ class WindowOracle:
         loss_sum = sum(float(x.double().sum()) for x in losses)
         return items, loss_sum, rows, dots
 
-    def close_group(self, grads: Vec, batches: Sequence[Any], how: Replay, *, unclip: float = 1.0, last: bool = False) -> None:
+    def close_group(
+        self, grads: Vec, batches: Sequence[Any], how: Replay, *, unclip: float = 1.0, last: bool = False
+    ) -> None:
         """Micro-batches ``batches`` have gone through the loop's backward: fit .grad against their replay."""
         assert self.P is not None
-        n, loss, rows, dots = self.backward(batches, how, watch=(grads, self.P, unclip) if self.finite else None)
-        self.items, self.loss_sum, self.sequences = self.items + n, self.loss_sum + loss, self.sequences + rows
-        if dots is not None and not math.isfinite(float(dots[0, 0])):  # |G|^2 is finite only if every entry is
+        n, loss, rows, dots = self.backward(
+            batches, how, watch=(grads, self.P, unclip) if self.finite else None
+        )
+        self.items, self.loss_sum, self.sequences = (
+            self.items + n,
+            self.loss_sum + loss,
+            self.sequences + rows,
+        )
+        # |G|^2 is finite only if every entry is
+        if dots is not None and not math.isfinite(float(dots[0, 0])):
             self.finite = False
         if self.finite and dots is not None:
             a, beta, resid = fit_group(_scaled(dots.cpu(), [1.0 / unclip, 1.0, 1.0]))
         else:
             a, beta, resid = math.nan, math.nan, math.nan
-        self.fits.append(Fit(len(batches), n, rows, a, beta, resid, float(dots[0, 0]) if dots is not None else math.nan))
+        self.fits.append(
+            Fit(len(batches), n, rows, a, beta, resid, float(dots[0, 0]) if dots is not None else math.nan)
+        )
         if not last:
             for i, g in enumerate(grads):
                 self._remember(i, g)
@@ -275,15 +314,19 @@ class WindowOracle:
 
 
 def _cat(vec: Vec, like: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(t if t is not None else torch.zeros_like(p)).detach().reshape(-1) for t, p in zip(vec, like)])
+    return torch.cat(
+        [(t if t is not None else torch.zeros_like(p)).detach().reshape(-1) for t, p in zip(vec, like)]
+    )
 
 
-def _losses(oracle: "WindowOracle", batches: Sequence[Any]) -> list[torch.Tensor]:
+def _losses(oracle: WindowOracle, batches: Sequence[Any]) -> list[torch.Tensor]:
     with torch.no_grad():
         return [checked_losses(oracle.item_losses, oracle.shadow, b, check_finite=False) for b in batches]
 
 
-def _gram_into(out: torch.Tensor, parts: list[torch.Tensor | None], scratch: torch.Tensor | None = None) -> None:
+def _gram_into(
+    out: torch.Tensor, parts: list[torch.Tensor | None], scratch: torch.Tensor | None = None
+) -> None:
     """out += M @ M.T for the rows M = parts (None: zeros), in float64. A tensor of up to CHUNK
     elements goes in one stack; a larger one a chunk at a time through ``scratch``, a reused
     (>= len(parts), CHUNK) float64 buffer (a fresh one per call costs page faults)."""
@@ -302,7 +345,7 @@ def _gram_into(out: torch.Tensor, parts: list[torch.Tensor | None], scratch: tor
     for start in range(0, numel, CHUNK):
         width = min(CHUNK, numel - start)
         for a in rows:
-            scratch[a, :width].copy_(flat[a][start:start + width])  # type: ignore[index]
+            scratch[a, :width].copy_(flat[a][start : start + width])  # type: ignore[index]
         for i, a in enumerate(rows):  # the unique dot products only: 6, not the 9 of M @ M.T
             for b in rows[i:]:
                 d = torch.dot(scratch[a, :width], scratch[b, :width])

@@ -83,16 +83,24 @@ class Patches:
         step, scale = torch.amp.GradScaler.step, torch.amp.GradScaler.scale
 
         def scaled(scaler: Any, outputs: Any) -> Any:
-            out = scale(scaler, outputs)  # first, so the scale exists (GradScaler makes it lazily, on its first call)
+            # first, so the scale exists (GradScaler makes it lazily, on its first call)
+            out = scale(scaler, outputs)
             if scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
-                self.scale = float(scaler._scale.item()) if isinstance(scaler._scale, torch.Tensor) else float(scaler._scale)
+                self.scale = (
+                    float(scaler._scale.item())
+                    if isinstance(scaler._scale, torch.Tensor)
+                    else float(scaler._scale)
+                )
             return out
 
         def stepped(scaler: Any, optimizer: Any, *a: Any, **kw: Any) -> Any:
             before = len(self.steps)
             out = step(scaler, optimizer, *a, **kw)
-            if len(self.steps) == before and self.window and any(
-                    id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"]):
+            if (
+                len(self.steps) == before
+                and self.window
+                and any(id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"])
+            ):
                 self._finish(StepNumbers(len(self.window), _lr(optimizer), skipped=True))
             return out
 
@@ -111,7 +119,9 @@ class Patches:
             opt = getattr(sched, "optimizer", None)
             before = _lrs(opt)
             out = original(sched, *a, **kw)
-            ours = opt is not None and any(id(p) in self.param_ids for g in opt.param_groups for p in g["params"])
+            ours = opt is not None and any(
+                id(p) in self.param_ids for g in opt.param_groups for p in g["params"]
+            )
             if ours and self.window and _lrs(opt) != before:
                 self.lr_changed = True
             return out

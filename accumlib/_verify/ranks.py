@@ -36,7 +36,6 @@ import torch
 
 from .oracle import Vec, gram
 
-
 _CHUNK = 1 << 16  # elements per float64 chunk in Ranks._spread (512 KiB)
 
 
@@ -84,10 +83,11 @@ class Ranks:
     world: int
     group: Any  # gloo, for the gathered numbers (the default group may be NCCL)
     buffer: torch.Tensor | None = None  # the one P-sized float32 buffer
-    drawn: list[tuple[int, list[int]]] = field(default_factory=list)  # (pass, dataset indices) of each micro-batch drawn
+    # (pass, dataset indices) of each micro-batch drawn
+    drawn: list[tuple[int, list[int]]] = field(default_factory=list)
 
     @classmethod
-    def join(cls, net: torch.nn.Module) -> "Ranks":
+    def join(cls, net: torch.nn.Module) -> Ranks:
         """Every rank at once, before the loop runs: the exchange assumes data parallelism, every rank
         holding the same model; pipeline or tensor parallelism (a rank holding part of it) is refused."""
         dist = _dist()
@@ -101,7 +101,8 @@ class Ranks:
             raise ValueError(
                 f"ranks='all' judges data-parallel jobs, where every rank holds the same model: rank {me.rank} and rank "
                 f"{other} hold different parameters ({differ[0]} against {differ[1]}). Pipeline and tensor parallel groups "
-                "are not supported; wrap the whole model in DDP or fully_shard on every rank")
+                "are not supported; wrap the whole model in DDP or fully_shard on every rank"
+            )
         return me
 
     def gather(self, obj: Any) -> list[Any]:
@@ -122,7 +123,7 @@ class Ranks:
             self.buffer = torch.empty(numel, dtype=torch.float32, device=like[0].device)
         at = 0
         for t, p in zip(vec, like):
-            part = self.buffer[at:at + p.numel()]
+            part = self.buffer[at : at + p.numel()]
             whole = full(t)
             if whole is None:
                 part.zero_()
@@ -142,9 +143,14 @@ class Ranks:
         """Exchange this step's numbers; make the oracle's buffer and counts the job's. False when
         some rank had ended its run (nothing more flows; this step is judged on this rank alone)."""
         m = numbers.micro_batches
-        mine = dict(items=oracle.items if m else 0, loss=oracle.loss_sum if m else 0.0, rows=oracle.sequences if m else 0,
-                    finite=oracle.finite if m else True, leak=oracle.leak if m else False,
-                    norms=[f.norm2 for f in oracle.fits] if m else [])
+        mine = dict(
+            items=oracle.items if m else 0,
+            loss=oracle.loss_sum if m else 0.0,
+            rows=oracle.sequences if m else 0,
+            finite=oracle.finite if m else True,
+            leak=oracle.leak if m else False,
+            norms=[f.norm2 for f in oracle.fits] if m else [],
+        )
         every = self.gather(mine)
         if any(e is None for e in every):
             numbers.all_ranks = False
@@ -194,10 +200,15 @@ class Ranks:
         sums = torch.zeros(2, dtype=torch.float64, device=buf.device)  # sum (a - b)^2, sum b^2
         for t, part in zip(vec, self._views(leaves)):
             whole = full(t)
-            a = whole.detach().reshape(-1) if whole is not None else torch.zeros(part.numel(), device=part.device)
+            a = (
+                whole.detach().reshape(-1)
+                if whole is not None
+                else torch.zeros(part.numel(), device=part.device)
+            )
             b = part.reshape(-1)
-            for i in range(0, b.numel(), _CHUNK):  # float64 sums chunk by chunk: no parameter-sized float64 copies
-                x, y = a[i:i + _CHUNK].double(), b[i:i + _CHUNK].double()
+            # float64 sums chunk by chunk: no parameter-sized float64 copies
+            for i in range(0, b.numel(), _CHUNK):
+                x, y = a[i : i + _CHUNK].double(), b[i : i + _CHUNK].double()
                 sums[0] += ((x - y) ** 2).sum()
                 sums[1] += (y * y).sum()
         diff, ref = sums.tolist()

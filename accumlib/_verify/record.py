@@ -88,7 +88,9 @@ class Recorder(Patches):
         # every parameter, frozen or not: a loop may unfreeze some later (and freeze others)
         self.params = list(self.net.parameters())
         self.param_ids = {id(p) for p in self.params}
-        self.oracle = WindowOracle(self.shadow, sync_shadow(self.shadow, self.net, self.params), self.item_losses)
+        self.oracle = WindowOracle(
+            self.shadow, sync_shadow(self.shadow, self.net, self.params), self.item_losses
+        )
         self.watch_grads()
         self.data_passes = Passes(len(self.dataset) if isinstance(self.dataset, Tracked) else 0)
         if isinstance(self.dataset, TrackedIterable):
@@ -129,7 +131,7 @@ class Recorder(Patches):
         if isinstance(self.dataset, Tracked):
             # the last len(samples) reads are this batch's; earlier ones were the loop reading the dataset
             # for its own purposes (item lengths for a length-grouped sampler), not a micro-batch
-            idx, self.dataset.pending = self.dataset.pending[len(self.dataset.pending) - len(samples):], []
+            idx, self.dataset.pending = self.dataset.pending[len(self.dataset.pending) - len(samples) :], []
             self._register(batch, idx)
         else:
             self.dataset.pending = 0
@@ -141,8 +143,14 @@ class Recorder(Patches):
         self.drawn += 1
         first = next(tensors(batch), None)
         self.position += 1
-        mb = MicroBatch(batch, idx, int(first.shape[0]) if first is not None and first.dim() else 0, self.end_next,
-                        self.position, self.passes)
+        mb = MicroBatch(
+            batch,
+            idx,
+            int(first.shape[0]) if first is not None and first.dim() else 0,
+            self.end_next,
+            self.position,
+            self.passes,
+        )
         if idx is not None:
             mb.epoch_end = self.data_passes.drew(idx)
             if self.ranks is not None:
@@ -216,10 +224,12 @@ class Recorder(Patches):
         The oldest reads when the loop drew its batches ahead, the latest when it read the dataset
         for other purposes first; checked by content where the collates agree, else the oldest."""
         pending = self.dataset.pending  # type: ignore[union-attr]
-        first, last = pending[:rows], pending[len(pending) - rows:]
-        for idx, rest in ((first, pending[rows:]), (last, pending[:len(pending) - rows])):
+        first, last = pending[:rows], pending[len(pending) - rows :]
+        for idx, rest in ((first, pending[rows:]), (last, pending[: len(pending) - rows])):
             batch = self.collate([self.dataset.dataset[i] for i in idx])  # type: ignore[union-attr]
-            if any(u.shape == key.shape and torch.equal(u.to(key.device, key.dtype), key) for u in tensors(batch)):
+            if any(
+                u.shape == key.shape and torch.equal(u.to(key.device, key.dtype), key) for u in tensors(batch)
+            ):
                 self.dataset.pending = rest  # type: ignore[union-attr]
                 return self._register(batch, idx)
         self.dataset.pending = pending[rows:]  # type: ignore[union-attr]
@@ -272,8 +282,9 @@ class Recorder(Patches):
         batches = [self.mbs[b].batch for b in self.group]
         for leaf, on in zip(self.oracle.leaves, self.trainable):
             leaf.requires_grad_(on)  # as the loop's forward of these micro-batches had it
-        self.oracle.close_group(self.grads(), batches, Replay(self.how.autocast, self.scale),
-                                unclip=unclip, last=last)
+        self.oracle.close_group(
+            self.grads(), batches, Replay(self.how.autocast, self.scale), unclip=unclip, last=last
+        )
         self.group, self.mark = [], self.backwards
 
     def on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
@@ -299,7 +310,8 @@ class Recorder(Patches):
         m = len(self.window)
         numbers = StepNumbers(m, _lr(optimizer), untracked=self.untracked)
         if m == 0:
-            if self.ranks is not None:  # the other ranks' windows may hold items: this rank joins the exchange
+            # the other ranks' windows may hold items: this rank joins the exchange
+            if self.ranks is not None:
                 self.ranks.step(numbers, self.oracle, self.grads(), self.params)
             self._finish(numbers)
             return
@@ -307,7 +319,12 @@ class Recorder(Patches):
         numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
         self._close_group(last=True, unclip=numbers.unclip)
         o = self.oracle
-        numbers.items, numbers.sequences, numbers.loss_sum, numbers.fits = o.items, o.sequences, o.loss_sum, list(o.fits)
+        numbers.items, numbers.sequences, numbers.loss_sum, numbers.fits = (
+            o.items,
+            o.sequences,
+            o.loss_sum,
+            list(o.fits),
+        )
         last = self.mbs[self.window[-1]]
         numbers.epoch_end, numbers.pass_length = last.epoch_end, last.position
         numbers.leak, numbers.finite = o.leak, o.finite
@@ -327,8 +344,11 @@ class Recorder(Patches):
         o, n, u = self.oracle, self.oracle.items, numbers.unclip
         assert o.P is not None
         numbers.weights, numbers.leak_coef = o.weights()
-        numbers.precision = str(self.how.autocast[1]).replace("torch.", "") if self.how.autocast else "float32"
-        g = gram([grads, o.O()], scales=[1.0 / u, 1.0 / n], scratch=o.scratch)  # G unclipped, r = O / N: the verdict's reference
+        numbers.precision = (
+            str(self.how.autocast[1]).replace("torch.", "") if self.how.autocast else "float32"
+        )
+        # G unclipped, r = O / N: the verdict's reference
+        g = gram([grads, o.O()], scales=[1.0 / u, 1.0 / n], scratch=o.scratch)
         gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
         numbers.rel = _dist(gg, gr, rr, 1.0) / math.sqrt(rr) if rr > 0 else math.inf
         if rr > 0:
@@ -336,23 +356,31 @@ class Recorder(Patches):
             numbers.scale_resid = _dist(gg, gr, rr, numbers.scale) / max(math.sqrt(gg), 1e-300)
         batches = [self.mbs[b].batch for b in self.window]
         numbers.batchnorm = any(isinstance(mod, BN_TYPES) and mod.training for mod in self.net.modules())
-        if self.ranks is not None:  # a job: no second replay (each would need its own exchange); its reference is the figure
+        # a job: no second replay (each would need its own exchange); its reference is the figure
+        if self.ranks is not None:
             numbers.weights, numbers.leak_coef = [], 0.0  # fitted against this rank's share: not the job's
             numbers.bn_gap = math.nan if numbers.batchnorm else None
-        elif numbers.batchnorm:  # the large batch differs: the merged window, in float32, into O; the accumulation kept in P
+        # the large batch differs: the merged window, in float32, into O; the accumulation kept in P
+        elif numbers.batchnorm:
             for i, x in enumerate(o.O()):
                 o._remember(i, x)
             o.redo([self._merged(self.window)], Replay())
             t = gram([grads, o.O(), o.P], scales=[1.0 / u, 1.0 / n, 1.0 / n], scratch=o.scratch)
             mm, pp, pm = float(t[1, 1]), float(t[2, 2]), float(t[1, 2])
             numbers.bn_gap = _dist(pp, pm, mm, 1.0) / math.sqrt(mm) if mm > 0 else math.nan
-            numbers.rel_merged = _dist(float(t[0, 0]), float(t[0, 1]), mm, 1.0) / math.sqrt(mm) if mm > 0 else math.inf
+            numbers.rel_merged = (
+                _dist(float(t[0, 0]), float(t[0, 1]), mm, 1.0) / math.sqrt(mm) if mm > 0 else math.inf
+            )
         elif self.how.autocast is not None:  # the float32 figure the user reads
             o.redo(batches, Replay())
         if self.ranks is None and (numbers.batchnorm or self.how.autocast is not None):
             g = gram([grads, o.O()], scales=[1.0, 1.0 / n], scratch=o.scratch)
         else:
-            g = g * torch.tensor([u, 1.0], dtype=torch.float64)[:, None] * torch.tensor([u, 1.0], dtype=torch.float64)[None, :]
+            g = (
+                g
+                * torch.tensor([u, 1.0], dtype=torch.float64)[:, None]
+                * torch.tensor([u, 1.0], dtype=torch.float64)[None, :]
+            )
         numbers.gg, numbers.gt, numbers.tt = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
 
     def _merged(self, ids: list[int]) -> Any:

@@ -128,7 +128,18 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
-    _HEAD = ("step", "micro-batches", "items", "lr", "clip", "|g|/|g*|", "rel err", "c", "judged against", "codes")
+    _HEAD = (
+        "step",
+        "micro-batches",
+        "items",
+        "lr",
+        "clip",
+        "|g|/|g*|",
+        "rel err",
+        "c",
+        "judged against",
+        "codes",
+    )
 
     def _columns(self) -> tuple[list[str], list[tuple[str, ...]]]:
         clipped = any(s.clip < 1 for s in self.steps)  # the clip column only when some step was clipped
@@ -136,8 +147,13 @@ class Report:
         rows = [
             (str(s.step), str(s.micro_batches), str(s.items), f"{s.lr:.4g}")
             + ((f"{s.clip:.3g}" if s.clip < 1 else "-",) if clipped else ())
-            + (f"{s.norm_ratio:.4f}", f"{s.rel_error:.2e}", f"{s.scale:.4f}", f"{s.reference} ({s.ref_error:.1e})",
-               ", ".join(s.codes) or "ok")
+            + (
+                f"{s.norm_ratio:.4f}",
+                f"{s.rel_error:.2e}",
+                f"{s.scale:.4f}",
+                f"{s.reference} ({s.ref_error:.1e})",
+                ", ".join(s.codes) or "ok",
+            )
             for s in self.steps
         ]
         return head, rows
@@ -149,7 +165,10 @@ class Report:
         if not self.ok:
             return "NOT OK"
         return "OK, every judged step saw the true large-batch gradient" + (
-            " (within the rounding of its reference)" if any(s.reference != "float32" for s in self.steps) else "")
+            " (within the rounding of its reference)"
+            if any(s.reference != "float32" for s in self.steps)
+            else ""
+        )
 
     def __str__(self) -> str:
         head, body = self._columns()
@@ -157,14 +176,18 @@ class Report:
         total = "?" if self.items_total is None else str(self.items_total)
         lines.append(f"\nitems that reached an optimizer step: {self.items_stepped}/{total}")
         if self.logged_loss is not None and self.true_loss is not None:
-            lines.append(f"loss the loop reported: {self.logged_loss:.4f}   true mean item loss: {self.true_loss:.4f}")
+            lines.append(
+                f"loss the loop reported: {self.logged_loss:.4f}   true mean item loss: {self.true_loss:.4f}"
+            )
         lines.append("verdict: " + self._verdict())
         lines += [str(f) for f in self.findings]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         head, body = self._columns()
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
+        )
         found = "".join(
             f"<li><code>{html.escape(f.code)}</code> ({f.severity}) {html.escape(f.message)}<br><i>fix:</i> {html.escape(f.fix)}</li>"
             for f in self.findings

@@ -44,8 +44,9 @@ def make_shadow(net: torch.nn.Module) -> torch.nn.Module:
     return copy_model(net, {id(p): _leaf(p) for p in net.parameters()})
 
 
-def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torch.nn.Parameter],
-                own: bool = False) -> list[torch.Tensor]:
+def sync_shadow(
+    shadow: torch.nn.Module, net: torch.nn.Module, params: list[torch.nn.Parameter], own: bool = False
+) -> list[torch.Tensor]:
     """Point the shadow at the live parameters (a loop may move, cast or replace them), copy buffers
     and modes; return the shadow's leaf for each of ``params`` (tied parameters stay tied).
     ``own``: the shadow holds copies (FSDP2 frees a gathered parameter's storage after each forward;
@@ -69,8 +70,13 @@ def sync_shadow(shadow: torch.nn.Module, net: torch.nn.Module, params: list[torc
                 leaves[id(p)] = mine
             if id(p) not in leaves:
                 mine = s._parameters.get(name)
-                same = (mine is not None and mine.data_ptr() == p.data_ptr() and mine.shape == p.shape
-                        and mine.dtype == p.dtype and mine.device == p.device)
+                same = (
+                    mine is not None
+                    and mine.data_ptr() == p.data_ptr()
+                    and mine.shape == p.shape
+                    and mine.dtype == p.dtype
+                    and mine.device == p.device
+                )
                 if same:  # kept, with its .grad; whether it is differentiated follows the loop's parameter
                     mine.requires_grad_(p.requires_grad)  # type: ignore[union-attr]
                 leaves[id(p)] = mine if same else _leaf(p)  # type: ignore[assignment]

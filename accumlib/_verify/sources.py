@@ -22,7 +22,6 @@ WORKERS = (
 )
 
 
-
 def tensors(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj

@@ -1,6 +1,6 @@
 """``python -m accumlib.distributed [--accum-steps K] [--json]``: ``accumlib ddp``, for torchrun.
 
-    torchrun --nproc-per-node 2 -m accumlib.distributed --accum-steps 4
+torchrun --nproc-per-node 2 -m accumlib.distributed --accum-steps 4
 """
 
 import sys

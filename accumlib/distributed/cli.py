@@ -15,11 +15,19 @@ import sys
 
 
 def add_arguments(d: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    d.add_argument("--world-size", type=int, default=2, help="processes to spawn (default: 2; ignored under torchrun)")
+    d.add_argument(
+        "--world-size", type=int, default=2, help="processes to spawn (default: 2; ignored under torchrun)"
+    )
     d.add_argument("--accum-steps", type=int, default=4, help="micro-batches per optimizer step (default: 4)")
-    d.add_argument("--task", default="lm-tokens", help="built-in task (default: lm-tokens, variable token counts)")
-    d.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are stopped (default: 300)")
-    d.add_argument("--port", type=int, default=None, help="rendezvous port on 127.0.0.1 (default: a free one)")
+    d.add_argument(
+        "--task", default="lm-tokens", help="built-in task (default: lm-tokens, variable token counts)"
+    )
+    d.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before the ranks are stopped (default: 300)"
+    )
+    d.add_argument(
+        "--port", type=int, default=None, help="rendezvous port on 127.0.0.1 (default: a free one)"
+    )
     d.add_argument("--json", action="store_true", help="print the results as JSON")
     return d
 
@@ -37,8 +45,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun: join its group
             init_from_env()
-        report = ddp_experiment(world_size=args.world_size, accum_steps=args.accum_steps, task=args.task, timeout=args.timeout,
-                                port=args.port)
+        report = ddp_experiment(
+            world_size=args.world_size,
+            accum_steps=args.accum_steps,
+            task=args.task,
+            timeout=args.timeout,
+            port=args.port,
+        )
     except ValueError as err:
         print(f"accumlib ddp: error: {err}", file=sys.stderr)
         return 2

@@ -6,7 +6,6 @@ assumed: with ``no_sync`` over the first k-1 micro-batches a window costs one ro
 buckets; without it (or with ``no_sync`` around the backward only) it costs k rounds.
 """
 
-
 from dataclasses import dataclass
 
 import torch

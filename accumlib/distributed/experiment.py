@@ -45,6 +45,7 @@ COMM_VARIANTS = ("no_sync", "every micro-batch", "no_sync on backward only")
 # all-reduce adds R partial sums (~1e-7 measured); the one tolerance, with its reason, is
 # accumlib.tolerances.FLOAT32_RTOL, 100x below the per-rank-count error (> 1e-2).
 from ..tolerances import FLOAT32_RTOL  # noqa: E402
+
 # The per-rank-count mistake must sit far above rounding: 10x FLOAT32_RTOL. On lm-tokens
 # (4 to 40 tokens per sequence) we measure 1e-2 to 1e-1 depending on k.
 PER_RANK_MIN_ERROR = 10 * FLOAT32_RTOL
@@ -103,30 +104,40 @@ class RunResult:
         return self.bytes[0][0]
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunResult":
+    def from_dict(cls, d: dict) -> RunResult:
         d = dict(d)
         d["spec"] = RunSpec(**d["spec"])
         return cls(**d)
 
 
-def shard_loader(task: Task, rank: int, world_size: int, batch_size: int | None = None, dataset=None) -> DataLoader:
+def shard_loader(
+    task: Task, rank: int, world_size: int, batch_size: int | None = None, dataset=None
+) -> DataLoader:
     """This rank's loader: DistributedSampler's interleaved shard (padded so every rank gets as many items)."""
     dataset = task.make_dataset() if dataset is None else dataset
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
-    return DataLoader(dataset, batch_size=batch_size or task.batch_size, sampler=sampler, collate_fn=task.collate_fn)
+    return DataLoader(
+        dataset, batch_size=batch_size or task.batch_size, sampler=sampler, collate_fn=task.collate_fn
+    )
 
 
-def _against_oracle(model: torch.nn.Module, window: list, task: Task, device: torch.device) -> tuple[float, float, float]:
+def _against_oracle(
+    model: torch.nn.Module, window: list, task: Task, device: torch.device
+) -> tuple[float, float, float]:
     """This rank's ``.grad`` against the oracle over every rank's window, and against the mean of rank means."""
     world = dist.get_world_size()
     union: list[list] = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(union, window)  # every rank's window: the large batch of this step
     batches = [b for w in union for b in w]
-    oracle = true_gradient(model, batches, task.item_losses, merge=task.merge, dtype=torch.float64, device=device)
+    oracle = true_gradient(
+        model, batches, task.item_losses, merge=task.merge, dtype=torch.float64, device=device
+    )
     own = true_gradient(model, window, task.item_losses, merge=task.merge, dtype=torch.float64, device=device)
     flat = torch.cat([g.reshape(-1) for g in own.values()])
     dist.all_reduce(flat)  # (1/R) sum_r grad of rank r's own window mean: what per-rank counts compute
-    rank_means = {k: v.view_as(own[k]) for k, v in zip(own, (flat / world).split([g.numel() for g in own.values()]))}
+    rank_means = {
+        k: v.view_as(own[k]) for k, v in zip(own, (flat / world).split([g.numel() for g in own.values()]))
+    }
     with torch.no_grad():
         loss = torch.cat([task.item_losses(model, to_device(b, device)) for b in batches]).double().mean()
     grads = grads_of(model)
@@ -150,7 +161,16 @@ def run_one(spec: RunSpec, device: torch.device | None = None, datasets: dict | 
     if spec.task not in datasets:
         datasets[spec.task] = task.make_dataset()
     loader = Recording(shard_loader(task, rank, world, spec.batch_size, datasets[spec.task]))
-    mine: dict[str, list] = {"rel": [], "rel_means": [], "calls": [], "bytes": [], "batches": [], "items": [], "spread": [], "loss": []}
+    mine: dict[str, list] = {
+        "rel": [],
+        "rel_means": [],
+        "calls": [],
+        "bytes": [],
+        "batches": [],
+        "items": [],
+        "spread": [],
+        "loss": [],
+    }
 
     def before_step(opt, args, kwargs):
         window = loader.take()
@@ -174,8 +194,16 @@ def run_one(spec: RunSpec, device: torch.device | None = None, datasets: dict | 
     pre = optimizer.register_step_pre_hook(before_step)
     post = optimizer.register_step_post_hook(after_step)
     try:
-        logged = ddp_accumulate(ddp, optimizer, loader, task.item_losses, accum_steps=spec.accum_steps,
-                                device=device, count_items=task.count_items, **VARIANTS[spec.variant])
+        logged = ddp_accumulate(
+            ddp,
+            optimizer,
+            loader,
+            task.item_losses,
+            accum_steps=spec.accum_steps,
+            device=device,
+            count_items=task.count_items,
+            **VARIANTS[spec.variant],
+        )
     finally:
         pre.remove()
         post.remove()
@@ -183,7 +211,8 @@ def run_one(spec: RunSpec, device: torch.device | None = None, datasets: dict | 
     dist.all_gather_object(gathered, mine)
     steps, checked = range(len(mine["calls"])), range(len(mine["rel"]))
     return RunResult(
-        spec=spec, world_size=world,
+        spec=spec,
+        world_size=world,
         rel_errors=[[g["rel"][s] for g in gathered] for s in checked],
         rel_to_rank_means=[[g["rel_means"][s] for g in gathered] for s in checked],
         param_spread=mine["spread"],
@@ -198,7 +227,11 @@ def run_one(spec: RunSpec, device: torch.device | None = None, datasets: dict | 
 
 def worker(rank: int, world_size: int, specs: Sequence[dict], out: str | None = None) -> list[RunResult]:
     """Spawn/torchrun target: run every spec in order; rank 0 writes the results to ``out`` as JSON."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
     datasets: dict = {}  # read-only after construction, so runs may share it
     results = [run_one(RunSpec(**s), device, datasets) for s in specs]
     if rank == 0 and out is not None:
@@ -207,7 +240,9 @@ def worker(rank: int, world_size: int, specs: Sequence[dict], out: str | None = 
     return results
 
 
-def run_specs(specs: Sequence[RunSpec], *, world_size: int = 2, timeout: float = 120.0, port: int | None = None) -> list[RunResult]:
+def run_specs(
+    specs: Sequence[RunSpec], *, world_size: int = 2, timeout: float = 120.0, port: int | None = None
+) -> list[RunResult]:
     """Run ``specs`` in ONE spawned group of ``world_size`` processes on loopback; return rank 0's records."""
     world_size = check_world_size(world_size)
     with tempfile.TemporaryDirectory(prefix="accumlib-ddp-") as tmp:
@@ -232,7 +267,8 @@ class DDPReport:
         exact = all(self.results[v].max_rel_error <= FLOAT32_RTOL for v in COMM_VARIANTS)
         in_step = all(max(r.param_spread) == 0.0 for r in self.results.values())
         k_rounds = all(
-            c[0] == m * ref_c[0] for c, m, ref_c in zip(self.results["every micro-batch"].calls, ref.window_batches, ref.calls)
+            c[0] == m * ref_c[0]
+            for c, m, ref_c in zip(self.results["every micro-batch"].calls, ref.window_batches, ref.calls)
         )
         wrong = self.world_size == 1 or self.results["per-rank counts"].max_rel_error > PER_RANK_MIN_ERROR
         return exact and in_step and k_rounds and wrong
@@ -240,7 +276,9 @@ class DDPReport:
     def summary(self) -> dict:
         r = self.results
         return {
-            "world_size": self.world_size, "accum_steps": self.accum_steps, "task": self.task,
+            "world_size": self.world_size,
+            "accum_steps": self.accum_steps,
+            "task": self.task,
             "rel_error_vs_large_batch": r["no_sync"].max_rel_error,
             "max_param_spread_across_ranks": max(max(x.param_spread) for x in r.values()),
             "allreduce_per_step": {
@@ -268,14 +306,23 @@ class DDPReport:
         for v in COMM_VARIANTS:
             c = s["allreduce_per_step"][v]
             lines.append(f"    {v:<26} {c['calls']:>3} calls  {c['bytes']:>9,} bytes")
-        lines.append("    (plus, in every variant, one all-reduce of the window's item count: 1 int64, 8 bytes)")
-        lines.append(f"  per-rank counts (local mean, then DDP's average) rel error  {s['per_rank_counts_rel_error']:.1e}")
+        lines.append(
+            "    (plus, in every variant, one all-reduce of the window's item count: 1 int64, 8 bytes)"
+        )
+        lines.append(
+            f"  per-rank counts (local mean, then DDP's average) rel error  {s['per_rank_counts_rel_error']:.1e}"
+        )
         lines.append(f"verdict: {'ok' if s['ok'] else 'FAILED'}")
         return "\n".join(lines)
 
 
 def ddp_experiment(
-    *, world_size: int = 2, accum_steps: int = 4, task: str = "lm-tokens", timeout: float = 120.0, port: int | None = None
+    *,
+    world_size: int = 2,
+    accum_steps: int = 4,
+    task: str = "lm-tokens",
+    timeout: float = 120.0,
+    port: int | None = None,
 ) -> DDPReport:
     """Every variant at one ``accum_steps``, in one spawned run (or in the current group under torchrun).
 

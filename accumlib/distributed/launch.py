@@ -66,7 +66,9 @@ def max_world_size() -> int:
 
 def check_world_size(world_size: object) -> int:
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
-        raise ValueError(f"world_size must be an integer >= 1 (got {world_size!r} of type {type(world_size).__name__})")
+        raise ValueError(
+            f"world_size must be an integer >= 1 (got {world_size!r} of type {type(world_size).__name__})"
+        )
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1 (got {world_size})")
     return int(world_size)
@@ -87,7 +89,9 @@ def check_port(port: object, host: str = HOST) -> int:
         try:
             s.bind((host, int(port)))
         except OSError as err:
-            raise ValueError(f"port must be free on {host} for the rendezvous (got {port}, in use: {err.strerror})") from None
+            raise ValueError(
+                f"port must be free on {host} for the rendezvous (got {port}, in use: {err.strerror})"
+            ) from None
     return int(port)
 
 
@@ -112,7 +116,9 @@ def init_from_env(backend: str | None = None, timeout: float = COLLECTIVE_TIMEOU
 
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise ValueError(f"environment must set {missing} to join a process group; start this with torchrun (got none of them)")
+        raise ValueError(
+            f"environment must set {missing} to join a process group; start this with torchrun (got none of them)"
+        )
     backend = backend or default_backend()
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -128,7 +134,12 @@ def gloo_interface(backend: str, host: str, environ: Mapping[str, str]) -> str |
     uses (torch then warns, or cannot connect). When every peer is on this machine,
     loopback is the one right interface. A user's own ``GLOO_SOCKET_IFNAME`` is kept.
     """
-    if backend != "gloo" or "GLOO_SOCKET_IFNAME" in environ or not _loopback(host) or "lo" not in _interfaces():
+    if (
+        backend != "gloo"
+        or "GLOO_SOCKET_IFNAME" in environ
+        or not _loopback(host)
+        or "lo" not in _interfaces()
+    ):
         return None
     return "lo"
 
@@ -156,8 +167,18 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _entry(rank: int, fn: Callable[..., Any], world_size: int, host: str, port: int, backend: str,
-           timeout: float, args: Sequence[Any], log_dir: str, parent: int) -> None:
+def _entry(
+    rank: int,
+    fn: Callable[..., Any],
+    world_size: int,
+    host: str,
+    port: int,
+    backend: str,
+    timeout: float,
+    args: Sequence[Any],
+    log_dir: str,
+    parent: int,
+) -> None:
     import torch.distributed as dist
 
     _die_with_parent(parent)
@@ -168,14 +189,22 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, host: str, port: 
     os.dup2(log, 2)
     os.close(log)
     torch.set_num_threads(1)  # ranks share the machine's cores; one thread each avoids oversubscription
-    os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR=host,
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     interface = gloo_interface(backend, host, os.environ)
     if interface:
         os.environ["GLOO_SOCKET_IFNAME"] = interface
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout)
+    )
     fn(rank, world_size, *args)
     # Only on success: tearing the group down on failure would break the peers' connections
     # before this rank's traceback is written, and the peers' errors would look like the cause.
@@ -218,30 +247,48 @@ def launch(
     """
     world_size = check_world_size(world_size)
     if world_size > (most := max_world_size()):
-        raise ValueError(f"world_size must be <= {most} on this machine ({RANKS_PER_CORE} ranks per usable core, "
-                         f"{RANK_MEMORY_BYTES // 2**20} MiB of available memory per rank) (got {world_size})")
+        raise ValueError(
+            f"world_size must be <= {most} on this machine ({RANKS_PER_CORE} ranks per usable core, "
+            f"{RANK_MEMORY_BYTES // 2**20} MiB of available memory per rank) (got {world_size})"
+        )
     port = free_port(host) if port is None else check_port(port, host)
     if not (isinstance(timeout, numbers.Real) and timeout > 0):
         raise ValueError(f"timeout must be a number of seconds > 0 (got {timeout!r})")
     _check_importable(fn)
     backend = backend or default_backend()
     if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"world_size must be <= the number of GPUs for nccl (got {world_size}, {torch.cuda.device_count()} GPUs)")
+        raise ValueError(
+            f"world_size must be <= the number of GPUs for nccl (got {world_size}, {torch.cuda.device_count()} GPUs)"
+        )
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="accumlib-launch-") as log_dir:
         ctx = mp.start_processes(
-            _entry, args=(fn, world_size, host, port, backend, min(COLLECTIVE_TIMEOUT_S, timeout), tuple(args), log_dir,
-                  os.getpid()),
-            nprocs=world_size, join=False, start_method="spawn",
+            _entry,
+            args=(
+                fn,
+                world_size,
+                host,
+                port,
+                backend,
+                min(COLLECTIVE_TIMEOUT_S, timeout),
+                tuple(args),
+                log_dir,
+                os.getpid(),
+            ),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout
         try:
             # join() raises ProcessRaisedException/ProcessExitedException as soon as one rank fails
             while not ctx.join(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"distributed run did not finish within timeout={timeout} s (world_size={world_size}); "
-                                       f"ranks stopped{_stderr_tails(log_dir, world_size)}")
+                    raise TimeoutError(
+                        f"distributed run did not finish within timeout={timeout} s (world_size={world_size}); "
+                        f"ranks stopped{_stderr_tails(log_dir, world_size)}"
+                    )
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
             _stop(ctx.processes)
             raise _every_failure(ctx, err, _stderr_tails(log_dir, world_size)) from None
@@ -293,7 +340,9 @@ def _every_failure(ctx: Any, err: Exception, tails: str = "") -> Exception:
     if not found:
         # Killed by a signal or exited without a Python traceback: what it printed is all there is.
         if isinstance(err, mp.ProcessExitedException):
-            return mp.ProcessExitedException(f"{err.msg}{tails}", err.error_index, err.error_pid, err.exit_code, err.signal_name)
+            return mp.ProcessExitedException(
+                f"{err.msg}{tails}", err.error_index, err.error_pid, err.exit_code, err.signal_name
+            )
         return mp.ProcessRaisedException(f"{err.msg}{tails}", err.error_index, err.error_pid)
     found.sort()
     msg = "".join(

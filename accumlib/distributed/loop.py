@@ -29,10 +29,20 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .._batch import (
-    Batch, Device, ItemLosses, Progress, check_device,
-    check_accum_steps, check_count, checked_losses, count_items as _rows,
-    progress_bar, to_device, window_items, windows,
+    Batch,
+    Device,
+    ItemLosses,
+    Progress,
+    check_accum_steps,
+    check_count,
+    check_device,
+    checked_losses,
+    progress_bar,
+    to_device,
+    window_items,
+    windows,
 )
+from .._batch import count_items as _rows
 
 NO_SYNC = ("forward+backward", "backward", "never")
 
@@ -45,7 +55,9 @@ def _check_args(model: object, no_sync: object) -> None:
     if not isinstance(model, DDP):
         raise TypeError(f"model must be wrapped in DistributedDataParallel (got {type(model).__name__})")
     if not dist.is_initialized():
-        raise ValueError("the default process group must be initialized before the loop (got none; use launch() or torchrun)")
+        raise ValueError(
+            "the default process group must be initialized before the loop (got none; use launch() or torchrun)"
+        )
     if no_sync not in NO_SYNC:
         raise ValueError(f"no_sync must be one of {NO_SYNC} (got {no_sync!r})")
 
@@ -57,14 +69,23 @@ def _same_length_everywhere(loader, device: torch.device) -> None:
     n = torch.tensor([len(loader), -len(loader)], device=device)
     dist.all_reduce(n, op=dist.ReduceOp.MAX)
     if int(n[0]) != -int(n[1]):
-        raise ValueError(f"loader must yield the same number of micro-batches on every rank (got between {-int(n[1])} and {int(n[0])})")
+        raise ValueError(
+            f"loader must yield the same number of micro-batches on every rank (got between {-int(n[1])} and {int(n[0])})"
+        )
 
 
 def ddp_accumulate(
-    model: DDP, optimizer: torch.optim.Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: Progress = False,
+    model: DDP,
+    optimizer: torch.optim.Optimizer,
+    loader: Iterable[Batch],
+    item_losses: ItemLosses,
+    *,
+    accum_steps: int,
+    device: Device = None,
+    progress: Progress = False,
     count_items: Callable[[Batch], int] = _rows,
-    no_sync: str = "forward+backward", global_counts: bool = True,
+    no_sync: str = "forward+backward",
+    global_counts: bool = True,
 ) -> list[float]:
     """Run one epoch on this rank; return the true mean item loss (over all ranks) of each step's window.
 
@@ -98,7 +119,8 @@ def ddp_accumulate(
             with _no_sync(model, defer and no_sync == "forward+backward"):
                 losses = checked_losses(item_losses, model, to_device(batch, device))
                 check_count(count_items(batch), losses)
-                with _no_sync(model, defer and no_sync == "backward"):  # too late: the forward already armed the all-reduce
+                # too late: the forward already armed the all-reduce
+                with _no_sync(model, defer and no_sync == "backward"):
                     (losses.sum() * scale).backward()
             total = total + losses.detach().sum().double().cpu()
             bar.update()

@@ -45,14 +45,27 @@ def tiny_llama(seed: int = 0) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                                        pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 def item_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The loss the model averages, per item: cross-entropy of every predicted token (the causal shift)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    logits = (
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    )
     targets = batch["labels"][:, 1:]
     keep = targets != IGNORE_INDEX
     return F.cross_entropy(logits[keep], targets[keep], reduction="none")
@@ -69,7 +82,9 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any)
     from transformers import get_scheduler
 
     accelerator = _accelerator()
-    lr_scheduler = get_scheduler("linear", optimizer=optimizer, num_warmup_steps=0, num_training_steps=math.ceil(len(loader) / K))
+    lr_scheduler = get_scheduler(
+        "linear", optimizer=optimizer, num_warmup_steps=0, num_training_steps=math.ceil(len(loader) / K)
+    )
     # prepared too: Accelerate's scheduler steps only when its optimizer does
     model, optimizer, loader, lr_scheduler = accelerator.prepare(model, optimizer, loader, lr_scheduler)
     model.train()
@@ -88,20 +103,33 @@ def train_counted(model: torch.nn.Module, optimizer: torch.optim.Optimizer, load
     from transformers import get_scheduler
 
     accelerator = _accelerator()
-    lr_scheduler = get_scheduler("linear", optimizer=optimizer, num_warmup_steps=0, num_training_steps=math.ceil(len(loader) / K))
+    lr_scheduler = get_scheduler(
+        "linear", optimizer=optimizer, num_warmup_steps=0, num_training_steps=math.ceil(len(loader) / K)
+    )
     model, optimizer, loader, lr_scheduler = accelerator.prepare(model, optimizer, loader, lr_scheduler)
     model.train()
-    for window in windows(loader, K):  # k micro-batches at a time, the tail too: tokens counted before backward
+    # k micro-batches at a time, the tail too: tokens counted before backward
+    for window in windows(loader, K):
         n = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in window)  # after the shift
         n = int(accelerator.gather(torch.tensor(n, device=accelerator.device)).sum())  # all processes' tokens
         for i, batch in enumerate(window):
             last = i == len(window) - 1
             # sync (all-reduce) only on the window's last backward; one process needs no no_sync
-            ctx = accelerator.no_sync(model) if not last and accelerator.num_processes > 1 else contextlib.nullcontext()
+            ctx = (
+                accelerator.no_sync(model)
+                if not last and accelerator.num_processes > 1
+                else contextlib.nullcontext()
+            )
             with ctx:
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-                summed = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
-                                         ignore_index=IGNORE_INDEX, reduction="sum")
+                logits = model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                ).logits.float()
+                summed = F.cross_entropy(
+                    logits[:, :-1].flatten(0, 1),
+                    batch["labels"][:, 1:].flatten(),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="sum",
+                )
                 # sum / N for this process's share; x k x processes because backward divides by k, DDP averages
                 accelerator.backward(summed / n * K * accelerator.num_processes)
         optimizer.step()
@@ -112,8 +140,15 @@ def train_counted(model: torch.nn.Module, optimizer: torch.optim.Optimizer, load
 def verify_args() -> dict[str, Any]:
     """``accumlib.verify``'s arguments for these loops: a fresh tiny Llama, the variable-length data
     (22 sequences, micro-batches of 2, k = 4: windows of 4, 4 and 3), and AdamW as the script uses."""
-    return dict(model=tiny_llama(), dataset=token_sequences(vocab=VOCAB), item_losses=item_losses, accum_steps=K,
-                batch_size=BATCH, collate_fn=collate, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3))
+    return dict(
+        model=tiny_llama(),
+        dataset=token_sequences(vocab=VOCAB),
+        item_losses=item_losses,
+        accum_steps=K,
+        batch_size=BATCH,
+        collate_fn=collate,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+    )
 
 
 def reset_accelerate() -> None:
@@ -125,4 +160,14 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-__all__ = ["BATCH", "K", "VOCAB", "item_losses", "reset_accelerate", "tiny_llama", "train", "train_counted", "verify_args"]
+__all__ = [
+    "BATCH",
+    "K",
+    "VOCAB",
+    "item_losses",
+    "reset_accelerate",
+    "tiny_llama",
+    "train",
+    "train_counted",
+    "verify_args",
+]

@@ -15,7 +15,9 @@ PAD = 0  # token id 0 is padding; sequences draw ids from 1..vocab-1
 IGNORE_INDEX = -100  # the label transformers' losses skip
 
 
-def token_sequences(n: int = 22, vocab: int = 64, min_len: int = 3, max_len: int = 20, seed: int = 0) -> list[torch.Tensor]:
+def token_sequences(
+    n: int = 22, vocab: int = 64, min_len: int = 3, max_len: int = 20, seed: int = 0
+) -> list[torch.Tensor]:
     """``n`` token sequences of ``min_len``..``max_len`` tokens (ids 1..vocab-1), from one seeded generator.
 
     >>> [len(s) for s in token_sequences()][:6]
@@ -55,8 +57,11 @@ def labelled_sequences(n: int = 22, classes: int = 3, vocab: int = 64, seed: int
 def classify_collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Pad ``labelled_sequences`` items: ``input_ids``, ``attention_mask`` and one ``labels`` entry per sequence."""
     batch = collate([i["input_ids"] for i in items])
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-            "labels": torch.tensor([i["label"] for i in items])}
+    return {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "labels": torch.tensor([i["label"] for i in items]),
+    }
 
 
 __all__ = ["IGNORE_INDEX", "PAD", "classify_collate", "collate", "labelled_sequences", "token_sequences"]

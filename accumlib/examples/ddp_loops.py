@@ -31,7 +31,9 @@ Train = Callable[[torch.nn.Module, torch.optim.Optimizer, DataLoader], None]
 def shard(loader: DataLoader, *, drop_last: bool = False) -> DataLoader:
     """This rank's loader: the same dataset, batch size and collate_fn, one DistributedSampler shard."""
     sampler = DistributedSampler(loader.dataset, shuffle=False, drop_last=drop_last)
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn)
+    return DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn
+    )
 
 
 def windows(loader: DataLoader, k: int) -> Iterator[list[Any]]:
@@ -46,9 +48,20 @@ def windows(loader: DataLoader, k: int) -> Iterator[list[Any]]:
         yield window
 
 
-def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, *, item_losses: ItemLosses,
-           count_items: Callable[[Any], int], k: int, global_count: bool = True, divide_by_ranks: bool = False, sync: str = "last", drop_last: bool = False,
-           sharded: bool = True) -> None:
+def _train(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loader: DataLoader,
+    *,
+    item_losses: ItemLosses,
+    count_items: Callable[[Any], int],
+    k: int,
+    global_count: bool = True,
+    divide_by_ranks: bool = False,
+    sync: str = "last",
+    drop_last: bool = False,
+    sharded: bool = True,
+) -> None:
     """The one loop every variant below is: ``sync`` says which backwards synchronize
     (``last``: the window's last; ``never``: none; ``forward-only``: no_sync around the backward alone)."""
     ddp, world = DDP(model), dist.get_world_size()
@@ -71,8 +84,16 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoade
         opt.zero_grad()
 
 
-def _train_fsdp(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, *, item_losses: ItemLosses,
-                count_items: Callable[[Any], int], k: int, global_count: bool = True) -> None:
+def _train_fsdp(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loader: DataLoader,
+    *,
+    item_losses: ItemLosses,
+    count_items: Callable[[Any], int],
+    k: int,
+    global_count: bool = True,
+) -> None:
     """The same loop under FSDP2: ``fully_shard`` replaces the parameters with shards, so the optimizer
     is built over them, with the learning rate of the one handed in; a gradient sync only on the last."""
     from torch.distributed.fsdp import fully_shard
@@ -95,14 +116,24 @@ def _train_fsdp(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Data
 def make_fsdp(**how: Any) -> Callable[[Any], Train]:
     def bind(task: Any) -> Train:
         def train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader) -> None:
-            _train_fsdp(model, opt, loader, item_losses=task.item_losses, count_items=task.count_items,
-                        k=task.accum_steps, **how)
+            _train_fsdp(
+                model,
+                opt,
+                loader,
+                item_losses=task.item_losses,
+                count_items=task.count_items,
+                k=task.accum_steps,
+                **how,
+            )
+
         return train
+
     return bind
 
 
 def _uneven(task: Any) -> Train:
     """A correct DDP run, then one more step on rank 1 alone (on the bare model: no collective of the loop's own)."""
+
     def train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader) -> None:
         make()(task)(model, opt, loader)
         if dist.get_rank() == 1:
@@ -110,15 +141,27 @@ def _uneven(task: Any) -> Train:
             (task.item_losses(model, batch).sum() / task.count_items(batch)).backward()
             opt.step()
             opt.zero_grad()
+
     return train
 
 
 def make(**how: Any) -> Callable[[Any], Train]:
     """A loop factory: ``make(...)(task)`` is ``train(model, opt, loader)`` for that task's loss and k."""
+
     def bind(task: Any) -> Train:
         def train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader) -> None:
-            _train(model, opt, loader, item_losses=task.item_losses, count_items=task.count_items, k=task.accum_steps, **how)
+            _train(
+                model,
+                opt,
+                loader,
+                item_losses=task.item_losses,
+                count_items=task.count_items,
+                k=task.accum_steps,
+                **how,
+            )
+
         return train
+
     return bind
 
 

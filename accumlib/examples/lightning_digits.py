@@ -27,7 +27,9 @@ from ..tasks import get_task
 try:
     import lightning.pytorch as pl
 except ImportError as err:  # pragma: no cover - lightning is in the notebooks and test extras
-    raise ImportError("accumlib.examples.lightning_digits needs lightning: pip install accumlib[notebooks]") from err
+    raise ImportError(
+        "accumlib.examples.lightning_digits needs lightning: pip install accumlib[notebooks]"
+    ) from err
 
 
 class Digits(pl.LightningModule):

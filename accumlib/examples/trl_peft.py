@@ -45,18 +45,27 @@ class LibraryBug:
 
 BUGS = {
     "sft-gpt2": LibraryBug(
-        "trl", "SFTTrainer on GPT-2 (full-sequence loss)", "c = N/(N+S)",
+        "trl",
+        "SFTTrainer on GPT-2 (full-sequence loss)",
+        "c = N/(N+S)",
         "trl/trainer/sft_trainer.py:1612-1618 divides N shifted token losses by the Trainer's num_items_in_batch, "
         "which transformers/trainer.py:2298 counts unshifted (N + S labels) for a model whose loss_type is None "
-        "(_loss_shifts_labels, trainer.py:543)"),
+        "(_loss_shifts_labels, trainer.py:543)",
+    ),
     "prompt-tuning": LibraryBug(
-        "peft", "prompt tuning (and p-tuning) under the transformers Trainer", "c = N/(N-S)",
+        "peft",
+        "prompt tuning (and p-tuning) under the transformers Trainer",
+        "c = N/(N-S)",
         "peft/peft_model.py:2166-2167 prepends V labels of -100, so the last virtual token predicts each sequence's "
-        "first token and the loss sums N terms; transformers/trainer.py:2331 counts N - S labels after the shift"),
+        "first token and the loss sums N terms; transformers/trainer.py:2331 counts N - S labels after the shift",
+    ),
     "dpo": LibraryBug(
-        "trl", "DPOTrainer with a short last micro-batch", "mean of micro-batch means",
+        "trl",
+        "DPOTrainer with a short last micro-batch",
+        "mean of micro-batch means",
         "trl/trainer/dpo_trainer.py:1528 returns each micro-batch's mean pair loss and ignores num_items_in_batch; "
-        "transformers/trainer.py:2111 divides it by the window's micro-batch count (trainer.py:1877)"),
+        "transformers/trainer.py:2111 divides it by the window's micro-batch count (trainer.py:1877)",
+    ),
 }
 
 
@@ -82,9 +91,19 @@ def _quiet() -> Iterator[None]:
 
 
 def _run_args() -> dict[str, Any]:
-    return dict(output_dir=tempfile.mkdtemp(prefix="accumlib-lesson9-"), per_device_train_batch_size=BATCH,
-                gradient_accumulation_steps=K, num_train_epochs=1, max_grad_norm=0.0, use_cpu=True, report_to=[],
-                disable_tqdm=True, logging_strategy="no", save_strategy="no", seed=0)
+    return dict(
+        output_dir=tempfile.mkdtemp(prefix="accumlib-lesson9-"),
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=K,
+        num_train_epochs=1,
+        max_grad_norm=0.0,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+        save_strategy="no",
+        seed=0,
+    )
 
 
 def sft_gpt2(n_texts: int = 14) -> Any:
@@ -96,8 +115,12 @@ def sft_gpt2(n_texts: int = 14) -> Any:
 
     args = trl.SFTConfig(**_run_args(), bf16=False, gradient_checkpointing=False)
     with _quiet():
-        return trl.SFTTrainer(model=tiny_gpt2(), args=args, train_dataset=datasets.Dataset.from_dict(tiny_texts(n_texts)),
-                              processing_class=tiny_tokenizer())
+        return trl.SFTTrainer(
+            model=tiny_gpt2(),
+            args=args,
+            train_dataset=datasets.Dataset.from_dict(tiny_texts(n_texts)),
+            processing_class=tiny_tokenizer(),
+        )
 
 
 def prompt_tuning(n_sequences: int = 22) -> Any:
@@ -109,9 +132,15 @@ def prompt_tuning(n_sequences: int = 22) -> Any:
     from ..hf.tiny import tiny_llama
     from .data import collate, token_sequences
 
-    model = peft.get_peft_model(tiny_llama(), peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=V))
-    return Trainer(model=model, args=TrainingArguments(**_run_args()), train_dataset=token_sequences(n_sequences),
-                   data_collator=collate)
+    model = peft.get_peft_model(
+        tiny_llama(), peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=V)
+    )
+    return Trainer(
+        model=model,
+        args=TrainingArguments(**_run_args()),
+        train_dataset=token_sequences(n_sequences),
+        data_collator=collate,
+    )
 
 
 def factors(report: Any, s_sign: int) -> list[tuple[int, int, int, float, float]]:
@@ -131,7 +160,10 @@ def preference_pairs(n: int = 11, seed: int = 0) -> dict[str, list[str]]:
 
     rng = random.Random(seed)
     words = lambda: " ".join(f"w{rng.randrange(WORDS)}" for _ in range(rng.randint(1, 6)))  # noqa: E731
-    return {k: [("" if k == "prompt" else " ") + words() for _ in range(n)] for k in ("prompt", "chosen", "rejected")}
+    return {
+        k: [("" if k == "prompt" else " ") + words() for _ in range(n)]
+        for k in ("prompt", "chosen", "rejected")
+    }
 
 
 def dpo(n_pairs: int = 11) -> Any:
@@ -139,16 +171,19 @@ def dpo(n_pairs: int = 11) -> Any:
     of micro-batches holding [2, 2, 2, 2] and [2, 1] pairs."""
     import datasets
     import trl
+    from transformers import PrinterCallback
 
     from ..hf.tiny import tiny_llama, tiny_tokenizer
 
-    from transformers import PrinterCallback
-
     args = trl.DPOConfig(**_run_args(), bf16=False, gradient_checkpointing=False)
     with _quiet():
-        trainer = trl.DPOTrainer(model=tiny_llama(seed=0), ref_model=tiny_llama(seed=1), args=args,
-                                 train_dataset=datasets.Dataset.from_dict(preference_pairs(n_pairs)),
-                                 processing_class=tiny_tokenizer())
+        trainer = trl.DPOTrainer(
+            model=tiny_llama(seed=0),
+            ref_model=tiny_llama(seed=1),
+            args=args,
+            train_dataset=datasets.Dataset.from_dict(preference_pairs(n_pairs)),
+            processing_class=tiny_tokenizer(),
+        )
     trainer.remove_callback(PrinterCallback)  # its end-of-training metrics line is not the lesson
     return trainer
 
@@ -175,17 +210,29 @@ def dpo_windows(trainer: Any) -> list[DPOWindow]:
 
     def split(batch: dict) -> list[dict]:
         n = len(batch["input_ids"]) // 2  # a micro-batch of n pairs: n chosen rows, then n rejected rows
-        return [{k: torch.cat([v[i:i + 1], v[n + i:n + i + 1]]) for k, v in batch.items()} for i in range(n)]
+        return [
+            {k: torch.cat([v[i : i + 1], v[n + i : n + i + 1]]) for k, v in batch.items()} for i in range(n)
+        ]
 
     def check(opt: Any, a: Any, kw: Any) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
         got = torch.cat([p.grad.flatten() for p in params])
-        per_batch = [[torch.cat([g.flatten() for g in torch.autograd.grad(trainer.compute_loss(model, p), params)])
-                      for p in split(b)] for b in window]
+        per_batch = [
+            [
+                torch.cat([g.flatten() for g in torch.autograd.grad(trainer.compute_loss(model, p), params)])
+                for p in split(b)
+            ]
+            for b in window
+        ]
         true = sum(g for gs in per_batch for g in gs) / sum(map(len, per_batch))
         means = sum(sum(gs) / len(gs) for gs in per_batch) / len(per_batch)
-        out.append(DPOWindow([len(gs) for gs in per_batch], float((got - true).norm() / true.norm()),
-                             float((got - means).norm() / true.norm())))
+        out.append(
+            DPOWindow(
+                [len(gs) for gs in per_batch],
+                float((got - true).norm() / true.norm()),
+                float((got - means).norm() / true.norm()),
+            )
+        )
         window.clear()
 
     trainer.training_step = training_step
@@ -199,5 +246,15 @@ def dpo_windows(trainer: Any) -> list[DPOWindow]:
     return out
 
 
-__all__ = ["BUGS", "DPOWindow", "LibraryBug", "dpo", "dpo_windows", "factors", "preference_pairs", "prompt_tuning",
-           "sft_gpt2", "versions"]
+__all__ = [
+    "BUGS",
+    "DPOWindow",
+    "LibraryBug",
+    "dpo",
+    "dpo_windows",
+    "factors",
+    "preference_pairs",
+    "prompt_tuning",
+    "sft_gpt2",
+    "versions",
+]

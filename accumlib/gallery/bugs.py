@@ -59,7 +59,8 @@ def bug_scheduler_per_micro_batch(model, optimizer, loader):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     for i, (x, y) in enumerate(loader):
         (F.cross_entropy(model(x), y) / K).backward()
-        with warnings.catch_warnings():  # torch rightly warns (scheduler before optimizer); the bug is on show here
+        # torch rightly warns (scheduler before optimizer); the bug is on show here
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
             scheduler.step()  # per micro-batch: the schedule runs K times too fast
         if (i + 1) % K == 0:

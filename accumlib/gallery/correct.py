@@ -18,7 +18,7 @@ def correct_enumerate(model, optimizer, loader):
     sizes = [len(y) for _, y in loader]  # item counts per micro-batch, known before training
     for i, (x, y) in enumerate(loader):
         start = i - i % K
-        n = sum(sizes[start:start + K])
+        n = sum(sizes[start : start + K])
         (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
         if (i + 1) % K == 0 or i + 1 == len(loader):
             optimizer.step()
@@ -118,7 +118,9 @@ def correct_gradual_unfreezing(model, optimizer, loader):
 def correct_drop_last(model, optimizer, loader):
     """A loader of its own with drop_last=True: each pass leaves the last, partial micro-batch out by
     design; every window it does draw is stepped, the short last one divided by its own items."""
-    dl = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, drop_last=True, collate_fn=loader.collate_fn)
+    dl = torch.utils.data.DataLoader(
+        loader.dataset, batch_size=loader.batch_size, drop_last=True, collate_fn=loader.collate_fn
+    )
     for window in windows(dl, K):
         n = sum(len(y) for _, y in window)
         for x, y in window:
@@ -129,8 +131,12 @@ def correct_drop_last(model, optimizer, loader):
 
 def correct_with_replacement(model, optimizer, loader):
     """Items sampled with replacement: some drawn twice in a pass, some never; each draw weighs as one item."""
-    sampler = torch.utils.data.RandomSampler(loader.dataset, replacement=True, generator=torch.Generator().manual_seed(0))
-    dl = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn)
+    sampler = torch.utils.data.RandomSampler(
+        loader.dataset, replacement=True, generator=torch.Generator().manual_seed(0)
+    )
+    dl = torch.utils.data.DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn
+    )
     for window in windows(dl, K):
         n = sum(len(y) for _, y in window)
         for x, y in window:

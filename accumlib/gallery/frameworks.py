@@ -52,8 +52,15 @@ def lightning_loop(model, optimizer, loader):
         warnings.simplefilter("ignore")  # Lightning's advice on workers and loggers, not about accumulation
         log.setLevel(logging.WARNING)  # and its banner (GPU available: ...), restored below
         trainer = pl.Trainer(
-            max_epochs=1, accumulate_grad_batches=K, gradient_clip_val=CLIP, accelerator="cpu", devices=1,
-            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            max_epochs=1,
+            accumulate_grad_batches=K,
+            gradient_clip_val=CLIP,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
         )
         try:
             trainer.fit(Lit(), loader)

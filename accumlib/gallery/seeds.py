@@ -18,7 +18,19 @@ from tqdm.auto import tqdm
 from ._common import K
 
 
-def bert_train_one_epoch(model, optimizer, scheduler, dataloader, device, epoch, *, n_accumulate, criterion, progress=False, collect=True):
+def bert_train_one_epoch(
+    model,
+    optimizer,
+    scheduler,
+    dataloader,
+    device,
+    epoch,
+    *,
+    n_accumulate,
+    criterion,
+    progress=False,
+    collect=True,
+):
     """The BERT post's ``train_one_epoch``, line for line, with (ids, mask) -> the digits' (x, y).
 
     It divides the loss by ``n_accumulate`` before ``backward`` (right), steps and moves the
@@ -55,8 +67,17 @@ def bert_style_epoch(model, optimizer, loader):
     """BERT-style epoch: divided loss, step on (step + 1) % K, scheduler per step, running_loss of the divided loss."""
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s))
     device = next(model.parameters()).device
-    return bert_train_one_epoch(model, optimizer, scheduler, loader, device, 0, n_accumulate=K,
-                                criterion=torch.nn.CrossEntropyLoss(), collect=False)
+    return bert_train_one_epoch(
+        model,
+        optimizer,
+        scheduler,
+        loader,
+        device,
+        0,
+        n_accumulate=K,
+        criterion=torch.nn.CrossEntropyLoss(),
+        collect=False,
+    )
 
 
 class Accumulator:

@@ -7,13 +7,11 @@ Once for any k, ``item_losses`` and device (``step_every_k``, ``step_at_end``,
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
 from .._batch import checked_losses, to_device
 from ._common import K
-
 
 # The Stack Overflow thread's three loops, once for any k, item_losses and device (lesson 3 sweeps
 # them over k, autocast off), and once as the thread wrote them (stackoverflow_*: GradScaler and autocast
@@ -50,7 +48,9 @@ def step_at_end(model, optimizer, loader, item_losses, *, accum_steps, device=No
             optimizer.zero_grad()
 
 
-def divide_by_window_batches(model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False) -> None:
+def divide_by_window_batches(
+    model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False
+) -> None:
     """The accepted answer: an outer loop over windows, ``loss / (nbi - bi)``, the window's micro-batch count."""
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     scaler = torch.amp.GradScaler(dev.type, enabled=amp)
@@ -112,7 +112,8 @@ def stackoverflow_answer(model, optimizer, loader):
             x, y = next(data_iter)
             with torch.autocast(device):
                 loss = F.cross_entropy(model(x), y)
-                loss = loss / (nbi - bi)  # "divide by the true batch size": micro-batches, not samples (8 + 6)
+                # "divide by the true batch size": micro-batches, not samples (8 + 6)
+                loss = loss / (nbi - bi)
             scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()

@@ -27,5 +27,10 @@ judged as a whole and every rank gets the same report. Needs ``pip install accum
 from .losses import causal_lm_losses, default_item_losses, sequence_classification_losses, virtual_tokens
 from .trainer import verify_trainer
 
-__all__ = ["causal_lm_losses", "default_item_losses", "sequence_classification_losses", "verify_trainer",
-           "virtual_tokens"]
+__all__ = [
+    "causal_lm_losses",
+    "default_item_losses",
+    "sequence_classification_losses",
+    "verify_trainer",
+    "virtual_tokens",
+]

@@ -41,7 +41,9 @@ def virtual_tokens(model: torch.nn.Module) -> int:
     return int(config.num_virtual_tokens)
 
 
-def causal_lm_losses(model: torch.nn.Module, batch: Mapping[str, Any], *, label_smoothing: float = 0.0) -> torch.Tensor:
+def causal_lm_losses(
+    model: torch.nn.Module, batch: Mapping[str, Any], *, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """Cross-entropy of every predicted token of a causal LM batch: ``[n_tokens]``.
 
     Position t predicts label t + 1 (the shift transformers' ``ForCausalLMLoss`` makes), so a
@@ -66,19 +68,29 @@ def causal_lm_losses(model: torch.nn.Module, batch: Mapping[str, Any], *, label_
     if "shift_labels" in batch:
         targets = F.pad(batch["shift_labels"], (v, 0), value=IGNORE_INDEX)
     else:
-        labels = F.pad(batch["labels"], (v, 0), value=IGNORE_INDEX)  # what PEFT does to the labels it passes on
+        # what PEFT does to the labels it passes on
+        labels = F.pad(batch["labels"], (v, 0), value=IGNORE_INDEX)
         logits, targets = logits[:, :-1], labels[:, 1:]
     if logits.shape[:2] != targets.shape[:2]:
-        raise ValueError(f"causal_lm_losses needs one logit row per label (after {v} virtual tokens): got logits of "
-                         f"shape {tuple(logits.shape)} for labels of shape {tuple(targets.shape)} from "
-                         f"{type(model).__name__}; pass item_losses for a model that adds or drops positions")
+        raise ValueError(
+            f"causal_lm_losses needs one logit row per label (after {v} virtual tokens): got logits of "
+            f"shape {tuple(logits.shape)} for labels of shape {tuple(targets.shape)} from "
+            f"{type(model).__name__}; pass item_losses for a model that adds or drops positions"
+        )
     targets = targets.reshape(-1).to(logits.device)
-    ce = F.cross_entropy(logits.reshape(targets.numel(), -1), targets, reduction="none",
-                         ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+    ce = F.cross_entropy(
+        logits.reshape(targets.numel(), -1),
+        targets,
+        reduction="none",
+        ignore_index=IGNORE_INDEX,
+        label_smoothing=label_smoothing,
+    )
     return ce[targets != IGNORE_INDEX]
 
 
-def sequence_classification_losses(model: torch.nn.Module, batch: Mapping[str, Any], *, label_smoothing: float = 0.0) -> torch.Tensor:
+def sequence_classification_losses(
+    model: torch.nn.Module, batch: Mapping[str, Any], *, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """One loss per sample of a sequence-classification batch: ``[n_samples]``, as transformers'
     ``ForSequenceClassificationLoss`` computes it (``config.problem_type``, else inferred the same
     way): cross-entropy (labels of -100 skipped), squared error for regression, and binary
@@ -97,16 +109,26 @@ def sequence_classification_losses(model: torch.nn.Module, batch: Mapping[str, A
     n_labels = logits.shape[-1]
     problem = getattr(config, "problem_type", None)
     if problem is None:  # the rule of ForSequenceClassificationLoss, without writing it into the config
-        problem = ("regression" if n_labels == 1 else
-                   "single_label_classification" if labels.dtype in (torch.long, torch.int) else "multi_label_classification")
+        problem = (
+            "regression"
+            if n_labels == 1
+            else "single_label_classification"
+            if labels.dtype in (torch.long, torch.int)
+            else "multi_label_classification"
+        )
     if problem == "regression":
         diff = (logits.squeeze(-1) - labels.float()) if n_labels == 1 else (logits - labels.float())
         return diff.pow(2) if n_labels == 1 else diff.pow(2).mean(-1)
     if problem == "multi_label_classification":
         return F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="none").mean(-1)
     labels = labels.reshape(-1)
-    ce = F.cross_entropy(logits.reshape(labels.numel(), n_labels), labels, reduction="none",
-                         ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+    ce = F.cross_entropy(
+        logits.reshape(labels.numel(), n_labels),
+        labels,
+        reduction="none",
+        ignore_index=IGNORE_INDEX,
+        label_smoothing=label_smoothing,
+    )
     return ce[labels != IGNORE_INDEX]
 
 
@@ -137,15 +159,21 @@ def default_item_losses(model: torch.nn.Module, label_smoothing: float = 0.0) ->
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
     name = type(base).__name__
-    for names, suffix, losses in ((auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "ForCausalLM", causal_lm_losses),
-                                  (auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "ForSequenceClassification",
-                                   sequence_classification_losses)):
+    for names, suffix, losses in (
+        (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "ForCausalLM", causal_lm_losses),
+        (
+            auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+            "ForSequenceClassification",
+            sequence_classification_losses,
+        ),
+    ):
         if name in _class_names(names) or name.endswith(suffix):
             return functools.partial(losses, label_smoothing=label_smoothing) if label_smoothing else losses
     raise ValueError(
         "item_losses must be given for a model that is neither a causal LM nor a sequence classifier "
         f"(got {name}): item_losses(model, batch) returns one loss per item the Trainer's loss averages over, "
-        "e.g. accumlib.hf.causal_lm_losses")
+        "e.g. accumlib.hf.causal_lm_losses"
+    )
 
 
 __all__ = ["causal_lm_losses", "default_item_losses", "sequence_classification_losses", "virtual_tokens"]

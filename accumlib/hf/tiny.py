@@ -40,9 +40,15 @@ def tiny_tokenizer(words: int = WORDS) -> Any:
     vocab = {t: i for i, t in enumerate(SPECIAL)} | {f"w{i}": len(SPECIAL) + i for i in range(words)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<unk>", additional_special_tokens=["<user>", "<assistant>"],
-                                   chat_template=CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        additional_special_tokens=["<user>", "<assistant>"],
+        chat_template=CHAT_TEMPLATE,
+    )
 
 
 def tiny_llama(vocab: int = len(SPECIAL) + WORDS, seed: int = 0) -> Any:
@@ -54,9 +60,20 @@ def tiny_llama(vocab: int = len(SPECIAL) + WORDS, seed: int = 0) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                                        pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 def tiny_gpt2(vocab: int = len(SPECIAL) + WORDS, seed: int = 0) -> Any:
@@ -68,16 +85,30 @@ def tiny_gpt2(vocab: int = len(SPECIAL) + WORDS, seed: int = 0) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=vocab, n_positions=128,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                      pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=1,
+            n_embd=32,
+            n_head=2,
+            vocab_size=vocab,
+            n_positions=128,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 def _words(rng: random.Random, low: int, high: int, words: int) -> str:
     return " ".join(f"w{rng.randrange(words)}" for _ in range(rng.randint(low, high)))
 
 
-def tiny_texts(n: int = 14, seed: int = 0, low: int = 2, high: int = 12, words: int = WORDS) -> dict[str, list]:
+def tiny_texts(
+    n: int = 14, seed: int = 0, low: int = 2, high: int = 12, words: int = WORDS
+) -> dict[str, list]:
     """``{"text": [...]}``: ``n`` seeded texts of ``low`` .. ``high`` words (language modelling)."""
     rng = random.Random(seed)
     return {"text": [_words(rng, low, high, words) for _ in range(n)]}
@@ -101,9 +132,23 @@ def tiny_chats(n: int = 14, seed: int = 0, words: int = WORDS) -> dict[str, list
     ['user', 'assistant']
     """
     rng = random.Random(seed)
-    return {"messages": [[{"role": "user", "content": _words(rng, 1, 5, words)},
-                          {"role": "assistant", "content": _words(rng, 1, 5, words)}] for _ in range(n)]}
+    return {
+        "messages": [
+            [
+                {"role": "user", "content": _words(rng, 1, 5, words)},
+                {"role": "assistant", "content": _words(rng, 1, 5, words)},
+            ]
+            for _ in range(n)
+        ]
+    }
 
 
-__all__ = ["CHAT_TEMPLATE", "tiny_chats", "tiny_gpt2", "tiny_llama", "tiny_prompt_completions", "tiny_texts",
-           "tiny_tokenizer"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "tiny_chats",
+    "tiny_gpt2",
+    "tiny_llama",
+    "tiny_prompt_completions",
+    "tiny_texts",
+    "tiny_tokenizer",
+]

@@ -42,7 +42,9 @@ def _transformers() -> Any:
 # --- copies of what the user configured -----------------------------------------------------
 
 
-def _copied_optimizer(user_opt: torch.optim.Optimizer, user_model: torch.nn.Module) -> Callable[[Any], torch.optim.Optimizer]:
+def _copied_optimizer(
+    user_opt: torch.optim.Optimizer, user_model: torch.nn.Module
+) -> Callable[[Any], torch.optim.Optimizer]:
     """verify's ``optimizer`` factory: the user's optimizer, rebuilt over the copy's parameters.
 
     It is bound to the user's model, so it cannot be reused: one of the same class, the same
@@ -51,20 +53,29 @@ def _copied_optimizer(user_opt: torch.optim.Optimizer, user_model: torch.nn.Modu
     index = {id(p): i for i, p in enumerate(user_model.parameters())}
     foreign = [p for g in user_opt.param_groups for p in g["params"] if id(p) not in index]
     if foreign:
-        raise ValueError(f"trainer.optimizer must hold only parameters of trainer.model (got {len(foreign)} others)")
+        raise ValueError(
+            f"trainer.optimizer must hold only parameters of trainer.model (got {len(foreign)} others)"
+        )
 
     def build(params: Any) -> torch.optim.Optimizer:
         params = list(params)
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [params[index[id(p)]] for p in g["params"]]}
-                  for g in user_opt.param_groups]
+        groups = [
+            {
+                **{k: v for k, v in g.items() if k != "params"},
+                "params": [params[index[id(p)]] for p in g["params"]],
+            }
+            for g in user_opt.param_groups
+        ]
         takes = inspect.signature(type(user_opt).__init__).parameters
-        if not any(p.kind == p.VAR_KEYWORD for p in takes.values()):  # defaults may hold more than __init__ takes
+        # defaults may hold more than __init__ takes
+        if not any(p.kind == p.VAR_KEYWORD for p in takes.values()):
             kwargs = {k: v for k, v in user_opt.defaults.items() if k in takes}
         else:
             kwargs = dict(user_opt.defaults)
         opt = type(user_opt)(groups, **kwargs)
         opt.defaults = copy.deepcopy(user_opt.defaults)
-        opt.load_state_dict(copy.deepcopy(user_opt.state_dict()))  # deep: the state tensors must not be shared
+        # deep: the state tensors must not be shared
+        opt.load_state_dict(copy.deepcopy(user_opt.state_dict()))
         return opt
 
     return build
@@ -77,8 +88,9 @@ def _copied_scheduler(user_sched: Any, user_opt: torch.optim.Optimizer, opt: tor
     user_sched = getattr(user_sched, "scheduler", user_sched)  # Accelerate's AcceleratedScheduler
     user_opt = getattr(user_opt, "optimizer", user_opt)
     sched = copy.deepcopy(user_sched, memo={id(user_opt): opt})
-    if not hasattr(opt.step, "_wrapped_by_lr_sched"):  # what torch's LRScheduler.__init__ does to its optimizer,
-        step = opt.step                                # so its check of the step order holds for the copy
+    # what torch's LRScheduler.__init__ does to its optimizer,
+    if not hasattr(opt.step, "_wrapped_by_lr_sched"):
+        step = opt.step  # so its check of the step order holds for the copy
 
         @functools.wraps(step)
         def tracked(*args: Any, **kwargs: Any) -> Any:
@@ -93,9 +105,18 @@ def _copied_scheduler(user_sched: Any, user_opt: torch.optim.Optimizer, opt: tor
 def _training_args(args: Any, output_dir: str, max_steps: int | None) -> Any:
     """A copy of the user's TrainingArguments, changed only where verify needs it."""
     changes: dict[str, Any] = dict(
-        output_dir=output_dir, report_to=[], save_strategy="no", eval_strategy="no", load_best_model_at_end=False,
-        eval_on_start=False, push_to_hub=False, dataloader_num_workers=0, dataloader_prefetch_factor=None,
-        dataloader_persistent_workers=False, neftune_noise_alpha=None, disable_tqdm=True,
+        output_dir=output_dir,
+        report_to=[],
+        save_strategy="no",
+        eval_strategy="no",
+        load_best_model_at_end=False,
+        eval_on_start=False,
+        push_to_hub=False,
+        dataloader_num_workers=0,
+        dataloader_prefetch_factor=None,
+        dataloader_persistent_workers=False,
+        neftune_noise_alpha=None,
+        disable_tqdm=True,
     )
     if args.max_steps is None or args.max_steps <= 0:
         changes["num_train_epochs"] = 1  # every window of a pass is judged in the first pass
@@ -111,8 +132,11 @@ def _copied_callbacks(trainer: Any) -> list[Any]:
     from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback, ProgressCallback
 
     defaults = (DefaultFlowCallback, PrinterCallback, ProgressCallback)
-    return [copy.deepcopy(cb) for cb in trainer.callback_handler.callbacks
-            if not isinstance(cb, defaults) and not type(cb).__module__.startswith("transformers.integrations")]
+    return [
+        copy.deepcopy(cb)
+        for cb in trainer.callback_handler.callbacks
+        if not isinstance(cb, defaults) and not type(cb).__module__.startswith("transformers.integrations")
+    ]
 
 
 def _as_sampled(copy_of: Any, dataset: Any) -> Any:
@@ -122,23 +146,37 @@ def _as_sampled(copy_of: Any, dataset: Any) -> Any:
         import datasets
     except ImportError:  # pragma: no cover - transformers' Trainer runs without it
         return dataset
-    return copy_of._remove_unused_columns(dataset, description="Training") if isinstance(dataset, datasets.Dataset) else dataset
+    return (
+        copy_of._remove_unused_columns(dataset, description="Training")
+        if isinstance(dataset, datasets.Dataset)
+        else dataset
+    )
 
 
 @contextlib.contextmanager
 def _process_state_kept() -> Iterator[None]:
     """The Trainer seeds every RNG and shares Accelerate's process-wide state with the user's own
     Trainer: both are put back as they were."""
-    rng = (torch.get_rng_state(), random.getstate(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    rng = (
+        torch.get_rng_state(),
+        random.getstate(),
+        torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    )
     try:
         import numpy as np
+
         np_rng = np.random.get_state()
     except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
         np, np_rng = None, None
     from accelerate.state import AcceleratorState, GradientState, PartialState
 
-    shared = [(cls._shared_state, {k: copy.copy(v) if isinstance(v, (list, dict)) else v for k, v in cls._shared_state.items()})
-              for cls in (PartialState, AcceleratorState, GradientState)]
+    shared = [
+        (
+            cls._shared_state,
+            {k: copy.copy(v) if isinstance(v, (list, dict)) else v for k, v in cls._shared_state.items()},
+        )
+        for cls in (PartialState, AcceleratorState, GradientState)
+    ]
     try:
         yield
     finally:
@@ -183,37 +221,62 @@ def _check_trainer(trainer: Any, max_steps: Any, item_losses: Any) -> str | None
     if not isinstance(trainer, transformers.Trainer):
         raise TypeError(f"trainer must be a transformers.Trainer (got {type(trainer).__name__})")
     if trainer.train_dataset is None:
-        raise ValueError("trainer.train_dataset must be set: verify_trainer runs the Trainer's training loop on it (got None)")
-    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1):
+        raise ValueError(
+            "trainer.train_dataset must be set: verify_trainer runs the Trainer's training loop on it (got None)"
+        )
+    if max_steps is not None and (
+        isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1
+    ):
         raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
     if item_losses is not None and not callable(item_losses):
-        raise TypeError(f"item_losses must be None or callable as item_losses(model, batch) (got {type(item_losses).__name__})")
+        raise TypeError(
+            f"item_losses must be None or callable as item_losses(model, batch) (got {type(item_losses).__name__})"
+        )
     args = trainer.args
-    pc = getattr(args, "parallelism_config", None)  # Accelerate's: a data-parallel replica is fine, a shard is not
+    # Accelerate's: a data-parallel replica is fine, a shard is not
+    pc = getattr(args, "parallelism_config", None)
     split = [f"{n}_enabled" for n in ("dp_shard", "tp", "cp", "sp") if getattr(pc, f"{n}_enabled", False)]
-    sharded = [(f"trainer.args.{name}", "unset", value) for name, value in
-               (("deepspeed", args.deepspeed), ("fsdp", args.fsdp), ("parallelism_config", pc if split else None)) if value]
-    sharded += [(f"trainer.{name}", "False", True) for name in ("is_deepspeed_enabled", "is_fsdp_enabled")
-                if getattr(trainer, name, False)]  # an `accelerate launch` config can turn them on
+    sharded = [
+        (f"trainer.args.{name}", "unset", value)
+        for name, value in (
+            ("deepspeed", args.deepspeed),
+            ("fsdp", args.fsdp),
+            ("parallelism_config", pc if split else None),
+        )
+        if value
+    ]
+    sharded += [
+        (f"trainer.{name}", "False", True)
+        for name in ("is_deepspeed_enabled", "is_fsdp_enabled")
+        if getattr(trainer, name, False)
+    ]  # an `accelerate launch` config can turn them on
     if sharded:
         name, rule, value = sharded[0]
-        raise ValueError(f"{name} must be {rule}: verify_trainer judges data-parallel runs in which every rank holds the "
-                         "whole model and gradient (one process, or DDP under torchrun / accelerate launch); DeepSpeed, "
-                         f"FSDP and tensor/context parallelism shard them and are not supported (got {name}={value!r})")
+        raise ValueError(
+            f"{name} must be {rule}: verify_trainer judges data-parallel runs in which every rank holds the "
+            "whole model and gradient (one process, or DDP under torchrun / accelerate launch); DeepSpeed, "
+            f"FSDP and tensor/context parallelism shard them and are not supported (got {name}={value!r})"
+        )
     if args.n_gpu > 1:
-        raise ValueError(f"trainer.args.n_gpu must be 1: verify_trainer does not judge torch.nn.DataParallel (several GPUs "
-                         f"in one process) (got n_gpu={args.n_gpu}); set CUDA_VISIBLE_DEVICES to one GPU, or run one process "
-                         "per GPU with torchrun")
+        raise ValueError(
+            f"trainer.args.n_gpu must be 1: verify_trainer does not judge torch.nn.DataParallel (several GPUs "
+            f"in one process) (got n_gpu={args.n_gpu}); set CUDA_VISIBLE_DEVICES to one GPU, or run one process "
+            "per GPU with torchrun"
+        )
     where = in_group()
     group = where[1] if where is not None else 1
     if args.world_size != group:
-        raise ValueError(f"trainer.args.world_size must be the size of the process group this process is in: "
-                         f"verify_trainer judges the job every rank runs (got world_size={args.world_size}, "
-                         f"process group of {group})")
+        raise ValueError(
+            f"trainer.args.world_size must be the size of the process group this process is in: "
+            f"verify_trainer judges the job every rank runs (got world_size={args.world_size}, "
+            f"process group of {group})"
+        )
     return "all" if group > 1 else None
 
 
-def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: ItemLosses | None = None) -> Report:
+def verify_trainer(
+    trainer: Any, *, max_steps: int | None = None, item_losses: ItemLosses | None = None
+) -> Report:
     """Run ``trainer``'s own training loop on a copy of its model and judge every optimizer step.
 
     ``item_losses(model, batch)`` returns one loss per item the model's loss averages over; by
@@ -237,7 +300,10 @@ def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: I
     check_trl(trainer, item_losses)
     model, args = trainer.model, trainer.args
     losses = item_losses or default_item_losses(model, args.label_smoothing_factor)
-    cap = min([n for n in (max_steps, args.max_steps if args.max_steps and args.max_steps > 0 else None) if n], default=None)
+    cap = min(
+        [n for n in (max_steps, args.max_steps if args.max_steps and args.max_steps > 0 else None) if n],
+        default=None,
+    )
     user_opt, user_sched = trainer.optimizer, trainer.lr_scheduler
     optimizer = _copied_optimizer(user_opt, model) if user_opt is not None else None
     callbacks = _copied_callbacks(trainer)
@@ -247,42 +313,71 @@ def verify_trainer(trainer: Any, *, max_steps: int | None = None, item_losses: I
     def train_fn(net: torch.nn.Module, opt: torch.optim.Optimizer, loader: Any) -> float:
         with tempfile.TemporaryDirectory(prefix="accumlib-trainer-") as out:
             kwargs = dict(
-                model=net, args=_training_args(args, out, cap),
+                model=net,
+                args=_training_args(args, out, cap),
                 # the user's own dataset and collator, for a subclass that checks their types; verify's
                 # recording wrappers around them are swapped in below, before any batch is drawn
-                data_collator=trainer.data_collator, train_dataset=trainer.train_dataset,
-                processing_class=trainer.processing_class, callbacks=callbacks,
+                data_collator=trainer.data_collator,
+                train_dataset=trainer.train_dataset,
+                processing_class=trainer.processing_class,
+                callbacks=callbacks,
                 compute_loss_func=getattr(trainer, "compute_loss_func", None),
-                optimizers=(opt, _copied_scheduler(user_sched, user_opt, opt)) if user_opt is not None else (None, None),
+                optimizers=(opt, _copied_scheduler(user_sched, user_opt, opt))
+                if user_opt is not None
+                else (None, None),
                 optimizer_cls_and_kwargs=getattr(trainer, "optimizer_cls_and_kwargs", None),
             ) | trl_kwargs(trainer)
             takes = inspect.signature(type(trainer).__init__).parameters
-            if not any(p.kind == p.VAR_KEYWORD for p in takes.values()):  # DPOTrainer takes no compute_loss_func
+            # DPOTrainer takes no compute_loss_func
+            if not any(p.kind == p.VAR_KEYWORD for p in takes.values()):
                 kwargs = {k: v for k, v in kwargs.items() if k in takes or v is not None}
             try:
                 copy_of = type(trainer)(**kwargs)
             except TypeError as err:
-                err.add_note(f"accumlib.hf.verify_trainer builds a new {type(trainer).__name__} with the arguments of "
-                             "transformers.Trainer.__init__; a subclass whose __init__ takes others is not supported")
+                err.add_note(
+                    f"accumlib.hf.verify_trainer builds a new {type(trainer).__name__} with the arguments of "
+                    "transformers.Trainer.__init__; a subclass whose __init__ takes others is not supported"
+                )
                 raise
             copy_of.train_dataset, copy_of.data_collator = loader.dataset, loader.collate_fn
-            copy_of.remove_callback(PrinterCallback)  # its end-of-training metrics line is not verify's to print
+            # its end-of-training metrics line is not verify's to print
+            copy_of.remove_callback(PrinterCallback)
             # the sampler draws indices only: built on the user's dataset, a length-grouped sampler
             # reads lengths from it, not through verify's recording wrapper
             sampler = copy_of._get_train_sampler
-            copy_of._get_train_sampler = lambda dataset=None: sampler(_as_sampled(copy_of, trainer.train_dataset))
+            copy_of._get_train_sampler = lambda dataset=None: sampler(
+                _as_sampled(copy_of, trainer.train_dataset)
+            )
             return copy_of.train().training_loss  # the loss the Trainer reports, checked as the epoch loss
 
     with _process_state_kept(), _randomness_off(model) as switched_off:
-        report = verify(train_fn, model=model, dataset=trainer.train_dataset, item_losses=losses,
-                        accum_steps=args.gradient_accumulation_steps, batch_size=args.per_device_train_batch_size,
-                        optimizer=optimizer, collate_fn=trainer.data_collator, max_steps=cap, ranks=ranks)
+        report = verify(
+            train_fn,
+            model=model,
+            dataset=trainer.train_dataset,
+            item_losses=losses,
+            accum_steps=args.gradient_accumulation_steps,
+            batch_size=args.per_device_train_batch_size,
+            optimizer=optimizer,
+            collate_fn=trainer.data_collator,
+            max_steps=cap,
+            ranks=ranks,
+        )
     if switched_off:  # said beside verify's own dropout note (nn.Dropout layers), or as one
-        said = "random training-mode probabilities (" + ", ".join(f"{n}={v:g}" for n, v in switched_off) + ") were set to 0"
+        said = (
+            "random training-mode probabilities ("
+            + ", ".join(f"{n}={v:g}" for n, v in switched_off)
+            + ") were set to 0"
+        )
         at = next((i for i, f in enumerate(report.findings) if f.code == "dropout"), None)
         if at is None:
-            report.findings.append(Finding("dropout", said + " in verify's copy, so every step is compared exactly",
-                                           CODES["dropout"].fix))
+            report.findings.append(
+                Finding(
+                    "dropout",
+                    said + " in verify's copy, so every step is compared exactly",
+                    CODES["dropout"].fix,
+                )
+            )
         else:
             f = report.findings[at]
             report.findings[at] = Finding("dropout", f"{f.message}; {said} too", f.fix, f.steps)

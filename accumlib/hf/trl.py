@@ -20,14 +20,18 @@ from typing import Any
 JUDGED = ("SFTTrainer",)
 # why each other TRL trainer cannot be judged, and what to do instead
 REFUSED = {
-    "DPOTrainer": ("its loss is a mean over preference pairs of a margin against a reference model's log-probabilities, "
-                   "which no per-token item loss recomputes, and verify cannot follow the reference model"),
+    "DPOTrainer": (
+        "its loss is a mean over preference pairs of a margin against a reference model's log-probabilities, "
+        "which no per-token item loss recomputes, and verify cannot follow the reference model"
+    ),
     "KTOTrainer": "its loss compares each completion with a batch-level KL estimate against a reference model",
     "GRPOTrainer": "it generates the completions it trains on during training, so no micro-batch can be replayed",
     "RLOOTrainer": "it generates the completions it trains on during training, so no micro-batch can be replayed",
 }
-INSTEAD = ("judge the loss with accumlib.verify: write the window loop yourself (or wrap the trainer's "
-           "compute_loss) and pass item_losses(model, batch) returning one loss per item, e.g. one per preference pair")
+INSTEAD = (
+    "judge the loss with accumlib.verify: write the window loop yourself (or wrap the trainer's "
+    "compute_loss) and pass item_losses(model, batch) returning one loss per item, e.g. one per preference pair"
+)
 
 
 def is_trl(trainer: Any) -> bool:
@@ -50,9 +54,13 @@ def check_trl(trainer: Any, item_losses: Any) -> None:
     names = [c.__name__ for c in type(trainer).__mro__]
     if any(n in JUDGED for n in names):
         return
-    why = next((REFUSED[n] for n in names if n in REFUSED), "verify_trainer knows the loss of TRL's SFTTrainer only")
-    raise TypeError(f"trainer must be a transformers.Trainer or trl.SFTTrainer whose loss is a mean over items "
-                    f"verify can recompute from a micro-batch (got trl {type(trainer).__name__}: {why}); {INSTEAD}")
+    why = next(
+        (REFUSED[n] for n in names if n in REFUSED), "verify_trainer knows the loss of TRL's SFTTrainer only"
+    )
+    raise TypeError(
+        f"trainer must be a transformers.Trainer or trl.SFTTrainer whose loss is a mean over items "
+        f"verify can recompute from a micro-batch (got trl {type(trainer).__name__}: {why}); {INSTEAD}"
+    )
 
 
 def trl_changes(args: Any) -> dict[str, Any]:
@@ -62,7 +70,9 @@ def trl_changes(args: Any) -> dict[str, Any]:
     >>> trl_changes(object())
     {}
     """
-    if not dataclasses.is_dataclass(args) or "dataset_kwargs" not in {f.name for f in dataclasses.fields(args)}:
+    if not dataclasses.is_dataclass(args) or "dataset_kwargs" not in {
+        f.name for f in dataclasses.fields(args)
+    }:
         return {}
     return {"dataset_kwargs": {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}}
 

@@ -31,11 +31,16 @@ from ..tolerances import FLOAT32_RTOL
 N_DIGITS = 1797  # scikit-learn's digits
 
 
-def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> int:
+def check_int(
+    name: str, value: Any, *, low: int | None = None, high: int | None = None, why: str = ""
+) -> int:
     """``value`` must be an integer (not a bool) within ``low..high``; ``why`` says where a bound comes from."""
-    rule = "an integer" + (f" >= {low}" if low is not None and high is None else "") + (
-        f" between {low} and {high}" if low is not None and high is not None else "") + (
-        f" <= {high}" if high is not None and low is None else "")
+    rule = (
+        "an integer"
+        + (f" >= {low}" if low is not None and high is None else "")
+        + (f" between {low} and {high}" if low is not None and high is not None else "")
+        + (f" <= {high}" if high is not None and low is None else "")
+    )
     suffix = f"; {why}" if why else ""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be {rule}{suffix} (got {value!r} of type {type(value).__name__})")
@@ -44,10 +49,16 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
     return int(value)
 
 
-def check_float(name: str, value: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False) -> float:
+def check_float(
+    name: str, value: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False
+) -> float:
     """``value`` must be a real number within the bounds (``low_open``: strictly above ``low``)."""
     op = ">" if low_open else ">="
-    rule = "a number" + (f" {op} {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
+    rule = (
+        "a number"
+        + (f" {op} {low}" if low is not None else "")
+        + (f" and <= {high}" if high is not None else "")
+    )
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
         raise ValueError(f"{name} must be {rule} (got {value!r})")
     if low is not None and (value <= low if low_open else value < low) or high is not None and value > high:
@@ -55,11 +66,15 @@ def check_float(name: str, value: Any, *, low: float | None = None, high: float 
     return float(value)
 
 
-def check_ints(name: str, values: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> tuple[int, ...]:
+def check_ints(
+    name: str, values: Any, *, low: int | None = None, high: int | None = None, why: str = ""
+) -> tuple[int, ...]:
     """A non-empty sequence of integers, each checked like ``check_int``; sorted, duplicates dropped."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
         raise ValueError(f"{name} must be a non-empty sequence of integers (got {values!r})")
-    return tuple(sorted({check_int(f"{name}[{i}]", v, low=low, high=high, why=why) for i, v in enumerate(values)}))
+    return tuple(
+        sorted({check_int(f"{name}[{i}]", v, low=low, high=high, why=why) for i, v in enumerate(values)})
+    )
 
 
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
@@ -81,7 +96,9 @@ class Table:
         self.caption = caption
         bad = [r for r in self.rows if len(r) != len(self.header)]
         if bad:
-            raise ValueError(f"rows must have {len(self.header)} cells like the header (got {len(bad[0])}: {bad[0]!r})")
+            raise ValueError(
+                f"rows must have {len(self.header)} cells like the header (got {len(bad[0])}: {bad[0]!r})"
+            )
 
     def __str__(self) -> str:
         return "\n".join(([self.caption] if self.caption else []) + text_table(self.header, self.rows))
@@ -135,10 +152,19 @@ def gallery_rows(names: list[str]) -> list[tuple[str, str, str, bool]]:
     for name in names:
         entry = GALLERY[name]
         codes = sorted(entry.run().codes)
-        rows.append((name, entry.source_note, ", ".join(codes) or "none (ok)", set(codes) == set(entry.expected_codes)))
+        rows.append(
+            (
+                name,
+                entry.source_note,
+                ", ".join(codes) or "none (ok)",
+                set(codes) == set(entry.expected_codes),
+            )
+        )
     return rows
 
 
 def gallery_table(names: list[str]) -> Table:
     """``gallery_rows`` as a table."""
-    return Table(("gallery loop", "what it is", "verify finds", "as the gallery expects"), gallery_rows(names))
+    return Table(
+        ("gallery loop", "what it is", "verify finds", "as the gallery expects"), gallery_rows(names)
+    )

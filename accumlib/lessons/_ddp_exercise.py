@@ -49,7 +49,8 @@ class Shipped:
     """A function taken apart so that a spawned rank can rebuild it (see the module's docstring)."""
 
     entry: str
-    functions: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # name -> (marshal'd code, pickled defaults)
+    # name -> (marshal'd code, pickled defaults)
+    functions: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
     modules: dict[str, str] = field(default_factory=dict)  # global name -> module name
     values: dict[str, bytes] = field(default_factory=dict)  # global name -> pickled value
     missing: dict[str, str] = field(default_factory=dict)  # global name -> why it could not travel
@@ -74,8 +75,10 @@ def ship(fn: Callable[..., Any]) -> Shipped:
     while todo:
         key, f = todo.pop()
         if f.__closure__:
-            raise TypeError(f"{f.__name__} must be defined at the top level of a cell, not inside another function "
-                            f"(it uses {', '.join(f.__code__.co_freevars)} from the function around it)")
+            raise TypeError(
+                f"{f.__name__} must be defined at the top level of a cell, not inside another function "
+                f"(it uses {', '.join(f.__code__.co_freevars)} from the function around it)"
+            )
         out.functions[key] = (marshal.dumps(f.__code__), pickle.dumps((f.__defaults__, f.__kwdefaults__)))
         lines = linecache.getlines(f.__code__.co_filename)
         if lines:
@@ -95,7 +98,9 @@ def ship(fn: Callable[..., Any]) -> Shipped:
                 try:
                     out.values[name] = pickle.dumps(value)
                 except Exception as e:  # only a problem if the loop uses it: then the feedback names it
-                    out.missing[name] = f"a {type(value).__name__} cannot be sent to another process ({type(e).__name__})"
+                    out.missing[name] = (
+                        f"a {type(value).__name__} cannot be sent to another process ({type(e).__name__})"
+                    )
     return out
 
 
@@ -128,7 +133,9 @@ def feedback(err: BaseException, s: Shipped) -> str:
         text += f" (in {ours[-1].name}, line {ours[-1].lineno}: {(ours[-1].line or '').strip()})"
     name = getattr(err, "name", None)
     if isinstance(err, NameError) and name in s.missing:
-        text += f"; {name} was not sent to the ranks: {s.missing[name]}. Create it inside the function instead"
+        text += (
+            f"; {name} was not sent to the ranks: {s.missing[name]}. Create it inside the function instead"
+        )
     return text
 
 
@@ -140,9 +147,16 @@ def _worker(rank: int, world: int, loops: Sequence[Shipped], first: int, k: int,
     for i in range(first, len(loops)):
         try:
             train_fn = rebuild(loops[i])
-            report = accumlib.verify(train_fn, model=task.make_model(0), dataset=task.make_dataset(),
-                                     item_losses=task.item_losses, accum_steps=k, batch_size=task.batch_size,
-                                     collate_fn=task.collate_fn, ranks="all")
+            report = accumlib.verify(
+                train_fn,
+                model=task.make_model(0),
+                dataset=task.make_dataset(),
+                item_losses=task.item_losses,
+                accum_steps=k,
+                batch_size=task.batch_size,
+                collate_fn=task.collate_fn,
+                ranks="all",
+            )
         except BaseException as e:
             with open(os.path.join(out, f"error{i}.rank{rank}"), "w") as fh:
                 fh.write(feedback(e, loops[i]))
@@ -178,8 +192,12 @@ def grade(fns: Sequence[Callable[..., Any]], k: int, timeout: float = TIMEOUT_S)
             level = spawn_log.level
             spawn_log.setLevel(logging.ERROR)
             try:
-                launch(_worker, (loops[:end], first, k, out), world_size=WORLD_SIZE,
-                       timeout=timeout + EACH_MORE_S * (end - first - 1))
+                launch(
+                    _worker,
+                    (loops[:end], first, k, out),
+                    world_size=WORLD_SIZE,
+                    timeout=timeout + EACH_MORE_S * (end - first - 1),
+                )
                 failure = None
             except Exception as e:  # a rank raised, was killed, or the launch ran out of time
                 failure = e
@@ -216,8 +234,11 @@ def _why(out: str, i: int, failure: BaseException | None, timeout: float) -> str
         with open(written[0]) as fh:
             return fh.read()
     if isinstance(failure, TimeoutError):
-        return (f"TimeoutError: the ranks did not finish within {timeout:.0f} s (does every rank call the same "
-                "collectives, in the same order, as often?)")
-    lines = [line for line in str(failure).splitlines() if line.strip()]  # the exit, then the ranks' last stderr lines
+        return (
+            f"TimeoutError: the ranks did not finish within {timeout:.0f} s (does every rank call the same "
+            "collectives, in the same order, as often?)"
+        )
+    # the exit, then the ranks' last stderr lines
+    lines = [line for line in str(failure).splitlines() if line.strip()]
     said = lines[0] + (f" (its last words: {lines[-1].strip()})" if len(lines) > 1 else "") if lines else ""
     return f"{type(failure).__name__}: {said}"

@@ -56,13 +56,22 @@ class Grade:
         if self.error:
             return f"{self.exercise}: your code raised {self.error}\n(hint: {self.hint})"
         if self.ok:
-            return f"{self.exercise}: passes. Every optimizer step matched the true large-batch gradient." + "".join(
-                f"\nAt a cost: {c}" for c in self.costs)
-        found = "\n".join(f"  - [{c}]{_at(w)} {m}" for c, m, w in zip(self.codes, self.messages, self._where()))
-        get = (f"grade = {self.call}.check(train_fn)" if self.call else
-               "put 'grade = ' in front of the check on the cell's last line, run it")
-        return (f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nIn JupyterLab the hints are folded below "
-                f"the verdict. Here: {get}, then print(grade.hint).")
+            return (
+                f"{self.exercise}: passes. Every optimizer step matched the true large-batch gradient."
+                + "".join(f"\nAt a cost: {c}" for c in self.costs)
+            )
+        found = "\n".join(
+            f"  - [{c}]{_at(w)} {m}" for c, m, w in zip(self.codes, self.messages, self._where())
+        )
+        get = (
+            f"grade = {self.call}.check(train_fn)"
+            if self.call
+            else "put 'grade = ' in front of the check on the cell's last line, run it"
+        )
+        return (
+            f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nIn JupyterLab the hints are folded below "
+            f"the verdict. Here: {get}, then print(grade.hint)."
+        )
 
     def _where(self) -> tuple[str, ...]:
         return self.where or ("",) * len(self.codes)
@@ -71,20 +80,26 @@ class Grade:
 
     def _repr_html_(self) -> str:
         if self.ok:
-            return (f"<p style='color:#0072B2'><b>&#10004; {html.escape(self.exercise)}: passes.</b> "
-                    "Every optimizer step matched the true large-batch gradient.</p>"
-                    + "".join(f"<p>At a cost: {html.escape(c)}</p>" for c in self.costs))
+            return (
+                f"<p style='color:#0072B2'><b>&#10004; {html.escape(self.exercise)}: passes.</b> "
+                "Every optimizer step matched the true large-batch gradient.</p>"
+                + "".join(f"<p>At a cost: {html.escape(c)}</p>" for c in self.costs)
+            )
         if self.error:
             head = f"<p><b>&#10008; {html.escape(self.exercise)}: your code raised</b> <code>{html.escape(self.error)}</code></p>"
         else:
-            items = "".join(f"<li><code>{html.escape(c)}</code>{html.escape(_at(w))}: {html.escape(m)}</li>"
-                            for c, m, w in zip(self.codes, self.messages, self._where()))
+            items = "".join(
+                f"<li><code>{html.escape(c)}</code>{html.escape(_at(w))}: {html.escape(m)}</li>"
+                for c, m, w in zip(self.codes, self.messages, self._where())
+            )
             head = f"<p><b>&#10008; {html.escape(self.exercise)}: not yet.</b> accumlib.verify found:</p><ul>{items}</ul>"
         stages = self.stages or (self.hint,)
         folded = ""
         for i in range(len(stages), 0, -1):  # each stage folded inside the one before it
             summary = "Hint" if len(stages) == 1 else ("Hint 1" if i == 1 else f"Still stuck? Hint {i}")
-            folded = f"<details><summary>{summary}</summary><p>{html.escape(stages[i - 1])}</p>{folded}</details>"
+            folded = (
+                f"<details><summary>{summary}</summary><p>{html.escape(stages[i - 1])}</p>{folded}</details>"
+            )
         return head + folded
 
 
@@ -109,14 +124,18 @@ class Exercise:
     make_dataset: Callable[[], Any] | None = None
     run: Callable[[Callable[..., Any]], Any] | None = None
     call: str = ""  # how the notebook cell names this exercise, for the plain-text verdict
-    logged_loss: str = ""  # "required" / "if-returned": grade the epoch loss the loop returns against the true mean item loss
+    # "required" / "if-returned": grade the epoch loss the loop returns against the true mean item loss
+    logged_loss: str = ""
     clip_each_step: bool = False  # every step must be clipped, before the step
 
     def __post_init__(self) -> None:
-        if not self.call:  # the lesson module's EXERCISE, as a notebook imports it: from accumlib.lessons import <module>
-            module = sys._getframe(2).f_globals.get("__name__", "")  # the module whose EXERCISE = Exercise(...) this is
+        # the lesson module's EXERCISE, as a notebook imports it: from accumlib.lessons import <module>
+        if not self.call:
+            # the module whose EXERCISE = Exercise(...) this is
+            module = sys._getframe(2).f_globals.get("__name__", "")
             name = module.rpartition(".")[2]
-            public = module.startswith("accumlib.lessons.") and not name.startswith("_")  # a private module is not imported
+            # a private module is not imported
+            public = module.startswith("accumlib.lessons.") and not name.startswith("_")
             object.__setattr__(self, "call", f"{name}.EXERCISE" if public else "")
         check_int("accum_steps", self.accum_steps, low=1)
         if self.batch_size is not None:
@@ -138,7 +157,8 @@ class Exercise:
         import accumlib
 
         t = accumlib.get_task(self.task)
-        with warnings.catch_warnings():  # a scheduler stepped per micro-batch is verify's to name, not torch's to warn of
+        # a scheduler stepped per micro-batch is verify's to name, not torch's to warn of
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             return self._verify(t, watch.wrap(train_fn) if watch else train_fn)
 
@@ -148,14 +168,19 @@ class Exercise:
         return accumlib.verify(
             train_fn,
             model=self.make_model() if self.make_model else t.make_model(0),
-            dataset=self.make_dataset() if self.make_dataset else t.make_dataset(), item_losses=t.item_losses,
-            accum_steps=self.accum_steps, batch_size=self.batch_size or t.batch_size, collate_fn=t.collate_fn,
+            dataset=self.make_dataset() if self.make_dataset else t.make_dataset(),
+            item_losses=t.item_losses,
+            accum_steps=self.accum_steps,
+            batch_size=self.batch_size or t.batch_size,
+            collate_fn=t.collate_fn,
         )
 
     def check(self, train_fn: Any) -> Grade:
         """Grade the learner's ``train_fn(model, optimizer, loader)``: verify's verdict plus a matched hint."""
         if not callable(train_fn):
-            raise TypeError(f"train_fn must be a function train_fn(model, optimizer, loader) (got {type(train_fn).__name__})")
+            raise TypeError(
+                f"train_fn must be a function train_fn(model, optimizer, loader) (got {type(train_fn).__name__})"
+            )
         watch = Watch(clip_each_step=self.clip_each_step)
         try:
             report = self.verify(train_fn, watch)
@@ -169,8 +194,17 @@ class Exercise:
     def grade(self, report: Any = None, error: str = "", watch: Watch | None = None) -> Grade:
         """The Grade of a verify ``report`` (with what ``watch`` saw of the loop), or of a loop that raised ``error``."""
         if error:
-            return Grade(self.name, False, (), (), _text(self.hints.get("error", self.default_hint)), None, error,
-                         _stages(self.hints.get("error", self.default_hint)), call=self.call)
+            return Grade(
+                self.name,
+                False,
+                (),
+                (),
+                _text(self.hints.get("error", self.default_hint)),
+                None,
+                error,
+                _stages(self.hints.get("error", self.default_hint)),
+                call=self.call,
+            )
         bad = [f for f in report.findings if f.severity in ("bug", "limit")]  # a note or a cost leaves it ok
         n_steps = len(getattr(report, "steps", ()) or ()) or None
         if watch is not None and watch.ran:
@@ -189,9 +223,22 @@ class Exercise:
         steps = [tuple(getattr(f, "steps", ()) or ()) for f in bad]
         last_only = {f.code for f, s in zip(bad, steps) if n_steps and n_steps > 1 and s == (n_steps - 1,)}
         hint = "" if ok else self.hint_for(codes, last_only)
-        costs = tuple(f"[{f.code}] {f.message}" for f in getattr(report, "findings", ()) if f.severity == "cost")
-        return Grade(self.name, ok, codes, tuple(f.message for f in bad), _text(hint), report, "", _stages(hint), costs,
-                     tuple(where(s, n_steps) for s in steps), self.call)
+        costs = tuple(
+            f"[{f.code}] {f.message}" for f in getattr(report, "findings", ()) if f.severity == "cost"
+        )
+        return Grade(
+            self.name,
+            ok,
+            codes,
+            tuple(f.message for f in bad),
+            _text(hint),
+            report,
+            "",
+            _stages(hint),
+            costs,
+            tuple(where(s, n_steps) for s in steps),
+            self.call,
+        )
 
 
 def _at(words: str) -> str:

@@ -24,7 +24,9 @@ class Explorer:
     (4, 10)
     """
 
-    def __init__(self, compute: Callable[..., Any], show: Callable[[Any], Any], *, initial: Any = None, **controls: Any):
+    def __init__(
+        self, compute: Callable[..., Any], show: Callable[[Any], Any], *, initial: Any = None, **controls: Any
+    ):
         import ipywidgets as widgets
 
         self.compute, self.show, self.controls = compute, show, controls

@@ -17,7 +17,6 @@ from .. import compare, grads_of, true_gradient
 from ..tolerances import COEF_RTOL, FIT_RTOL, FLOAT32_RTOL
 from ._gan_model import _bce, _d_loss, d_item_losses, make_gan, noise, real_points
 
-
 # --- the exercise: D's side of an accumulated GAN loop, checked by accumlib.verify -------------------
 
 
@@ -161,7 +160,12 @@ def g_findings(train_fn: Callable[..., Any], seed: int = 0) -> list[GanFinding]:
             G = copy.deepcopy(ex.G)
             n = sum(len(z) for z, _ in window)
             loss = sum(_bce(D(G(z)), 1.0).sum() for z, D in window) / n
-            true = dict(zip((name for name, _ in G.named_parameters()), torch.autograd.grad(loss, list(G.parameters()))))
+            true = dict(
+                zip(
+                    (name for name, _ in G.named_parameters()),
+                    torch.autograd.grad(loss, list(G.parameters())),
+                )
+            )
             true = {name: true[name] for name in got}
             what, c = _g_verdict(got, true, prev.get("true"))
             if what:
@@ -180,11 +184,21 @@ def g_findings(train_fn: Callable[..., Any], seed: int = 0) -> list[GanFinding]:
     steps = prev.get("steps", [])
     windows = -(-len(loader) // EXERCISE_K)
     if not steps:
-        return [GanFinding("g-never-stepped", "g_opt never stepped: G never trained, so D's opponent stayed as it was")]
+        return [
+            GanFinding(
+                "g-never-stepped", "g_opt never stepped: G never trained, so D's opponent stayed as it was"
+            )
+        ]
     found: list[GanFinding] = []
     if len(steps) > windows:
-        found.append(GanFinding("g-early-step", f"G stepped {len(steps)} times for {windows} windows of {EXERCISE_K} "
-                                "micro-batches: more often than once per window", steps=tuple(range(len(steps)))))
+        found.append(
+            GanFinding(
+                "g-early-step",
+                f"G stepped {len(steps)} times for {windows} windows of {EXERCISE_K} "
+                "micro-batches: more often than once per window",
+                steps=tuple(range(len(steps))),
+            )
+        )
     for what in ("g-no-gradient", "g-unscaled-sum", "g-misscaled", "g-no-zero-grad", "g-unexplained"):
         at = tuple(t for t, w, _ in seen if w == what)
         if at and not (found and what != "g-no-gradient"):
@@ -223,15 +237,24 @@ def _verify_gan_exercise(train_fn: Callable[..., Any]) -> GanReport:
     from .. import verify
 
     ex = exercise(EXERCISE_N, 0)
-    report = verify(lambda D, d_opt, loader: train_fn(ex.G, D, ex.g_opt, d_opt, loader), model=ex.D, dataset=ex.dataset,
-                    item_losses=ex.item_losses, accum_steps=EXERCISE_K, batch_size=EXERCISE_BATCH)
+    report = verify(
+        lambda D, d_opt, loader: train_fn(ex.G, D, ex.g_opt, d_opt, loader),
+        model=ex.D,
+        dataset=ex.dataset,
+        item_losses=ex.item_losses,
+        accum_steps=EXERCISE_K,
+        batch_size=EXERCISE_BATCH,
+    )
     findings = list(report.findings)
     if "unexplained" in report.codes:
         share = leak_share(train_fn)
         if share is not None and share < FLOAT32_RTOL:
             at = next(i for i, f in enumerate(findings) if f.code == "unexplained")
             findings[at] = GanFinding(
-                "leak-into-D", "D stepped on its own window gradient plus the gradient of G's loss with respect to D's "
-                "parameters (the leak of section 1): D's .grad equals own + leak to float32 rounding", steps=findings[at].steps)
+                "leak-into-D",
+                "D stepped on its own window gradient plus the gradient of G's loss with respect to D's "
+                "parameters (the leak of section 1): D's .grad equals own + leak to float32 rounding",
+                steps=findings[at].steps,
+            )
     g = g_findings(train_fn)
     return GanReport(bool(report.ok) and not g, tuple(findings) + tuple(g), report)

@@ -1,5 +1,4 @@
-"""Lesson 6's GAN: a tiny generator and discriminator, their data and noise, and their item losses.
-"""
+"""Lesson 6's GAN: a tiny generator and discriminator, their data and noise, and their item losses."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
 
 NOISE_DIM = 4
 
@@ -36,7 +33,9 @@ def noise(n: int, seed: int = 1) -> torch.Tensor:
 
 def _bce(logits: torch.Tensor, label: float) -> torch.Tensor:
     """Per-item binary cross-entropy on logits (the seed's BCELoss on a sigmoid, stably)."""
-    return F.binary_cross_entropy_with_logits(logits.squeeze(1), torch.full((len(logits),), label), reduction="none")
+    return F.binary_cross_entropy_with_logits(
+        logits.squeeze(1), torch.full((len(logits),), label), reduction="none"
+    )
 
 
 def d_item_losses(D: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -21,7 +21,6 @@ import torch
 
 from ..tolerances import FLOAT32_RTOL
 
-
 # The codes a grader adds to verify's (``accumlib.CODES``): what an exercise asks beyond an exact accumulation.
 GRADER_CODES: dict[str, str] = {
     "logged-loss-wrong": "the epoch loss the loop returns is not the mean item loss, beyond float32 rounding",
@@ -74,7 +73,8 @@ class Watch:
     all_frozen: bool = False  # every parameter frozen when the loop last stepped or at the end
     forwards: int = 0  # forwards since the last step
     clipped: bool = False  # a clip since the window's first forward
-    clip_after: list[int] = field(default_factory=list)  # steps whose gradient was clipped only after the step
+    # steps whose gradient was clipped only after the step
+    clip_after: list[int] = field(default_factory=list)
     unclipped: list[int] = field(default_factory=list)  # steps that ran without a clip
 
     def wrap(self, train_fn: Any) -> Any:
@@ -133,11 +133,18 @@ def frozen_check(watch: Watch, n_steps: int | None) -> Check | None:
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     steps = tuple(sorted({s for v in watch.frozen.values() for s in v}))
     if not watch.ran and watch.all_frozen:
-        return Check("frozen-parameter", f"every parameter of the model had requires_grad=False ({shown}), so the loss "
-                     "had nothing to send a gradient to and backward() stopped (PyTorch: 'element 0 of tensors does not "
-                     "require grad'). The large batch trains every parameter.")
-    return Check("frozen-parameter", f"{shown} had requires_grad=False at {where(steps, n_steps) or 'the end of the run'}: "
-                 "the optimizer never updated them there, while the large batch trains every parameter", steps)
+        return Check(
+            "frozen-parameter",
+            f"every parameter of the model had requires_grad=False ({shown}), so the loss "
+            "had nothing to send a gradient to and backward() stopped (PyTorch: 'element 0 of tensors does not "
+            "require grad'). The large batch trains every parameter.",
+        )
+    return Check(
+        "frozen-parameter",
+        f"{shown} had requires_grad=False at {where(steps, n_steps) or 'the end of the run'}: "
+        "the optimizer never updated them there, while the large batch trains every parameter",
+        steps,
+    )
 
 
 def logged_loss_checks(returned: Any, true_loss: float | None, codes: set[str]) -> list[Check]:
@@ -145,16 +152,35 @@ def logged_loss_checks(returned: Any, true_loss: float | None, codes: set[str]) 
     if true_loss is None or "logged-loss-scaled" in codes:
         return []
     if isinstance(returned, torch.Tensor):
-        graph = " that still holds the autograd graph of every micro-batch it summed" if returned.requires_grad else ""
-        return [Check("logged-loss-tensor", f"the loop returns a tensor{graph}, not a Python number: a running loss "
-                      "kept as a tensor keeps that memory alive until the epoch ends")]
+        graph = (
+            " that still holds the autograd graph of every micro-batch it summed"
+            if returned.requires_grad
+            else ""
+        )
+        return [
+            Check(
+                "logged-loss-tensor",
+                f"the loop returns a tensor{graph}, not a Python number: a running loss "
+                "kept as a tensor keeps that memory alive until the epoch ends",
+            )
+        ]
     if not isinstance(returned, numbers.Real) or isinstance(returned, bool):
-        return [Check("no-logged-loss", f"the loop returns {type(returned).__name__}, not the epoch loss it trained on")]
+        return [
+            Check(
+                "no-logged-loss",
+                f"the loop returns {type(returned).__name__}, not the epoch loss it trained on",
+            )
+        ]
     r = float(returned)
     if not math.isfinite(r) or abs(r - true_loss) > FLOAT32_RTOL * abs(true_loss):
         ratio = f" ({r / true_loss:.3f} x the true value)" if true_loss else ""
-        return [Check("logged-loss-wrong", f"the loop reports an epoch loss of {r:.4f}, but the mean loss over every item "
-                      f"of the epoch is {true_loss:.4f}{ratio}")]
+        return [
+            Check(
+                "logged-loss-wrong",
+                f"the loop reports an epoch loss of {r:.4f}, but the mean loss over every item "
+                f"of the epoch is {true_loss:.4f}{ratio}",
+            )
+        ]
     return []
 
 
@@ -162,13 +188,24 @@ def clip_checks(watch: Watch, n_steps: int | None) -> list[Check]:
     """Lesson 4 asks for every step's gradient to be clipped, before the step uses it."""
     if watch.clip_after:
         steps = tuple(sorted(set(watch.clip_after)))
-        return [Check("clip-after-step", f"clip_grad_norm_ ran after the optimizer (scaler.step) had already stepped on "
-                      f"the gradient of {where(steps, n_steps)}: it clipped a gradient no step used, so no step was clipped",
-                      steps)]
+        return [
+            Check(
+                "clip-after-step",
+                f"clip_grad_norm_ ran after the optimizer (scaler.step) had already stepped on "
+                f"the gradient of {where(steps, n_steps)}: it clipped a gradient no step used, so no step was clipped",
+                steps,
+            )
+        ]
     if watch.unclipped:
         steps = tuple(watch.unclipped)
-        return [Check("no-clip", f"{where(steps, n_steps)} ran without clip_grad_norm_: this exercise clips every "
-                      "window's gradient at max_norm=0.1 before the step", steps)]
+        return [
+            Check(
+                "no-clip",
+                f"{where(steps, n_steps)} ran without clip_grad_norm_: this exercise clips every "
+                "window's gradient at max_norm=0.1 before the step",
+                steps,
+            )
+        ]
     return []
 
 

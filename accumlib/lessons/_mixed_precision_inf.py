@@ -83,18 +83,38 @@ def inf_run(
     init_scale = check_float("init_scale", init_scale, low=0.0, low_open=True)
     accum_steps = check_int("accum_steps", accum_steps, low=1)
     batch_size = check_int("batch_size", batch_size, low=1)
-    n_samples = check_int("n_samples", n_samples, low=1, high=1797, why="scikit-learn's digits hold 1797 images")
+    n_samples = check_int(
+        "n_samples", n_samples, low=1, high=1797, why="scikit-learn's digits hold 1797 images"
+    )
     n_windows = -(-(-(-n_samples // batch_size)) // accum_steps)
     if isinstance(inf_windows, int) or not hasattr(inf_windows, "__iter__"):
         raise ValueError(f"inf_windows must be a tuple of window indices (got {inf_windows!r})")
     why = f"{n_samples} digits in micro-batches of {batch_size}, {accum_steps} per window, make {n_windows} windows"
-    inf_windows = tuple(check_int(f"inf_windows[{i}]", w, low=0, high=n_windows - 1, why=why) for i, w in enumerate(inf_windows))
-    return _inf_run(inf_windows, growth_interval, init_scale, accum_steps, batch_size, n_samples, str(resolve_device(device)))
+    inf_windows = tuple(
+        check_int(f"inf_windows[{i}]", w, low=0, high=n_windows - 1, why=why)
+        for i, w in enumerate(inf_windows)
+    )
+    return _inf_run(
+        inf_windows,
+        growth_interval,
+        init_scale,
+        accum_steps,
+        batch_size,
+        n_samples,
+        str(resolve_device(device)),
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def _inf_run(inf_windows: tuple[int, ...], growth_interval: int, init_scale: float, accum_steps: int, batch_size: int,
-             n_samples: int, device: str) -> InfRun:
+def _inf_run(
+    inf_windows: tuple[int, ...],
+    growth_interval: int,
+    init_scale: float,
+    accum_steps: int,
+    batch_size: int,
+    n_samples: int,
+    device: str,
+) -> InfRun:
     dev = torch.device(device)
     t = get_task(TASK)
     model = t.make_model(0).to(dev)
@@ -125,32 +145,55 @@ def _inf_run(inf_windows: tuple[int, ...], growth_interval: int, init_scale: flo
     n_windows = len(logged)
     moved = [not torch.equal(params[i], params[i + 1]) for i in range(n_windows)]
     return InfRun(
-        scale=scaler.before, scale_after=scaler.after, stepped=[w in stepped_at for w in range(n_windows)],
-        params_moved=moved, inf_windows=tuple(inf_windows), growth_interval=growth_interval,
-        n_samples=n_samples, micro_batch=batch_size, accum_steps=accum_steps, logged=logged,
+        scale=scaler.before,
+        scale_after=scaler.after,
+        stepped=[w in stepped_at for w in range(n_windows)],
+        params_moved=moved,
+        inf_windows=tuple(inf_windows),
+        growth_interval=growth_interval,
+        n_samples=n_samples,
+        micro_batch=batch_size,
+        accum_steps=accum_steps,
+        logged=logged,
     )
 
 
 def inf_table(run: InfRun) -> Table:
     """One row per window: the scale it used, whether it stepped, whether the parameters moved."""
-    rows = [(i, f"{s:g}", "yes" if st else "no (skipped)", "yes" if mv else "no", f"{sa:g}")
-            for i, (s, st, mv, sa) in enumerate(zip(run.scale, run.stepped, run.params_moved, run.scale_after))]
-    return Table(("window", "scale used", "stepped", "parameters moved", "scale after update()"), rows,
-                 caption=f"{run.n_samples} digits, micro-batch {run.micro_batch}, k = {run.accum_steps}: "
-                         f"{len(run.scale)} windows; inf injected in window(s) {list(run.inf_windows)}")
+    rows = [
+        (i, f"{s:g}", "yes" if st else "no (skipped)", "yes" if mv else "no", f"{sa:g}")
+        for i, (s, st, mv, sa) in enumerate(zip(run.scale, run.stepped, run.params_moved, run.scale_after))
+    ]
+    return Table(
+        ("window", "scale used", "stepped", "parameters moved", "scale after update()"),
+        rows,
+        caption=f"{run.n_samples} digits, micro-batch {run.micro_batch}, k = {run.accum_steps}: "
+        f"{len(run.scale)} windows; inf injected in window(s) {list(run.inf_windows)}",
+    )
 
 
 @_style.styled
 def plot_inf_run(run: InfRun) -> Figure:
     """The scale each window used, with the windows GradScaler skipped marked."""
-    fig, ax = _style.figure(width=8, height=3.4,
-                            title=f"GradScaler's scale per window: inf in window(s) {list(run.inf_windows)}, "
-                                  f"growth_interval {run.growth_interval}")
+    fig, ax = _style.figure(
+        width=8,
+        height=3.4,
+        title=f"GradScaler's scale per window: inf in window(s) {list(run.inf_windows)}, "
+        f"growth_interval {run.growth_interval}",
+    )
     steps = range(len(run.scale))
     ax.step(steps, run.scale, where="post", label="scale used by the window", **_style.ROLE["correct"])
     skipped = run.skipped
-    ax.plot(skipped, [run.scale[i] for i in skipped], linestyle="none", marker="X", markersize=12,
-            color=_style.ROLE["buggy"]["color"], zorder=3, label="inf found: step skipped, scale halved")
+    ax.plot(
+        skipped,
+        [run.scale[i] for i in skipped],
+        linestyle="none",
+        marker="X",
+        markersize=12,
+        color=_style.ROLE["buggy"]["color"],
+        zorder=3,
+        label="inf found: step skipped, scale halved",
+    )
     ax.set_yscale("log", base=2)
     ax.set_xticks(list(steps))
     ax.set_xlabel("window (one optimizer step each)")

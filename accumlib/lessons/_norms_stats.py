@@ -11,11 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import get_task, ragged, resolve_device
-from ..data import digits
 from .. import large_batch as large_batch_loop  # the loop; ``large_batch`` below is a batch size
 from ..compare import compare
+from ..data import digits
 from ._common import Table, check_float, check_int
-
 
 NORMS = ("batch", "group")
 MOMENTUM = 0.9  # SGD momentum for the training curves: a realistic optimizer, still deterministic
@@ -30,10 +29,14 @@ def task_for(norm: str) -> Any:
 
 def _check_split(accum_steps: Any, large_batch: Any) -> tuple[int, int]:
     large_batch = check_int("large_batch", large_batch, low=1)
-    k = check_int("accum_steps", accum_steps, low=1, high=large_batch, why=f"it splits a large batch of {large_batch}")
+    k = check_int(
+        "accum_steps", accum_steps, low=1, high=large_batch, why=f"it splits a large batch of {large_batch}"
+    )
     if large_batch % k:
-        raise ValueError(f"accum_steps must divide large_batch={large_batch}, so every micro-batch holds "
-                         f"{large_batch}/accum_steps images (got {k})")
+        raise ValueError(
+            f"accum_steps must divide large_batch={large_batch}, so every micro-batch holds "
+            f"{large_batch}/accum_steps images (got {k})"
+        )
     return k, large_batch
 
 
@@ -53,7 +56,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return compare([a], [b]).rel_error  # the one relative error, in float64
 
 
-def _frozen_epochs(loop: Any, k: int, large_batch: int, bn_momentum: float, epochs: int, device: torch.device) -> torch.nn.Module:
+def _frozen_epochs(
+    loop: Any, k: int, large_batch: int, bn_momentum: float, epochs: int, device: torch.device
+) -> torch.nn.Module:
     """``epochs`` of ``loop`` at lr = 0 (weights never move) with every BatchNorm's momentum set to ``bn_momentum``."""
     task = task_for("batch")
     model = task.make_model(0).to(device)
@@ -66,7 +71,9 @@ def _frozen_epochs(loop: Any, k: int, large_batch: int, bn_momentum: float, epoc
     return model
 
 
-def running_stats(accum_steps: int = 8, large_batch: int = 32, device: str | torch.device = "auto") -> RunningStats:
+def running_stats(
+    accum_steps: int = 8, large_batch: int = 32, device: str | torch.device = "auto"
+) -> RunningStats:
     """One epoch of ``ragged`` and of ``large_batch`` at lr = 0, so the weights never move.
 
     Any difference left in ``running_mean``/``running_var`` is then due to the statistics
@@ -76,8 +83,10 @@ def running_stats(accum_steps: int = 8, large_batch: int = 32, device: str | tor
     k, large_batch = _check_split(accum_steps, large_batch)
     dev = resolve_device(device)
     task = task_for("batch")
-    models = {name: _frozen_epochs(loop, k, large_batch, 0.1, 1, dev)
-              for name, loop in (("accumulated", ragged), ("large batch", large_batch_loop))}
+    models = {
+        name: _frozen_epochs(loop, k, large_batch, 0.1, 1, dev)
+        for name, loop in (("accumulated", ragged), ("large batch", large_batch_loop))
+    }
     acc, big = (dict(m.named_buffers()) for m in models.values())
     rel = {name: _rel(acc[name], big[name]) for name in big if not name.endswith("num_batches_tracked")}
     tracked = {name: int(b["features.1.num_batches_tracked"]) for name, b in zip(models, (acc, big))}
@@ -108,13 +117,21 @@ class MomentumCheck:
     worst: dict[str, float]
 
     def table(self) -> Table:
-        rows = [(name, f"{m:.5f}", f"{self.decay[name]:.4f}", f"{self.worst[name]:.4f}") for name, m in self.momenta.items()]
-        return Table(("accumulated with momentum", "m", "(1 - m)^k (large batch: 0.9000)", "worst buffer difference"), rows,
-                     caption=f"BatchNorm running statistics after {self.epochs} epoch(s), k = {self.k} micro-batches of "
-                             f"{self.large_batch // self.k}, weights frozen")
+        rows = [
+            (name, f"{m:.5f}", f"{self.decay[name]:.4f}", f"{self.worst[name]:.4f}")
+            for name, m in self.momenta.items()
+        ]
+        return Table(
+            ("accumulated with momentum", "m", "(1 - m)^k (large batch: 0.9000)", "worst buffer difference"),
+            rows,
+            caption=f"BatchNorm running statistics after {self.epochs} epoch(s), k = {self.k} micro-batches of "
+            f"{self.large_batch // self.k}, weights frozen",
+        )
 
 
-def momentum_check(accum_steps: int = 8, large_batch: int = 32, epochs: int = 1, device: str | torch.device = "auto") -> MomentumCheck:
+def momentum_check(
+    accum_steps: int = 8, large_batch: int = 32, epochs: int = 1, device: str | torch.device = "auto"
+) -> MomentumCheck:
     """Which BatchNorm momentum makes k micro-batch updates agree with one large-batch update at momentum 0.1?
 
     One window multiplies the old statistics by ``(1 - m) ** k`` under accumulation and by
@@ -145,10 +162,25 @@ class Budget:
     accuracy: dict[str, list[float]]
 
     def table(self) -> Table:
-        rows = [(e + 1, *(f"{self.train_loss[n][e]:.3f}" for n in NORMS), *(f"{self.accuracy[n][e]:.2f}" for n in NORMS))
-                for e in range(self.epochs)]
-        return Table(("epoch", "BatchNorm train loss", "GroupNorm train loss", "BatchNorm accuracy", "GroupNorm accuracy"), rows,
-                     caption="large batch of 32, SGD lr 0.1 momentum 0.9, 384 training digits, 512 held out")
+        rows = [
+            (
+                e + 1,
+                *(f"{self.train_loss[n][e]:.3f}" for n in NORMS),
+                *(f"{self.accuracy[n][e]:.2f}" for n in NORMS),
+            )
+            for e in range(self.epochs)
+        ]
+        return Table(
+            (
+                "epoch",
+                "BatchNorm train loss",
+                "GroupNorm train loss",
+                "BatchNorm accuracy",
+                "GroupNorm accuracy",
+            ),
+            rows,
+            caption="large batch of 32, SGD lr 0.1 momentum 0.9, 384 training digits, 512 held out",
+        )
 
 
 def _held_out(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,7 +188,9 @@ def _held_out(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return x[-512:].to(device), y[-512:].to(device)
 
 
-def training_budget(epochs: int = 6, large_batch: int = 32, n: int = 384, lr: float = 0.1, device: str | torch.device = "auto") -> Budget:
+def training_budget(
+    epochs: int = 6, large_batch: int = 32, n: int = 384, lr: float = 0.1, device: str | torch.device = "auto"
+) -> Budget:
     """Train each norm with the large batch for ``epochs``, measuring after every epoch.
 
     Shows where GroupNorm's lower accuracy after 3 epochs comes from: its *training* loss is
@@ -178,7 +212,14 @@ def training_budget(epochs: int = 6, large_batch: int = 32, n: int = 384, lr: fl
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
         train_loss[norm], accuracy[norm] = [], []
         for _ in range(epochs):
-            logged = large_batch_loop(model, opt, task.loader(large_batch, dataset=data), task.item_losses, accum_steps=1, device=dev)
+            logged = large_batch_loop(
+                model,
+                opt,
+                task.loader(large_batch, dataset=data),
+                task.item_losses,
+                accum_steps=1,
+                device=dev,
+            )
             train_loss[norm].append(sum(logged) / len(logged))
             model.eval()
             with torch.no_grad():

@@ -28,11 +28,28 @@ def make_trainer(model: Any, compute_loss_func: Any = None, **overrides: Any) ->
 
     from ..examples.data import collate, token_sequences
 
-    args = dict(output_dir=tempfile.mkdtemp(prefix="accumlib-lesson9-"), per_device_train_batch_size=2,
-                gradient_accumulation_steps=4, num_train_epochs=1, max_grad_norm=0.0, seed=0, use_cpu=True, report_to=[],
-                save_strategy="no", disable_tqdm=True) | overrides
-    return transformers.Trainer(model=model, args=transformers.TrainingArguments(**args), train_dataset=token_sequences(),
-                                data_collator=collate, compute_loss_func=compute_loss_func)
+    args = (
+        dict(
+            output_dir=tempfile.mkdtemp(prefix="accumlib-lesson9-"),
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=4,
+            num_train_epochs=1,
+            max_grad_norm=0.0,
+            seed=0,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        | overrides
+    )
+    return transformers.Trainer(
+        model=model,
+        args=transformers.TrainingArguments(**args),
+        train_dataset=token_sequences(),
+        data_collator=collate,
+        compute_loss_func=compute_loss_func,
+    )
 
 
 def _accelerate() -> Any:
@@ -42,8 +59,14 @@ def _accelerate() -> Any:
     task = accumlib.get_task("mlp-digits")
     accelerate_clm.reset_accelerate()  # Accelerate keeps one process-wide state
     try:
-        return accumlib.verify(accelerate_digits.train, model=task.make_model(0), dataset=accumlib.data.digits(110),
-                               item_losses=task.item_losses, accum_steps=4, batch_size=8)
+        return accumlib.verify(
+            accelerate_digits.train,
+            model=task.make_model(0),
+            dataset=accumlib.data.digits(110),
+            item_losses=task.item_losses,
+            accum_steps=4,
+            batch_size=8,
+        )
     finally:
         accelerate_clm.reset_accelerate()
 
@@ -67,7 +90,9 @@ def _lightning() -> Any:
     from accumlib.lightning import verify_fit
 
     loader = torch.utils.data.DataLoader(accumlib.data.digits(110), batch_size=8)
-    return verify_fit(lightning_digits.Digits(), loader, item_losses=lightning_digits.item_losses, accumulate_grad_batches=4)
+    return verify_fit(
+        lightning_digits.Digits(), loader, item_losses=lightning_digits.item_losses, accumulate_grad_batches=4
+    )
 
 
 def _gpt2(loss_type: str | None) -> Any:

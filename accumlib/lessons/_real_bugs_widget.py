@@ -39,8 +39,17 @@ class TrainerRun:
         return f"{self.model_class}: {'ok' if self.report.ok else 'NOT OK'} ({codes})"
 
     def steps(self) -> Table:
-        rows = [(r.step, r.micro_batches, r.items, f"{r.scale:.4f}", f"{r.rel_error:.1e}", ", ".join(r.codes) or "ok")
-                for r in self.report.steps]
+        rows = [
+            (
+                r.step,
+                r.micro_batches,
+                r.items,
+                f"{r.scale:.4f}",
+                f"{r.rel_error:.1e}",
+                ", ".join(r.codes) or "ok",
+            )
+            for r in self.report.steps
+        ]
         return Table(("step", "micro-batches", "tokens", "c", "rel. error", "codes"), rows)
 
     def __str__(self) -> str:
@@ -48,8 +57,10 @@ class TrainerRun:
 
     def _repr_html_(self) -> str:
         colour = _style.BLUE if self.report.ok else _style.VERMILLION
-        return (f"<p style='color:{colour}'><b>{html.escape(self.verdict)}</b></p>{self.steps()._repr_html_()}"
-                f"<p>The packaged survey: {html.escape(self.survey)}</p>")
+        return (
+            f"<p style='color:{colour}'><b>{html.escape(self.verdict)}</b></p>{self.steps()._repr_html_()}"
+            f"<p>The packaged survey: {html.escape(self.survey)}</p>"
+        )
 
 
 def _survey_says(model_type: str) -> str:
@@ -121,7 +132,11 @@ class TrainerWidget:
             self.result = e
         finally:
             self.button.disabled = False
-        self._show(self.result if not isinstance(self.result, Exception) else f"{type(self.result).__name__}: {self.result}")
+        self._show(
+            self.result
+            if not isinstance(self.result, Exception)
+            else f"{type(self.result).__name__}: {self.result}"
+        )
         return self.result
 
     def _ipython_display_(self) -> None:
@@ -167,13 +182,19 @@ def _grade_trainer(train_fn: Callable[..., Any]) -> Any:
         model = tiny_model("gpt2")
         trainer = train_fn(model, token_sequences(), collate, out)
         if not isinstance(trainer, transformers.Trainer):
-            raise ConfigError(f"train_fn must return the transformers.Trainer it builds (got {type(trainer).__name__})")
+            raise ConfigError(
+                f"train_fn must return the transformers.Trainer it builds (got {type(trainer).__name__})"
+            )
         if trainer.model is not model:
-            raise ConfigError("train_fn must build the Trainer around the GPT-2 it is given (got another model)")
+            raise ConfigError(
+                "train_fn must build the Trainer around the GPT-2 it is given (got another model)"
+            )
         args = trainer.args
         if (args.gradient_accumulation_steps, args.per_device_train_batch_size) != (4, 2):
-            raise ConfigError("keep gradient_accumulation_steps=4 and per_device_train_batch_size=2: the exercise grades "
-                              f"accumulation (got {args.gradient_accumulation_steps} and {args.per_device_train_batch_size})")
+            raise ConfigError(
+                "keep gradient_accumulation_steps=4 and per_device_train_batch_size=2: the exercise grades "
+                f"accumulation (got {args.gradient_accumulation_steps} and {args.per_device_train_batch_size})"
+            )
         return verify_trainer(trainer)
 
 
@@ -219,7 +240,7 @@ EXERCISE = Exercise(
             "Use loss_type 'ForCausalLM', the causal LM's loss.",
         ),
         "error": "train_fn(model, train_dataset, data_collator, output_dir) must build and return the transformers.Trainer "
-                 "(not call train(): the grader runs its loop under verify_trainer), with the model, data and "
-                 "accumulation settings it is given.",
+        "(not call train(): the grader runs its loop under verify_trainer), with the model, data and "
+        "accumulation settings it is given.",
     },
 )

@@ -34,7 +34,14 @@ from matplotlib.figure import Figure
 
 # Okabe-Ito, in their published order (black first)
 BLACK, ORANGE, SKY_BLUE, GREEN, YELLOW, BLUE, VERMILLION, PURPLE = (
-    "#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
+    "#000000",
+    "#E69F00",
+    "#56B4E9",
+    "#009E73",
+    "#F0E442",
+    "#0072B2",
+    "#D55E00",
+    "#CC79A7",
 )
 PALETTE = (BLUE, VERMILLION, GREEN, ORANGE, PURPLE, SKY_BLUE, BLACK)  # yellow is too light for lines on white
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -42,10 +49,10 @@ LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)), (0, (1, 1)))
 
 # What each kind of curve means across all lessons: the same role looks the same everywhere.
 ROLE: dict[str, dict[str, Any]] = {
-    "correct": dict(color=BLUE, marker="o", linestyle="-"),        # a correctly normalized loop
-    "buggy": dict(color=VERMILLION, marker="s", linestyle="--"),    # a loop with a known bug
-    "oracle": dict(color=BLACK, marker="", linestyle=":"),          # the true large-batch value
-    "alternative": dict(color=GREEN, marker="^", linestyle="-."),   # a second correct variant
+    "correct": dict(color=BLUE, marker="o", linestyle="-"),  # a correctly normalized loop
+    "buggy": dict(color=VERMILLION, marker="s", linestyle="--"),  # a loop with a known bug
+    "oracle": dict(color=BLACK, marker="", linestyle=":"),  # the true large-batch value
+    "alternative": dict(color=GREEN, marker="^", linestyle="-."),  # a second correct variant
     "other": dict(color=ORANGE, marker="D", linestyle=(0, (3, 1, 1, 1))),
 }
 # Bars and areas: colour plus hatching.
@@ -74,8 +81,15 @@ MAX_WIDTH_IN = 10.0  # 1000 pixels at figure.dpi: shown unscaled in JupyterLab o
 _RENDER_LOCK = threading.RLock()
 
 
-def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None, height: float = 4.0,
-           title: str | None = None, **subplot_kw: Any) -> tuple[Figure, Any]:
+def figure(
+    ncols: int = 1,
+    nrows: int = 1,
+    *,
+    width: float | None = None,
+    height: float = 4.0,
+    title: str | None = None,
+    **subplot_kw: Any,
+) -> tuple[Figure, Any]:
     """A styled Figure (constrained layout, no pyplot) and its axes, like ``plt.subplots``."""
     width = width or 5.5 * ncols
     if width > MAX_WIDTH_IN:  # narrower panels, same height: the text keeps its size and room
@@ -147,8 +161,10 @@ def _values(ys: Any, most: int = 8) -> str:
         return "no finite values"
     if ys.size <= most:
         return ", ".join(map(_number, ys))
-    return (f"{ys.size} values from {_number(ys[0])} to {_number(ys[-1])}, "
-            f"min {_number(ys.min())}, max {_number(ys.max())}")
+    return (
+        f"{ys.size} values from {_number(ys[0])} to {_number(ys[-1])}, "
+        f"min {_number(ys.min())}, max {_number(ys.max())}"
+    )
 
 
 def describe(fig: Figure, *, limit: int = 1500) -> str:
@@ -170,9 +186,15 @@ def describe(fig: Figure, *, limit: int = 1500) -> str:
     for i, ax in enumerate(panels, 1):
         title = " ".join(ax.get_title().split())
         head = f"Panel {i}" + (f" ({title})" if title else "")
-        axes = [f"{name} {label}" + (f" ({scale} scale)" if scale != "linear" and scale not in label.lower() else "")
-                for name, label, scale in (("x", ax.get_xlabel(), ax.get_xscale()), ("y", ax.get_ylabel(), ax.get_yscale()))
-                if label.strip()]
+        axes = [
+            f"{name} {label}"
+            + (f" ({scale} scale)" if scale != "linear" and scale not in label.lower() else "")
+            for name, label, scale in (
+                ("x", ax.get_xlabel(), ax.get_xscale()),
+                ("y", ax.get_ylabel(), ax.get_yscale()),
+            )
+            if label.strip()
+        ]
         head += (": " + ", ".join(axes)) if axes else ""
         series = []
         for line in ax.get_lines():
@@ -182,8 +204,10 @@ def describe(fig: Figure, *, limit: int = 1500) -> str:
         for container in ax.containers:
             if isinstance(container, BarContainer):
                 label = container.get_label()
-                heights = [bar.get_height() if not container.orientation == "horizontal" else bar.get_width()
-                           for bar in container]
+                heights = [
+                    bar.get_height() if not container.orientation == "horizontal" else bar.get_width()
+                    for bar in container
+                ]
                 series.append(f"{'bars' if label.startswith('_') else label}: {_values(heights)}")
         for collection in ax.collections:
             label = collection.get_label()
@@ -246,15 +270,22 @@ def _fit_legends(fig: Figure, canvas: Any) -> None:
         label = ax.xaxis.label
         width, room = label.get_window_extent(renderer).width, ax.get_window_extent(renderer).width
         if label.get_text() and "\n" not in label.get_text() and width > room > 0:
-            label.set_text(textwrap.fill(label.get_text(), max(20, int(len(label.get_text()) * room / width))))
+            label.set_text(
+                textwrap.fill(label.get_text(), max(20, int(len(label.get_text()) * room / width)))
+            )
     for ax in fig.axes:  # an axes legend fits its panel's share of the width (the layout makes room for it)
         legend, spec = ax.get_legend(), ax.get_subplotspec()
         if legend is None or spec is None:
             continue
         room = 0.9 * fig.bbox.width * (spec.colspan.stop - spec.colspan.start) / spec.get_gridspec().ncols
         while legend._ncols > 1 and legend.get_window_extent(renderer).width > room:
-            legend = ax.legend(legend.legend_handles, [t.get_text() for t in legend.texts], loc=legend._loc,
-                               ncols=legend._ncols - 1, fontsize=max(MIN_FONT_PT, legend.texts[0].get_fontsize()))
+            legend = ax.legend(
+                legend.legend_handles,
+                [t.get_text() for t in legend.texts],
+                loc=legend._loc,
+                ncols=legend._ncols - 1,
+                fontsize=max(MIN_FONT_PT, legend.texts[0].get_fontsize()),
+            )
             canvas.draw()
             renderer = canvas.get_renderer()
     for legend in fig.legends:
@@ -286,8 +317,11 @@ def output(obj: Any, alt: str | None = None) -> dict[str, Any]:
     if isinstance(obj, Figure):
         src = base64.b64encode(png(obj)).decode()
         alt = alt or describe(obj)
-        data = {"image/png": src, "text/plain": f"<Figure: {alt}>",
-                "text/html": f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt)}">'}
+        data = {
+            "image/png": src,
+            "text/plain": f"<Figure: {alt}>",
+            "text/html": f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt)}">',
+        }
         return {"output_type": "display_data", "metadata": {}, "data": data}
     if isinstance(obj, str):
         return {"output_type": "stream", "name": "stdout", "text": obj if obj.endswith("\n") else obj + "\n"}

@@ -22,7 +22,6 @@ N_TRAIN = 1280  # 20 windows of 64: no partial window, so batch 64 and 2 x 32 se
 OPTIMIZERS = ("sgd", "adam")
 
 
-
 # --- the MindSpore experiment: batch 64 vs 2 x 32 accumulated ----------------------------------
 
 
@@ -61,8 +60,11 @@ class TrainResult:
         ]
 
     def table(self) -> Table:
-        return Table(("run", "optimizer steps", "test accuracy %", "test loss"), self.rows(),
-                     caption=f"{self.optimizer.upper()} at lr {self.lr:g}, {self.epochs} epochs on {N_TRAIN} digits")
+        return Table(
+            ("run", "optimizer steps", "test accuracy %", "test loss"),
+            self.rows(),
+            caption=f"{self.optimizer.upper()} at lr {self.lr:g}, {self.epochs} epochs on {N_TRAIN} digits",
+        )
 
 
 def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
@@ -72,7 +74,9 @@ def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple
     return float(correct), float(losses.mean())
 
 
-def _batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, generator_seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, generator_seed: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The batches ``DataLoader(TensorDataset(x, y), batch_size, shuffle=True, generator=...)`` yields, without its per-item cost.
 
     A DataLoader draws one int64 from its generator (its workers' base seed) before its
@@ -88,15 +92,28 @@ _LOOPS = {"large_batch": large_batch, "normalized": normalized, "naive": naive}
 
 
 @functools.lru_cache(maxsize=512)
-def _run(name: str, loop: str, batch_size: int, accum_steps: int, lr: float, epochs: int, optimizer: str, seed: int,
-         device: str) -> Run:
+def _run(
+    name: str,
+    loop: str,
+    batch_size: int,
+    accum_steps: int,
+    lr: float,
+    epochs: int,
+    optimizer: str,
+    seed: int,
+    device: str,
+) -> Run:
     """One training run from the task's initial model; cached, so a widget recomputes only runs a control changed."""
     dev = torch.device(device)
     data = digits_subset(seed=seed)
     x, y = (t.to(dev) for t in data[:N_TRAIN])
     x_test, y_test = (t.to(dev) for t in data[N_TRAIN:])
     model = get_task(TASK).make_model(seed).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=lr) if optimizer == "sgd" else torch.optim.Adam(model.parameters(), lr=lr)
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=lr)
+        if optimizer == "sgd"
+        else torch.optim.Adam(model.parameters(), lr=lr)
+    )
     curve, acc, tl = [], [], []
     for epoch in range(epochs):
         loader = _batches(x, y, batch_size, seed * 1000 + epoch)  # one shuffle per epoch, shared by every run
@@ -109,8 +126,13 @@ def _run(name: str, loop: str, batch_size: int, accum_steps: int, lr: float, epo
 
 def _check_train(accum_steps: Any, batch_size: Any, lr: Any, epochs: Any, optimizer: Any, seed: Any) -> None:
     accum_steps = check_int("accum_steps", accum_steps, low=1)
-    check_int("batch_size", batch_size, low=1, high=N_TRAIN // accum_steps,
-              why=f"one window of accum_steps x batch_size must fit in the {N_TRAIN} training digits")
+    check_int(
+        "batch_size",
+        batch_size,
+        low=1,
+        high=N_TRAIN // accum_steps,
+        why=f"one window of accum_steps x batch_size must fit in the {N_TRAIN} training digits",
+    )
     check_float("lr", lr, low=0, low_open=True)
     check_int("epochs", epochs, low=1)
     check_choice("optimizer", optimizer, OPTIMIZERS)
@@ -118,7 +140,13 @@ def _check_train(accum_steps: Any, batch_size: Any, lr: Any, epochs: Any, optimi
 
 
 def train(
-    accum_steps: int = 2, batch_size: int = 32, *, lr: float = 0.1, epochs: int = 3, optimizer: str = "sgd", seed: int = 0,
+    accum_steps: int = 2,
+    batch_size: int = 32,
+    *,
+    lr: float = 0.1,
+    epochs: int = 3,
+    optimizer: str = "sgd",
+    seed: int = 0,
     device: Any = "auto",
 ) -> TrainResult:
     """The MindSpore tutorial's experiment on digits: ``epochs`` epochs, four runs from one initial model.
@@ -147,7 +175,10 @@ def train(
         (f"{k} x {b} naive (not divided)", "naive", b, k, lr),
         (f"batch {big}, lr x {k}", "large_batch", big, 1, lr * k),
     ]
-    runs = {name: _run(name, loop, size, steps, rate, epochs, optimizer, seed, dev) for name, loop, size, steps, rate in plans}
+    runs = {
+        name: _run(name, loop, size, steps, rate, epochs, optimizer, seed, dev)
+        for name, loop, size, steps, rate in plans
+    }
     return TrainResult(accum_steps, batch_size, lr, epochs, optimizer, runs)
 
 
@@ -155,9 +186,15 @@ def train(
 def plot_training(result: TrainResult) -> Figure:
     """Loss per optimizer step of every run, and test accuracy after each epoch."""
     k, big = result.accum_steps, result.large_batch_size
-    fig, (ax, bx) = _style.figure(2, width=11.5, height=4.4, title=(
-        f"{result.optimizer.upper()}, lr {result.lr:g}: batch {big} and {k} x {result.batch_size} accumulated train alike; "
-        f"the undivided loop trains like lr x {k}"))
+    fig, (ax, bx) = _style.figure(
+        2,
+        width=11.5,
+        height=4.4,
+        title=(
+            f"{result.optimizer.upper()}, lr {result.lr:g}: batch {big} and {k} x {result.batch_size} accumulated train alike; "
+            f"the undivided loop trains like lr x {k}"
+        ),
+    )
     roles = ["oracle", "correct", "buggy", "other"]
     widths = [4.0, 1.5, 4.0, 1.5]  # each thin line runs on top of the thick one it reproduces
     for role, lw, run in zip(roles, widths, result.runs.values()):
@@ -176,8 +213,14 @@ def plot_training(result: TrainResult) -> Figure:
     return fig
 
 
-def training_widget(accum_steps: int = 2, lr: float = 0.1, *, large_batch_size: int = 64, device: Any = "auto",
-                    initial: TrainResult | None = None) -> Explorer:
+def training_widget(
+    accum_steps: int = 2,
+    lr: float = 0.1,
+    *,
+    large_batch_size: int = 64,
+    device: Any = "auto",
+    initial: TrainResult | None = None,
+) -> Explorer:
     """k and the learning rate for the batch-64 experiment (b = 64 / k); re-runs ``train`` (cached runs) and ``plot_training``.
 
     ``initial``: the notebook's ``train(2, 32, lr=0.1)`` result, shown first instead of recomputing it.
@@ -213,26 +256,47 @@ class SweepResult:
         return self.lrs[acc.index(max(acc))]
 
     def rows(self) -> list[tuple[Any, ...]]:
-        return [(f"{lr:g}", *(round(100 * self.accuracy[n][i], 1) for n in self.accuracy)) for i, lr in enumerate(self.lrs)]
+        return [
+            (f"{lr:g}", *(round(100 * self.accuracy[n][i], 1) for n in self.accuracy))
+            for i, lr in enumerate(self.lrs)
+        ]
 
     def table(self) -> Table:
-        return Table(("lr", *(f"{n}: test acc. %" for n in self.accuracy)), self.rows(),
-                     caption=f"SGD, {self.epochs} epochs, final accuracy on {N_DIGITS - N_TRAIN} held-out digits")
+        return Table(
+            ("lr", *(f"{n}: test acc. %" for n in self.accuracy)),
+            self.rows(),
+            caption=f"SGD, {self.epochs} epochs, final accuracy on {N_DIGITS - N_TRAIN} held-out digits",
+        )
 
     def amplified(self, lr: float, factors: tuple[int, ...] = (1, 2, 4)) -> Table:
         """The MindSpore advice, "amplify the learning rate": each loop at ``lr x factor``, from this sweep's runs."""
         lrs = [lr * f for f in factors]
         missing = [x for x in lrs if not any(abs(x - y) <= 1e-12 * y for y in self.lrs)]
         if missing:
-            raise ValueError(f"lr x factors must be learning rates of the sweep {self.lrs} (missing {missing})")
+            raise ValueError(
+                f"lr x factors must be learning rates of the sweep {self.lrs} (missing {missing})"
+            )
         at = [min(range(len(self.lrs)), key=lambda i: abs(self.lrs[i] - x)) for x in lrs]
-        rows = [(f"x {f} (lr {x:g})", *(round(100 * self.accuracy[n][i], 1) for n in self.accuracy)) for f, x, i in zip(factors, lrs, at)]
-        return Table(("learning rate amplified", *(f"{n}: test acc. %" for n in self.accuracy)), rows,
-                     caption=f"Each loop at lr {lr:g} x factor, {self.epochs} epochs (from the sweep above)")
+        rows = [
+            (f"x {f} (lr {x:g})", *(round(100 * self.accuracy[n][i], 1) for n in self.accuracy))
+            for f, x, i in zip(factors, lrs, at)
+        ]
+        return Table(
+            ("learning rate amplified", *(f"{n}: test acc. %" for n in self.accuracy)),
+            rows,
+            caption=f"Each loop at lr {lr:g} x factor, {self.epochs} epochs (from the sweep above)",
+        )
 
 
-def lr_sweep(accum_steps: int = 2, batch_size: int = 32, *, lrs: tuple[float, ...] = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6),
-             epochs: int = 3, seed: int = 0, device: Any = "auto") -> SweepResult:
+def lr_sweep(
+    accum_steps: int = 2,
+    batch_size: int = 32,
+    *,
+    lrs: tuple[float, ...] = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6),
+    epochs: int = 3,
+    seed: int = 0,
+    device: Any = "auto",
+) -> SweepResult:
     """Train at every lr: batch b (no accumulation), k x b accumulated (== batch k b) and k x b naive.
 
     The naive loop at lr is batch k b at k x lr: its curve is the accumulated curve shifted by a
@@ -244,10 +308,15 @@ def lr_sweep(accum_steps: int = 2, batch_size: int = 32, *, lrs: tuple[float, ..
     lrs = tuple(check_float(f"lrs[{i}]", lr, low=0, low_open=True) for i, lr in enumerate(lrs))
     dev = str(resolve_device(device))
     k, b = accum_steps, batch_size
-    plans = [(f"batch {b}, no accumulation", "large_batch", b, 1), (f"{k} x {b} accumulated (loss / k)", "normalized", b, k),
-             (f"{k} x {b} naive (not divided)", "naive", b, k)]
-    accuracy = {name: tuple(_run(name, loop, b, steps, lr, epochs, "sgd", seed, dev).test_accuracy[-1] for lr in lrs)
-                for name, loop, b, steps in plans}
+    plans = [
+        (f"batch {b}, no accumulation", "large_batch", b, 1),
+        (f"{k} x {b} accumulated (loss / k)", "normalized", b, k),
+        (f"{k} x {b} naive (not divided)", "naive", b, k),
+    ]
+    accuracy = {
+        name: tuple(_run(name, loop, b, steps, lr, epochs, "sgd", seed, dev).test_accuracy[-1] for lr in lrs)
+        for name, loop, b, steps in plans
+    }
     return SweepResult(accum_steps, batch_size, epochs, lrs, accuracy)
 
 
@@ -255,8 +324,12 @@ def lr_sweep(accum_steps: int = 2, batch_size: int = 32, *, lrs: tuple[float, ..
 def plot_sweep(result: SweepResult) -> Figure:
     """Final test accuracy vs learning rate, one curve per loop."""
     k = result.accum_steps
-    fig, ax = _style.figure(1, width=8, height=4.4,
-                            title=f"Test accuracy vs learning rate: the naive curve is the accumulated one shifted left by k = {k}")
+    fig, ax = _style.figure(
+        1,
+        width=8,
+        height=4.4,
+        title=f"Test accuracy vs learning rate: the naive curve is the accumulated one shifted left by k = {k}",
+    )
     for (name, acc), role in zip(result.accuracy.items(), ("other", "correct", "buggy")):
         ax.plot(result.lrs, [100 * a for a in acc], label=name, **_style.ROLE[role])
     ax.set_xscale("log")

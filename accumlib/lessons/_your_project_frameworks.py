@@ -27,10 +27,14 @@ def _trainer(model: Any, compute_loss_func: Any = None, **overrides: Any) -> Any
     return make_trainer(model, compute_loss_func=compute_loss_func, logging_strategy="no", **overrides)
 
 
-def shifted_sum_over_items(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+def shifted_sum_over_items(
+    outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None
+) -> torch.Tensor:
     """A ``compute_loss_func``: the summed shifted token losses over the window's token count the Trainer passes."""
     logits = outputs.logits[:, :-1].float()
-    summed = F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum")
+    summed = F.cross_entropy(
+        logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"
+    )
     return summed / num_items_in_batch
 
 
@@ -58,13 +62,16 @@ def _hf(trainer: Any) -> Any:
 
 def _accelerate(counted: bool) -> Any:
     import accumlib
+
     from ..examples import accelerate_clm
 
     accelerate_clm.reset_accelerate()  # Accelerate keeps one process-wide state
     try:
         with _quiet():
-            return accumlib.verify(accelerate_clm.train_counted if counted else accelerate_clm.train,
-                                   **accelerate_clm.verify_args())
+            return accumlib.verify(
+                accelerate_clm.train_counted if counted else accelerate_clm.train,
+                **accelerate_clm.verify_args(),
+            )
     finally:
         accelerate_clm.reset_accelerate()
 
@@ -73,6 +80,7 @@ def _lightning(n_digits: int) -> Any:
     import logging
 
     import accumlib
+
     from ..examples import lightning_digits
     from ..lightning import verify_fit
 
@@ -83,8 +91,12 @@ def _lightning(n_digits: int) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return verify_fit(lightning_digits.Digits(), loader, item_losses=lightning_digits.item_losses,
-                              accumulate_grad_batches=4)
+            return verify_fit(
+                lightning_digits.Digits(),
+                loader,
+                item_losses=lightning_digits.item_losses,
+                accumulate_grad_batches=4,
+            )
     finally:
         logger.setLevel(level)
 
@@ -107,22 +119,39 @@ class Run:
 
 
 RUNS: dict[str, Run] = {
-    "trainer-default": Run("Transformers Trainer", "GPT-2, defaults (loss_type unset)", lambda: _hf(_trainer(_gpt2()))),
-    "trainer-loss-type": Run("Transformers Trainer", 'model.loss_type = "ForCausalLM"',
-                             lambda: _hf(_trainer(_gpt2("ForCausalLM")))),
-    "trainer-average-tokens": Run("Transformers Trainer", 'loss_type "ForCausalLM", average_tokens_across_devices=True '
-                                  "(one process)", lambda: _hf(_trainer(_gpt2("ForCausalLM"),
-                                                                        average_tokens_across_devices=True))),
-    "trainer-loss-func-mean": Run("Transformers Trainer", "compute_loss_func: mean per micro-batch",
-                                  lambda: _hf(_trainer(_gpt2("ForCausalLM"), shifted_mean))),
-    "trainer-loss-func-sum": Run("Transformers Trainer", "compute_loss_func: sum / num_items_in_batch",
-                                 lambda: _hf(_trainer(_gpt2("ForCausalLM"), shifted_sum_over_items))),
-    "accelerate": Run("Accelerate", "accumulate(); accelerator.backward(mean loss)", lambda: _accelerate(False)),
-    "accelerate-counted": Run("Accelerate", "tokens of the window counted first; backward(sum / N x k)",
-                              lambda: _accelerate(True)),
-    "lightning-tail": Run("Lightning", "accumulate_grad_batches=4, 110 digits (a short last window)",
-                          lambda: _lightning(110)),
-    "lightning-full": Run("Lightning", "accumulate_grad_batches=4, 96 digits (full windows)", lambda: _lightning(96)),
+    "trainer-default": Run(
+        "Transformers Trainer", "GPT-2, defaults (loss_type unset)", lambda: _hf(_trainer(_gpt2()))
+    ),
+    "trainer-loss-type": Run(
+        "Transformers Trainer", 'model.loss_type = "ForCausalLM"', lambda: _hf(_trainer(_gpt2("ForCausalLM")))
+    ),
+    "trainer-average-tokens": Run(
+        "Transformers Trainer",
+        'loss_type "ForCausalLM", average_tokens_across_devices=True (one process)',
+        lambda: _hf(_trainer(_gpt2("ForCausalLM"), average_tokens_across_devices=True)),
+    ),
+    "trainer-loss-func-mean": Run(
+        "Transformers Trainer",
+        "compute_loss_func: mean per micro-batch",
+        lambda: _hf(_trainer(_gpt2("ForCausalLM"), shifted_mean)),
+    ),
+    "trainer-loss-func-sum": Run(
+        "Transformers Trainer",
+        "compute_loss_func: sum / num_items_in_batch",
+        lambda: _hf(_trainer(_gpt2("ForCausalLM"), shifted_sum_over_items)),
+    ),
+    "accelerate": Run(
+        "Accelerate", "accumulate(); accelerator.backward(mean loss)", lambda: _accelerate(False)
+    ),
+    "accelerate-counted": Run(
+        "Accelerate", "tokens of the window counted first; backward(sum / N x k)", lambda: _accelerate(True)
+    ),
+    "lightning-tail": Run(
+        "Lightning", "accumulate_grad_batches=4, 110 digits (a short last window)", lambda: _lightning(110)
+    ),
+    "lightning-full": Run(
+        "Lightning", "accumulate_grad_batches=4, 96 digits (full windows)", lambda: _lightning(96)
+    ),
     "trl-sft": Run("TRL", "SFTTrainer on GPT-2, defaults", lambda: _trl_peft("sft")),
     "peft-prompt": Run("PEFT", "prompt tuning under the Trainer", lambda: _trl_peft("prompt")),
 }
@@ -151,9 +180,16 @@ class FrameworkResult:
         raise KeyError(key)
 
     def rows(self) -> list[tuple[Any, ...]]:
-        return [(RUNS[j.key].library, RUNS[j.key].setting, "ok" if j.ok else "wrong",
-                 ", ".join(c for c in j.codes) or "-", " ".join(f"{c:.3f}" for c in j.scales))
-                for j in self.judged]
+        return [
+            (
+                RUNS[j.key].library,
+                RUNS[j.key].setting,
+                "ok" if j.ok else "wrong",
+                ", ".join(c for c in j.codes) or "-",
+                " ".join(f"{c:.3f}" for c in j.scales),
+            )
+            for j in self.judged
+        ]
 
     def table(self) -> Table:
         return Table(("library", "setting", "verify", "findings", "c per step (1 = exact)"), self.rows())
@@ -174,8 +210,16 @@ def frameworks(keys: Any = tuple(RUNS)) -> FrameworkResult:
     for key in keys:
         start = time.perf_counter()
         report = RUNS[key].run()
-        out.append(Judged(key, bool(report.ok), tuple(sorted(report.codes)), tuple(s.scale for s in report.steps),
-                          tuple(s.micro_batches for s in report.steps), time.perf_counter() - start))
+        out.append(
+            Judged(
+                key,
+                bool(report.ok),
+                tuple(sorted(report.codes)),
+                tuple(s.scale for s in report.steps),
+                tuple(s.micro_batches for s in report.steps),
+                time.perf_counter() - start,
+            )
+        )
     return FrameworkResult(tuple(out))
 
 

@@ -36,7 +36,9 @@ class DeepMLP(nn.Module):
         super().__init__()
         self.embed = nn.Linear(64, width)
         self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)) for _ in range(depth))
+            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
         self.head = nn.Linear(width, 10)
         self.checkpointed = checkpointed
 
@@ -44,7 +46,9 @@ class DeepMLP(nn.Module):
         h = self.embed(x.flatten(1))
         for block in self.blocks:
             # reentrant: the block's input is saved through autograd's saved-tensor hooks, so it is counted
-            h = h + (checkpoint(block, h, use_reentrant=True) if self.checkpointed and self.training else block(h))
+            h = h + (
+                checkpoint(block, h, use_reentrant=True) if self.checkpointed and self.training else block(h)
+            )
         return self.head(h)
 
 
@@ -77,16 +81,36 @@ class MemoryResult:
 
     def rows(self) -> list[tuple[Any, ...]]:
         base = self.ways[0]
-        return [(w.name, f"{w.activation_bytes / 2**20:.2f}", f"{w.activation_bytes / base.activation_bytes:.2f}",
-                 f"{1e3 * w.seconds:.1f}", f"{w.seconds / base.seconds:.2f}", f"{w.rel_error:.0e}") for w in self.ways]
+        return [
+            (
+                w.name,
+                f"{w.activation_bytes / 2**20:.2f}",
+                f"{w.activation_bytes / base.activation_bytes:.2f}",
+                f"{1e3 * w.seconds:.1f}",
+                f"{w.seconds / base.seconds:.2f}",
+                f"{w.rel_error:.0e}",
+            )
+            for w in self.ways
+        ]
 
     def table(self) -> Table:
-        return Table(("way", "activations saved (MiB)", "x large batch", "ms per batch (CPU)", "x large batch",
-                      "gradient rel. error"), self.rows(),
-                     caption=f"{self.depth} blocks of width {self.width}, {self.batch_size} digits per optimizer step")
+        return Table(
+            (
+                "way",
+                "activations saved (MiB)",
+                "x large batch",
+                "ms per batch (CPU)",
+                "x large batch",
+                "gradient rel. error",
+            ),
+            self.rows(),
+            caption=f"{self.depth} blocks of width {self.width}, {self.batch_size} digits per optimizer step",
+        )
 
 
-def _grad_and_time(model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int, repeats: int) -> tuple[list[torch.Tensor], float]:
+def _grad_and_time(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int, repeats: int
+) -> tuple[list[torch.Tensor], float]:
     """The window's gradient (every item weighing 1/B) and the best time of ``repeats`` forward+backward passes."""
     best = float("inf")
     for _ in range(repeats):
@@ -98,8 +122,15 @@ def _grad_and_time(model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int, r
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}, best
 
 
-def checkpointing(batch_size: int = 256, accum_steps: int = 4, *, depth: int = 4, width: int = 128, repeats: int = 3,
-                  seed: int = 0) -> MemoryResult:
+def checkpointing(
+    batch_size: int = 256,
+    accum_steps: int = 4,
+    *,
+    depth: int = 4,
+    width: int = 128,
+    repeats: int = 3,
+    seed: int = 0,
+) -> MemoryResult:
     """The large batch, k micro-batches, checkpointing, and both: memory, time and the gradient of each.
 
     >>> checkpointing(batch_size=10, accum_steps=4)
@@ -110,9 +141,13 @@ def checkpointing(batch_size: int = 256, accum_steps: int = 4, *, depth: int = 4
     from ._common import digits_subset
 
     batch_size = check_int("batch_size", batch_size, low=1, high=1024)
-    accum_steps = check_int("accum_steps", accum_steps, low=1, high=batch_size, why="one item per micro-batch at least")
+    accum_steps = check_int(
+        "accum_steps", accum_steps, low=1, high=batch_size, why="one item per micro-batch at least"
+    )
     if batch_size % accum_steps:
-        raise ValueError(f"accum_steps must divide batch_size={batch_size} into equal micro-batches (got {accum_steps})")
+        raise ValueError(
+            f"accum_steps must divide batch_size={batch_size} into equal micro-batches (got {accum_steps})"
+        )
     depth = check_int("depth", depth, low=1, high=64)
     width = check_int("width", width, low=1, high=4096)
     repeats = check_int("repeats", repeats, low=1, high=20)
@@ -126,8 +161,12 @@ def checkpointing(batch_size: int = 256, accum_steps: int = 4, *, depth: int = 4
     k = accum_steps
     ways = []
     reference = None
-    for name, model, m in (("large batch", plain, 1), (f"{k} micro-batches", plain, k),
-                           ("checkpointing", saved, 1), (f"checkpointing + {k} micro-batches", saved, k)):
+    for name, model, m in (
+        ("large batch", plain, 1),
+        (f"{k} micro-batches", plain, k),
+        ("checkpointing", saved, 1),
+        (f"checkpointing + {k} micro-batches", saved, k),
+    ):
         mem = activation_bytes(model, (x[: batch_size // m], y[: batch_size // m]), _losses)
         grads, seconds = _grad_and_time(model, x, y, m, repeats)
         reference = reference or grads

@@ -28,7 +28,9 @@ WARMUP = 2  # optimizer steps of warmup in the exercise
 EXERCISE_ITEMS = 192  # digits: 24 micro-batches of 8, 6 windows of k = 4, nothing left over
 
 
-def linear_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def linear_warmup(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Transformers' linear schedule with warmup, counted in whatever ``scheduler.step()`` is called per.
 
     >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
@@ -38,8 +40,9 @@ def linear_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, total_ste
     [0.0, 0.5, 1.0, 0.75, 0.5, 0.25]
     """
     warmup_steps = check_int("warmup_steps", warmup_steps, low=0)
-    total_steps = check_int("total_steps", total_steps, low=max(1, warmup_steps),
-                            why="the schedule must end after its warmup")
+    total_steps = check_int(
+        "total_steps", total_steps, low=max(1, warmup_steps), why="the schedule must end after its warmup"
+    )
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -65,7 +68,9 @@ SHAPES = {
 }
 
 
-def _run(n_steps: int, k: int, warmup: int, total: int, *, per_micro_batch: bool, base_lr: float) -> list[float]:
+def _run(
+    n_steps: int, k: int, warmup: int, total: int, *, per_micro_batch: bool, base_lr: float
+) -> list[float]:
     """The lr each ``optimizer.step()`` sees: a real SGD and LambdaLR over one parameter, k micro-batches a step.
 
     ``per_micro_batch``: ``scheduler.step()`` at the end of every micro-batch (outside the ``if``), the common slip.
@@ -77,7 +82,8 @@ def _run(n_steps: int, k: int, warmup: int, total: int, *, per_micro_batch: bool
     sched = linear_warmup(opt, warmup, total)
     seen = []
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch warns when the scheduler steps before the optimizer: that is the bug shown
+        # torch warns when the scheduler steps before the optimizer: that is the bug shown
+        warnings.simplefilter("ignore")
         for _ in range(n_steps):
             for j in range(k):
                 p.grad = torch.zeros(1)
@@ -113,17 +119,37 @@ class ScheduleResult:
 
     def rows(self) -> list[tuple[Any, ...]]:
         plan = sum(self.lrs[next(iter(SHAPES))])
-        return [(shape, self.peak(shape)[0], round(self.peak(shape)[1], 3), self.at_zero(shape),
-                 round(self.lrs[shape][-1] / self.base_lr, 3), round(sum(self.lrs[shape]) / plan, 3)) for shape in SHAPES]
+        return [
+            (
+                shape,
+                self.peak(shape)[0],
+                round(self.peak(shape)[1], 3),
+                self.at_zero(shape),
+                round(self.lrs[shape][-1] / self.base_lr, 3),
+                round(sum(self.lrs[shape]) / plan, 3),
+            )
+            for shape in SHAPES
+        ]
 
     def table(self) -> Table:
-        return Table(("scheduler", "step of highest lr", "highest lr / peak", "steps at lr 0", "last lr / peak",
-                      "sum of lr / planned"),
-                     self.rows(), caption=f"{self.n_steps} optimizer steps of k = {self.accum_steps} micro-batches, "
-                                          f"warmup {self.warmup_steps} steps, linear decay to 0")
+        return Table(
+            (
+                "scheduler",
+                "step of highest lr",
+                "highest lr / peak",
+                "steps at lr 0",
+                "last lr / peak",
+                "sum of lr / planned",
+            ),
+            self.rows(),
+            caption=f"{self.n_steps} optimizer steps of k = {self.accum_steps} micro-batches, "
+            f"warmup {self.warmup_steps} steps, linear decay to 0",
+        )
 
 
-def schedules(n_steps: int = 100, accum_steps: int = 4, warmup_steps: int = 10, *, base_lr: float = 1e-3) -> ScheduleResult:
+def schedules(
+    n_steps: int = 100, accum_steps: int = 4, warmup_steps: int = 10, *, base_lr: float = 1e-3
+) -> ScheduleResult:
     """Each loop shape of ``SHAPES`` through a real optimizer and ``linear_warmup``: the lr at each optimizer step.
 
     >>> r = schedules(8, 4, 2, base_lr=1.0)
@@ -132,14 +158,21 @@ def schedules(n_steps: int = 100, accum_steps: int = 4, warmup_steps: int = 10, 
     """
     n_steps = check_int("n_steps", n_steps, low=2)
     accum_steps = check_int("accum_steps", accum_steps, low=1, high=64)
-    warmup_steps = check_int("warmup_steps", warmup_steps, low=0, high=n_steps - 1, why="warmup must end before the run does")
+    warmup_steps = check_int(
+        "warmup_steps", warmup_steps, low=0, high=n_steps - 1, why="warmup must end before the run does"
+    )
     base_lr = check_float("base_lr", base_lr, low=0.0, low_open=True)
     k = accum_steps
     lrs = {
-        "counted and stepped in optimizer steps": _run(n_steps, k, warmup_steps, n_steps, per_micro_batch=False, base_lr=base_lr),
-        "stepped per micro-batch": _run(n_steps, k, warmup_steps, n_steps, per_micro_batch=True, base_lr=base_lr),
-        "counted in micro-batches (len(loader))": _run(n_steps, k, warmup_steps * k, n_steps * k, per_micro_batch=False,
-                                                      base_lr=base_lr),
+        "counted and stepped in optimizer steps": _run(
+            n_steps, k, warmup_steps, n_steps, per_micro_batch=False, base_lr=base_lr
+        ),
+        "stepped per micro-batch": _run(
+            n_steps, k, warmup_steps, n_steps, per_micro_batch=True, base_lr=base_lr
+        ),
+        "counted in micro-batches (len(loader))": _run(
+            n_steps, k, warmup_steps * k, n_steps * k, per_micro_batch=False, base_lr=base_lr
+        ),
     }
     return ScheduleResult(n_steps, k, warmup_steps, base_lr, {s: tuple(v) for s, v in lrs.items()})
 
@@ -197,7 +230,9 @@ class LessonReport:
         return "\n".join([str(self.report), *map(str, self.extra)])
 
 
-def schedule_check(report: Any, *, warmup_steps: int = WARMUP, base_lr: float = BASE_LR) -> list[LessonFinding]:
+def schedule_check(
+    report: Any, *, warmup_steps: int = WARMUP, base_lr: float = BASE_LR
+) -> list[LessonFinding]:
     """The lr verify recorded at each optimizer step against ``planned_lrs``: one finding naming the steps off plan."""
     seen = [s.lr for s in report.steps]
     if not seen:
@@ -207,12 +242,16 @@ def schedule_check(report: Any, *, warmup_steps: int = WARMUP, base_lr: float = 
     if not off:
         return []
     shown = ", ".join(f"{a:.3g}" for a in seen)
-    return [LessonFinding(
-        "schedule-not-in-optimizer-steps",
-        f"the learning rate at the optimizer steps was [{shown}], the plan (warmup {warmup_steps} optimizer steps, then a "
-        f"linear fall to 0 at the epoch's last step) is [{', '.join(f'{b:.3g}' for b in plan)}]",
-        "count warmup and total in optimizer steps (len(loader) / k, rounded up) and call scheduler.step() once per "
-        "optimizer step", off)]
+    return [
+        LessonFinding(
+            "schedule-not-in-optimizer-steps",
+            f"the learning rate at the optimizer steps was [{shown}], the plan (warmup {warmup_steps} optimizer steps, then a "
+            f"linear fall to 0 at the epoch's last step) is [{', '.join(f'{b:.3g}' for b in plan)}]",
+            "count warmup and total in optimizer steps (len(loader) / k, rounded up) and call scheduler.step() once per "
+            "optimizer step",
+            off,
+        )
+    ]
 
 
 def exercise_dataset(seed: int = 0) -> Any:
@@ -229,10 +268,18 @@ def run_exercise(train_fn: Any) -> LessonReport:
     import accumlib
 
     task = accumlib.get_task("mlp-digits")
-    with warnings.catch_warnings():  # a scheduler stepped per micro-batch is verify's to name, not torch's to warn of
+    # a scheduler stepped per micro-batch is verify's to name, not torch's to warn of
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
-        report = accumlib.verify(train_fn, model=task.make_model(0), dataset=exercise_dataset(), item_losses=task.item_losses,
-                                 accum_steps=4, batch_size=8, optimizer=lambda ps: torch.optim.SGD(ps, lr=BASE_LR))
+        report = accumlib.verify(
+            train_fn,
+            model=task.make_model(0),
+            dataset=exercise_dataset(),
+            item_losses=task.item_losses,
+            accum_steps=4,
+            batch_size=8,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=BASE_LR),
+        )
     return LessonReport(report, schedule_check(report) if report.ok else [])
 
 
@@ -242,4 +289,6 @@ def total_steps(n_micro_batches: int, accum_steps: int) -> int:
     >>> total_steps(25, 4)
     7
     """
-    return math.ceil(check_int("n_micro_batches", n_micro_batches, low=0) / check_int("accum_steps", accum_steps, low=1))
+    return math.ceil(
+        check_int("n_micro_batches", n_micro_batches, low=0) / check_int("accum_steps", accum_steps, low=1)
+    )

@@ -33,26 +33,85 @@ class Lesson:
 
 
 COURSE: tuple[Lesson, ...] = (
-    Lesson(1, "01_why_accumulate.ipynb", "Why accumulate gradients?",
-           "memory per micro-batch; k micro-batches give the large batch's gradient", 20),
-    Lesson(2, "02_normalizing_the_loss.ipynb", "Normalizing the loss",
-           "the naive sum is k times too large; three correct ways to divide", 20, (1,)),
-    Lesson(3, "03_ragged_windows_and_tokens.ipynb", "Ragged windows and token counts",
-           "the short last window; micro-batches with different token counts", 20, (2,)),
-    Lesson(4, "04_mixed_precision.ipynb", "Mixed precision: GradScaler inside an accumulation window",
-           "scale, unscale_, clip, step, update: where each goes in a window", 25, (2,)),
-    Lesson(5, "05_batchnorm_vs_groupnorm.ipynb", "BatchNorm vs GroupNorm under accumulation",
-           "why BatchNorm's statistics per micro-batch break exactness, and what GroupNorm changes", 25, (2,)),
-    Lesson(6, "06_gans_two_optimizers.ipynb", "GANs and two optimizers",
-           "two models, two optimizers, one window: what each step must see", 20, (2,)),
-    Lesson(7, "07_verify_your_loop.ipynb", "Verify your own loop",
-           "accumlib.verify: run your loop, read its verdict, name its bug", 25, (2, 3)),
-    Lesson(8, "08_distributed.ipynb", "Distributed accumulation",
-           "DDP's no_sync, communication per step, global token counts across ranks", 25, (3,)),
-    Lesson(9, "09_real_bugs.ipynb", "Real bugs in real libraries",
-           "Accelerate, Lightning and Transformers' Trainer under verify", 30, (3, 7)),
-    Lesson(10, "10_your_own_project.ipynb", "Accumulation in your own project",
-           "what to write: one loop to copy, the settings of Trainer, Accelerate, Lightning, TRL, PEFT, DDP", 25, (2, 3)),
+    Lesson(
+        1,
+        "01_why_accumulate.ipynb",
+        "Why accumulate gradients?",
+        "memory per micro-batch; k micro-batches give the large batch's gradient",
+        20,
+    ),
+    Lesson(
+        2,
+        "02_normalizing_the_loss.ipynb",
+        "Normalizing the loss",
+        "the naive sum is k times too large; three correct ways to divide",
+        20,
+        (1,),
+    ),
+    Lesson(
+        3,
+        "03_ragged_windows_and_tokens.ipynb",
+        "Ragged windows and token counts",
+        "the short last window; micro-batches with different token counts",
+        20,
+        (2,),
+    ),
+    Lesson(
+        4,
+        "04_mixed_precision.ipynb",
+        "Mixed precision: GradScaler inside an accumulation window",
+        "scale, unscale_, clip, step, update: where each goes in a window",
+        25,
+        (2,),
+    ),
+    Lesson(
+        5,
+        "05_batchnorm_vs_groupnorm.ipynb",
+        "BatchNorm vs GroupNorm under accumulation",
+        "why BatchNorm's statistics per micro-batch break exactness, and what GroupNorm changes",
+        25,
+        (2,),
+    ),
+    Lesson(
+        6,
+        "06_gans_two_optimizers.ipynb",
+        "GANs and two optimizers",
+        "two models, two optimizers, one window: what each step must see",
+        20,
+        (2,),
+    ),
+    Lesson(
+        7,
+        "07_verify_your_loop.ipynb",
+        "Verify your own loop",
+        "accumlib.verify: run your loop, read its verdict, name its bug",
+        25,
+        (2, 3),
+    ),
+    Lesson(
+        8,
+        "08_distributed.ipynb",
+        "Distributed accumulation",
+        "DDP's no_sync, communication per step, global token counts across ranks",
+        25,
+        (3,),
+    ),
+    Lesson(
+        9,
+        "09_real_bugs.ipynb",
+        "Real bugs in real libraries",
+        "Accelerate, Lightning and Transformers' Trainer under verify",
+        30,
+        (3, 7),
+    ),
+    Lesson(
+        10,
+        "10_your_own_project.ipynb",
+        "Accumulation in your own project",
+        "what to write: one loop to copy, the settings of Trainer, Accelerate, Lightning, TRL, PEFT, DDP",
+        25,
+        (2, 3),
+    ),
 )
 
 # Each route: its lessons in order, and the minutes the session lasts. What the lessons do not
@@ -72,6 +131,8 @@ CLOSING = {"90-minute workshop": "10_your_own_project.ipynb#1.-The-loop-to-copy"
 # words a minute; a code cell is run and its output read).
 MINUTES_PER = {"markdown": 0.5, "code": 0.25, "widget": 2.0, "exercise": 6.0, "question": 1.0}
 WIDGET_CALL = re.compile(r"\b(widget|explorer|paste_box)\(")
+
+
 @dataclass(frozen=True)
 class Reference:
     """A source the course cites: its title, where to read it, and what the course takes from it."""
@@ -95,55 +156,83 @@ REFERENCES: dict[str, Reference] = {
         "question and accepted answer (Shai, January 2021): 110 samples, micro-batch 8, k = 4; the copy the course "
         "worked from lacks the question's own title and address, so the title here says what it asks and the link "
         "searches for it",
-        (3, 7)),
+        (3, 7),
+    ),
     "mindspore": Reference(
         "Gradient Accumulation Algorithm",
         "https://www.mindspore.cn/docs/en/r2.4.10/model_train/train_process/optimize/gradient_accumulation.html",
         "MindSpore tutorial: batch 64 against 2 x 32 accumulated on MNIST; its Accumulator class; "
-        "'amplify the learning rate'", (1, 5)),
+        "'amplify the learning rate'",
+        (1, 5),
+    ),
     "huggingface": Reference(
-        "Fixing Gradient Accumulation", "https://huggingface.co/blog/gradient_accumulation",
+        "Fixing Gradient Accumulation",
+        "https://huggingface.co/blog/gradient_accumulation",
         "Hugging Face blog post (October 2024): the Trainer's mean of per-micro-batch means, fixed with num_items_in_batch",
-        (3, 9, 10)),
+        (3, 9, 10),
+    ),
     "unsloth": Reference(
-        "Bugs in LLM Training - Gradient Accumulation Fix", "https://unsloth.ai/blog/gradient",
+        "Bugs in LLM Training - Gradient Accumulation Fix",
+        "https://unsloth.ai/blog/gradient",
         "Unsloth blog post (October 2024): accumulated and full-batch losses differ when sequences differ in length",
-        (3, 9, 10)),
+        (3, 9, 10),
+    ),
     "pytorch-amp": Reference(
         "Automatic Mixed Precision examples: gradient accumulation",
         "https://pytorch.org/docs/stable/notes/amp_examples.html#gradient-accumulation",
-        "PyTorch notes: scale every micro-batch, unscale_ once, then clip, step and update once per window", (3, 4, 7)),
+        "PyTorch notes: scale every micro-batch, unscale_ once, then clip, step and update once per window",
+        (3, 4, 7),
+    ),
     "gan-article": Reference(
         "Gradient Accumulation in PyTorch, GANs and other Nightmares",
         "https://github.com/search?q=%22GANs+and+other+Nightmares%22&type=repositories",
-        "article on GitHub: loss / n or .grad / n; two optimizers and the generator's leak into D", (2, 6)),
+        "article on GitHub: loss / n or .grad / n; two optimizers and the generator's leak into D",
+        (2, 6),
+    ),
     "bert-post": Reference(
         "How Gradient accumulation is implemented",
         "https://www.google.com/search?q=%22How+Gradient+accumulation+is+implemented%22+BERT+n_accumulate",
-        "blog post on a BERT project: train_one_epoch with loss / n_accumulate and a tqdm running loss", (2,)),
+        "blog post on a BERT project: train_one_epoch with loss / n_accumulate and a tqdm running loss",
+        (2,),
+    ),
     "explained": Reference(
         "Gradient Accumulation explained",
         "https://www.google.com/search?q=%22%E3%80%90ML%E3%80%91Gradient+Accumulation+explained%22",
-        "blog post '【ML】Gradient Accumulation explained': an extra optimizer step for the last batch", (3,)),
+        "blog post '【ML】Gradient Accumulation explained': an extra optimizer step for the last batch",
+        (3,),
+    ),
     # the libraries' own documentation of the settings lesson 10 tells you to write
     "accelerate-docs": Reference(
-        "Performing gradient accumulation", "https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation",
-        "Accelerate's guide: accelerator.accumulate() and counting a window's tokens yourself", (10,)),
+        "Performing gradient accumulation",
+        "https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation",
+        "Accelerate's guide: accelerator.accumulate() and counting a window's tokens yourself",
+        (10,),
+    ),
     "lightning-docs": Reference(
         "Trainer: accumulate_grad_batches",
         "https://lightning.ai/docs/pytorch/stable/common/trainer.html#accumulate-grad-batches",
-        "Lightning's Trainer flag that accumulates k batches per optimizer step", (10,)),
+        "Lightning's Trainer flag that accumulates k batches per optimizer step",
+        (10,),
+    ),
     "ddp-no-sync": Reference(
         "DistributedDataParallel.no_sync",
         "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
         "#torch.nn.parallel.DistributedDataParallel.no_sync",
-        "PyTorch reference: skip DDP's all-reduce inside a window", (8, 10)),
+        "PyTorch reference: skip DDP's all-reduce inside a window",
+        (8, 10),
+    ),
     "fsdp2": Reference(
-        "torch.distributed.fsdp.fully_shard", "https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html",
-        "PyTorch reference: FSDP2's FSDPModule.set_requires_gradient_sync", (10,)),
+        "torch.distributed.fsdp.fully_shard",
+        "https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html",
+        "PyTorch reference: FSDP2's FSDPModule.set_requires_gradient_sync",
+        (10,),
+    ),
     "checkpoint": Reference(
-        "torch.utils.checkpoint", "https://pytorch.org/docs/stable/checkpoint.html",
-        "PyTorch reference: gradient (activation) checkpointing", (10,)),
+        "torch.utils.checkpoint",
+        "https://pytorch.org/docs/stable/checkpoint.html",
+        "PyTorch reference: gradient (activation) checkpointing",
+        (10,),
+    ),
 }
 
 
@@ -172,8 +261,10 @@ def by_number(number: int) -> Lesson:
 
 
 def _seconds(execution: dict) -> float:
-    start, end = (datetime.fromisoformat(execution[k].replace("Z", "+00:00"))
-                  for k in ("iopub.execute_input", "shell.execute_reply"))
+    start, end = (
+        datetime.fromisoformat(execution[k].replace("Z", "+00:00"))
+        for k in ("iopub.execute_input", "shell.execute_reply")
+    )
     return (end - start).total_seconds()
 
 
@@ -199,7 +290,9 @@ def cell_counts(path: Path) -> dict[str, float]:
         if cell["cell_type"] == "markdown":
             counts["markdown"] += 1
             if re.match(r"## (\d+\. )?Questions to think about", source.lstrip()):
-                counts["question"] += sum(bool(re.match(r"\s*\d+\.\s+\S", line)) for line in source.splitlines())
+                counts["question"] += sum(
+                    bool(re.match(r"\s*\d+\.\s+\S", line)) for line in source.splitlines()
+                )
         elif "exercise" in cell["metadata"].get("tags", []):
             counts["exercise"] += 1
         elif WIDGET_CALL.search(source):
@@ -233,9 +326,16 @@ def link(lesson: Lesson) -> str:
 
 def table() -> Table:
     """The course as a table: lesson, what it teaches, minutes, prerequisites."""
-    rows = [(f"{lesson.number}", lesson.title, lesson.teaches, f"{lesson.minutes} min",
-             ", ".join(map(str, lesson.requires)) or "PyTorch basics")
-            for lesson in COURSE]
+    rows = [
+        (
+            f"{lesson.number}",
+            lesson.title,
+            lesson.teaches,
+            f"{lesson.minutes} min",
+            ", ".join(map(str, lesson.requires)) or "PyTorch basics",
+        )
+        for lesson in COURSE
+    ]
     return Table(("#", "lesson", "you learn", "time", "needs lessons"), rows)
 
 
@@ -252,7 +352,14 @@ def slack(route: str) -> int:
 
 def routes() -> Table:
     """Every route: its lessons, their planned time, the session's length and the slack left."""
-    rows = [(name, " → ".join(map(str, numbers)), f"{sum(by_number(n).minutes for n in numbers)} min",
-             f"{ROUTE_MINUTES[name]} min", f"{slack(name)} min")
-            for name, numbers in ROUTES.items()]
+    rows = [
+        (
+            name,
+            " → ".join(map(str, numbers)),
+            f"{sum(by_number(n).minutes for n in numbers)} min",
+            f"{ROUTE_MINUTES[name]} min",
+            f"{slack(name)} min",
+        )
+        for name, numbers in ROUTES.items()
+    ]
     return Table(("route", "lessons", "lesson time", "session", "slack (set-up, breaks, questions)"), rows)

@@ -29,11 +29,16 @@ from . import _style
 from ._common import Table, check_choice, check_int
 from ._exercise import Exercise
 from ._gan_exercise import (  # noqa: F401 (the notebook reads them here)
-    GanFinding, GanReport, GanSetup, _verify_gan_exercise, d_loss, exercise, g_loss, leak_share,
+    GanFinding,
+    GanReport,
+    GanSetup,
+    _verify_gan_exercise,
+    d_loss,
+    exercise,
+    g_loss,
+    leak_share,
 )
-from ._gan_model import (  # noqa: F401 (the notebook reads them here)
-    NOISE_DIM, _bce, _d_loss, d_item_losses, g_item_losses, make_gan, noise, real_points,
-)
+from ._gan_model import NOISE_DIM, _bce, _d_loss, d_item_losses, g_item_losses, make_gan, noise, real_points  # noqa: F401 (the notebook reads them here)
 
 # --- one GAN step, the seed's orderings ---------------------------------------------------------
 
@@ -184,7 +189,14 @@ class GanCheck:
         return self.error is None and all(e is not None and e <= tol for e in self.rel_error.values())
 
 
-def _run_checked(fn: Callable[..., None], G, D, z_batches: list[torch.Tensor], real_batches: list[torch.Tensor], args: tuple) -> GanCheck:
+def _run_checked(
+    fn: Callable[..., None],
+    G,
+    D,
+    z_batches: list[torch.Tensor],
+    real_batches: list[torch.Tensor],
+    args: tuple,
+) -> GanCheck:
     g_opt = torch.optim.Adam(G.parameters(), lr=1e-3)
     d_opt = torch.optim.Adam(D.parameters(), lr=1e-3)
     with torch.no_grad():
@@ -263,11 +275,19 @@ class GanTable:
             if c.error:
                 rows.append((name, "-", "-", f"RuntimeError: {c.error}"))
             else:
-                rows.append((name, fmt(c.rel_error["D"]), fmt(c.rel_error["G"]), "exact" if c.exact() else "WRONG"))
-        what = f"one step on {self.n} noise vectors and {self.n} real points" if part == "steps" else \
-            f"one window of k = {self.k} micro-batches of {self.micro_batch}"
-        return Table(("ordering", "D's error at its step", "G's error at its step", "verdict"), rows,
-                     caption=f"{what}: each optimizer's gradient vs its own true gradient")
+                rows.append(
+                    (name, fmt(c.rel_error["D"]), fmt(c.rel_error["G"]), "exact" if c.exact() else "WRONG")
+                )
+        what = (
+            f"one step on {self.n} noise vectors and {self.n} real points"
+            if part == "steps"
+            else f"one window of k = {self.k} micro-batches of {self.micro_batch}"
+        )
+        return Table(
+            ("ordering", "D's error at its step", "G's error at its step", "verdict"),
+            rows,
+            caption=f"{what}: each optimizer's gradient vs its own true gradient",
+        )
 
 
 @functools.lru_cache(maxsize=8)
@@ -291,17 +311,37 @@ def compute(accum_steps: int = 4, batch_size: int = 16, seed: int = 0, n: int = 
 @_style.styled
 def plot(table: GanTable) -> Figure:
     """Two bars per ordering: D's and G's gradient error at their steps (log scale)."""
-    rows = [(name, c) for name, c in table.steps.items()] + [(f"k={table.k}: {name}", c) for name, c in table.accumulations.items()]
-    fig, ax = _style.figure(width=11, height=5.2,
-                            title="Does each optimizer step on its own gradient? Error vs the true gradient, per ordering")
+    rows = [(name, c) for name, c in table.steps.items()] + [
+        (f"k={table.k}: {name}", c) for name, c in table.accumulations.items()
+    ]
+    fig, ax = _style.figure(
+        width=11,
+        height=5.2,
+        title="Does each optimizer step on its own gradient? Error vs the true gradient, per ordering",
+    )
     y = range(len(rows))
     for dy, who, role in ((-0.2, "G", "correct"), (0.2, "D", "other")):
-        vals = [max(c.rel_error[who] or 0.0, 1e-8) if c.error is None else 0 for _, c in rows]  # 0 shows as 1e-8
-        ax.barh([i + dy for i in y], vals, height=0.4, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role],
-                edgecolor="black", linewidth=0.5, label=f"{who}'s gradient at {who.lower()}_opt.step()")
+        # 0 shows as 1e-8
+        vals = [max(c.rel_error[who] or 0.0, 1e-8) if c.error is None else 0 for _, c in rows]
+        ax.barh(
+            [i + dy for i in y],
+            vals,
+            height=0.4,
+            color=_style.ROLE[role]["color"],
+            hatch=_style.HATCH[role],
+            edgecolor="black",
+            linewidth=0.5,
+            label=f"{who}'s gradient at {who.lower()}_opt.step()",
+        )
     for i, (_, c) in enumerate(rows):
         if c.error:
-            ax.text(2e-9, i, "raises RuntimeError (in-place change)", va="center", color=_style.ROLE["buggy"]["color"])
+            ax.text(
+                2e-9,
+                i,
+                "raises RuntimeError (in-place change)",
+                va="center",
+                color=_style.ROLE["buggy"]["color"],
+            )
     ax.set_yticks(list(y), [name for name, _ in rows])
     ax.set_xscale("log")
     ax.set_xlim(1e-9, 30)
@@ -343,37 +383,45 @@ EXERCISE = Exercise(
             "Section 2 shows three ways to keep G's loss out of D's .grad. One of them, a zero_grad, would also wipe "
             "the part of D's window already accumulated; look for one that stops autograd from writing into D's "
             "parameters while G's loss goes backward, and undo it afterwards.",
-            "Around G's backward: D.requires_grad_(False); (gan.g_loss(D, fake) / k).backward(); D.requires_grad_(True)."),
+            "Around G's backward: D.requires_grad_(False); (gan.g_loss(D, fake) / k).backward(); D.requires_grad_(True).",
+        ),
         "zero-grad-inside-window": (
             "D's .grad was cleared between micro-batches of its window: that removes the leak and D's earlier "
             "micro-batches with it (section 3's 'interleaved, zero_grad(D) per micro-batch').",
             "Keep G's loss out of D's .grad without clearing it: stop autograd from writing there instead.",
-            "Remove the zero_grad inside the window; freeze D (requires_grad_(False)) around G's backward."),
+            "Remove the zero_grad inside the window; freeze D (requires_grad_(False)) around G's backward.",
+        ),
         "g-unscaled-sum": (
             "D is right now, but G's steps are k times too long: G's loss reaches backward undivided.",
             "G accumulates over the same k micro-batches as D: each of its micro-batch means weighs 1/k too.",
-            "(gan.g_loss(D, fake) / k).backward()."),
+            "(gan.g_loss(D, fake) / k).backward().",
+        ),
         "g-misscaled": (
             "D is right now, but G's steps are scaled by one factor c.",
             "G's loss is a mean over a micro-batch's fakes: divide it by k, once.",
-            "(gan.g_loss(D, fake) / k).backward()."),
+            "(gan.g_loss(D, fake) / k).backward().",
+        ),
         "g-never-stepped": (
             "D is right, but G never trained: g_opt never stepped.",
             "A GAN trains two players; each window ends with a step of each optimizer.",
-            "Inside the if: d_opt.step(); g_opt.step(); d_opt.zero_grad(); g_opt.zero_grad()."),
+            "Inside the if: d_opt.step(); g_opt.step(); d_opt.zero_grad(); g_opt.zero_grad().",
+        ),
         "g-no-gradient": (
             "g_opt stepped, but G's parameters had no gradient: G's loss never went backward.",
             "G's gradient comes from G's loss, through D, back to G's parameters.",
-            "Keep (gan.g_loss(D, fake) / k).backward() in every micro-batch, with D frozen around it."),
+            "Keep (gan.g_loss(D, fake) / k).backward() in every micro-batch, with D frozen around it.",
+        ),
         "g-no-zero-grad": (
             "G's gradient of the previous window was still in G's .grad at its next step.",
             "backward() adds into .grad for G as for D.",
-            "Call g_opt.zero_grad() after g_opt.step(), once per window."),
+            "Call g_opt.zero_grad() after g_opt.step(), once per window.",
+        ),
         "g-early-step": "G stepped more often than once per window of k micro-batches: step G inside the if, with D.",
         "unexplained": (
             "D's step matches neither its own window gradient nor its own gradient plus the leak. Check that D's loss is "
             "divided by k, that the fakes D sees are detached, and that G steps after D (the oracle makes each window's "
-            "fakes with G as it was before the window's steps)."),
+            "fakes with G as it was before the window's steps)."
+        ),
         "unscaled-sum": "D's loss reaches the step undivided: divide each micro-batch's loss by k, as the starting loop did.",
         "no-zero-grad": "D's gradients of an earlier window leaked into this step: zero D's .grad after every D step.",
         "early-step": "D steps more often than once per k micro-batches.",
@@ -381,7 +429,8 @@ EXERCISE = Exercise(
         "error": (
             "Your code raised an error. 'modified by an inplace operation' means a backward ran through a network "
             "whose weights a step had already changed (section 2's 'the article as written'): step only after both "
-            "backward passes of the window."),
+            "backward passes of the window."
+        ),
     },
     default_hint="At d_opt.step(), D's .grad must hold D's own loss over the window and nothing else: what else writes into it?",
 )

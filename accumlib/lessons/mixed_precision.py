@@ -24,17 +24,14 @@ import torch
 from matplotlib.figure import Figure
 
 from .. import amp, compare, get_task, grads_of, ragged, resolve_device, true_gradient
+from .._batch import checked_losses, to_device
 from ..data import digits
 from ..harness import trace_loop
-from .._batch import checked_losses, to_device
 from ..tolerances import BF16_RTOL
 from . import _style
 from ._common import Table, check_float, check_int
 from ._exercise import Exercise
-from ._mixed_precision_inf import (  # noqa: F401 (the notebook reads them here)
-    TASK, InfRun, inf_run, inf_table, plot_inf_run,
-)
-
+from ._mixed_precision_inf import TASK, InfRun, inf_run, inf_table, plot_inf_run  # noqa: F401 (the notebook reads them here)
 
 
 def autocast_dtype(device: str | torch.device = "auto") -> torch.dtype:
@@ -66,14 +63,18 @@ def amp_vs_oracle(device: str | torch.device = "auto", task: str = TASK) -> dict
     return {
         "ragged (float32)": worst(trace_loop(ragged, t, device=dev)),
         "amp, autocast off (float32 + scaler)": worst(trace_loop(amp, t, device=dev, enabled=False)),
-        f"amp ({str(autocast_dtype(dev)).removeprefix('torch.')} autocast)": worst(trace_loop(amp, t, device=dev)),
+        f"amp ({str(autocast_dtype(dev)).removeprefix('torch.')} autocast)": worst(
+            trace_loop(amp, t, device=dev)
+        ),
     }
 
 
 # --- one window, measured: the oracle, the reference loop, and the two bugs ------------------------
 
 
-def _window(task: str, accum_steps: int, batch_size: int | None, device: torch.device) -> tuple[torch.nn.Module, list[Any], Any]:
+def _window(
+    task: str, accum_steps: int, batch_size: int | None, device: torch.device
+) -> tuple[torch.nn.Module, list[Any], Any]:
     t = get_task(task)
     batches = list(t.loader(batch_size) if batch_size else t.loader())[:accum_steps]
     return t.make_model(0).to(device), batches, t
@@ -86,7 +87,9 @@ def _clipped(g: dict[str, torch.Tensor], max_norm: float | None) -> dict[str, to
     return {k: v * min(1.0, max_norm / (norm + 1e-6)) for k, v in g.items()}
 
 
-def _captured_at_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, torch.Tensor]]:
+def _captured_at_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> list[dict[str, torch.Tensor]]:
     seen: list[dict[str, torch.Tensor]] = []
     optimizer.register_step_pre_hook(lambda opt, a, kw: seen.append(grads_of(model)))
     return seen
@@ -106,7 +109,9 @@ def clip_before_unscale(model, optimizer, window, item_losses, *, scaler, max_no
     optimizer.zero_grad(set_to_none=True)
 
 
-def scale_changes_mid_window(model, optimizer, window, item_losses, *, scaler, change_after, factor, dtype) -> None:
+def scale_changes_mid_window(
+    model, optimizer, window, item_losses, *, scaler, change_after, factor, dtype
+) -> None:
     """THE BUG: the scale changes after micro-batch ``change_after`` (an ``update()`` inside the window).
 
     .grad then holds S * g_early + factor * S * g_late, and ``step`` divides all of it by factor * S.
@@ -164,21 +169,43 @@ def one_window(
     if max_norm is not None:
         max_norm = check_float("max_norm", max_norm, low=0.0, low_open=True)
     init_scale = check_float("init_scale", init_scale, low=0.0, low_open=True)
-    accum_steps = check_int("accum_steps", accum_steps, low=2, why="a scale can only change inside a window of 2 or more micro-batches")
+    accum_steps = check_int(
+        "accum_steps",
+        accum_steps,
+        low=2,
+        why="a scale can only change inside a window of 2 or more micro-batches",
+    )
     batch_size = check_int("batch_size", batch_size, low=1)
     n_items = len(get_task(task).make_dataset())
     if accum_steps * batch_size > n_items:
-        raise ValueError(f"accum_steps * batch_size must be <= {n_items}, the items of {task}, so the first window is full "
-                         f"(got {accum_steps} * {batch_size} = {accum_steps * batch_size})")
-    change_after = check_int("change_after", change_after, low=1, high=accum_steps - 1,
-                             why="the scale changes after one micro-batch and before the window's last")
+        raise ValueError(
+            f"accum_steps * batch_size must be <= {n_items}, the items of {task}, so the first window is full "
+            f"(got {accum_steps} * {batch_size} = {accum_steps * batch_size})"
+        )
+    change_after = check_int(
+        "change_after",
+        change_after,
+        low=1,
+        high=accum_steps - 1,
+        why="the scale changes after one micro-batch and before the window's last",
+    )
     factor = check_float("factor", factor, low=0.0, low_open=True)
-    return _one_window(max_norm, init_scale, change_after, factor, accum_steps, batch_size, str(resolve_device(device)), task)
+    return _one_window(
+        max_norm, init_scale, change_after, factor, accum_steps, batch_size, str(resolve_device(device)), task
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def _one_window(max_norm: float | None, init_scale: float, change_after: int, factor: float, accum_steps: int,
-                batch_size: int, device: str, task: str) -> WindowResult:
+def _one_window(
+    max_norm: float | None,
+    init_scale: float,
+    change_after: int,
+    factor: float,
+    accum_steps: int,
+    batch_size: int,
+    device: str,
+    task: str,
+) -> WindowResult:
     dev = torch.device(device)
     dtype = autocast_dtype(dev)
     model0, window, t = _window(task, accum_steps, batch_size, dev)
@@ -188,7 +215,13 @@ def _one_window(max_norm: float | None, init_scale: float, change_after: int, fa
             m, o, window, t.item_losses, accum_steps=accum_steps, device=dev, scaler=s, max_norm=max_norm
         ),
         "clip before unscale_": lambda m, o, s: clip_before_unscale(
-            m, o, window, t.item_losses, scaler=s, max_norm=max_norm if max_norm is not None else math.inf, dtype=dtype
+            m,
+            o,
+            window,
+            t.item_losses,
+            scaler=s,
+            max_norm=max_norm if max_norm is not None else math.inf,
+            dtype=dtype,
         ),
         f"scale x{factor:g} after micro-batch {change_after}": lambda m, o, s: scale_changes_mid_window(
             m, o, window, t.item_losses, scaler=s, change_after=change_after, factor=factor, dtype=dtype
@@ -206,7 +239,9 @@ def _one_window(max_norm: float | None, init_scale: float, change_after: int, fa
         rel[name], ratio[name] = c.rel_error, c.norm_ratio
     oracle_norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in oracle.values()))
     items = sum(t.count_items(b) for b in window)
-    return WindowResult(rel, ratio, max_norm, oracle_norm, init_scale, change_after, factor, len(window), items)
+    return WindowResult(
+        rel, ratio, max_norm, oracle_norm, init_scale, change_after, factor, len(window), items
+    )
 
 
 compute = one_window  # the lesson's main computation, under the name every lesson uses
@@ -220,9 +255,12 @@ def window_table(result: WindowResult) -> Table:
     for name, err in result.rel_error.items():
         shown = f"{err:.2f}" if err > BF16_RTOL else f"< {BF16_RTOL:g} (bf16 rounding)"
         rows.append((name, shown, f"{result.norm_ratio[name]:.2f}"))
-    return Table(("loop", "relative error vs oracle", "norm ratio |g|/|g*|"), rows,
-                 caption=f"first window: {result.micro_batches} micro-batches, {result.items} items; oracle norm "
-                         f"{result.oracle_norm:.3f}, max_norm {result.max_norm}, scale {result.scale:g}")
+    return Table(
+        ("loop", "relative error vs oracle", "norm ratio |g|/|g*|"),
+        rows,
+        caption=f"first window: {result.micro_batches} micro-batches, {result.items} items; oracle norm "
+        f"{result.oracle_norm:.3f}, max_norm {result.max_norm}, scale {result.scale:g}",
+    )
 
 
 @_style.styled
@@ -230,11 +268,16 @@ def plot(result: WindowResult) -> Figure:
     """One bar per loop: how far the gradient it hands to ``optimizer.step()`` is from the oracle."""
     names = list(result.rel_error)
     clip = "no clipping" if result.max_norm is None else f"max_norm {result.max_norm:.3g}"
-    fig, ax = _style.figure(width=8.5, height=3.4,
-                            title=f"Error of the stepped gradient vs the true gradient ({clip}, scale {result.scale:g})")
+    fig, ax = _style.figure(
+        width=8.5,
+        height=3.4,
+        title=f"Error of the stepped gradient vs the true gradient ({clip}, scale {result.scale:g})",
+    )
     values = [max(result.rel_error[n], 1e-8) for n in names]
     for i, (n, v, role) in enumerate(zip(names, values, _ROLES)):
-        ax.barh(i, v, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role], edgecolor="black", linewidth=0.6)
+        ax.barh(
+            i, v, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role], edgecolor="black", linewidth=0.6
+        )
         ax.text(v * 1.3, i, f"{result.rel_error[n]:.2g}", va="center")
     ax.set_yticks(range(len(names)), names)
     ax.set_xscale("log")
@@ -268,7 +311,9 @@ def _slider_style() -> dict[str, Any]:
     """Wide enough for the whole description (ipywidgets cuts long labels at 80 px otherwise)."""
     import ipywidgets as w
 
-    return dict(style={"description_width": "initial"}, layout=w.Layout(width="420px"), continuous_update=False)
+    return dict(
+        style={"description_width": "initial"}, layout=w.Layout(width="420px"), continuous_update=False
+    )
 
 
 def inf_explorer(device: str | torch.device = "auto", initial: InfRun | None = None) -> Any:
@@ -281,7 +326,9 @@ def inf_explorer(device: str | torch.device = "auto", initial: InfRun | None = N
     from ._explorer import Explorer
 
     return Explorer(
-        lambda inf_window, growth_interval: inf_run((inf_window,), growth_interval=growth_interval, device=device),
+        lambda inf_window, growth_interval: inf_run(
+            (inf_window,), growth_interval=growth_interval, device=device
+        ),
         plot_inf_run,
         initial=initial,
         inf_window=w.IntSlider(value=3, min=0, max=9, description="inf in window", **_slider_style()),
@@ -299,7 +346,9 @@ def widget(device: str | torch.device = "auto", initial: WindowResult | None = N
         lambda max_norm, log2_scale: compute(max_norm, init_scale=2.0**log2_scale, device=device),
         plot,
         initial=initial,
-        max_norm=w.FloatLogSlider(value=0.25, base=10, min=-2, max=2, step=0.25, description="max_norm", **_slider_style()),
+        max_norm=w.FloatLogSlider(
+            value=0.25, base=10, min=-2, max=2, step=0.25, description="max_norm", **_slider_style()
+        ),
         log2_scale=w.IntSlider(value=16, min=0, max=24, description="log2 of the scale S", **_slider_style()),
     )
 
@@ -336,21 +385,25 @@ EXERCISE = Exercise(
             "every step to max_norm / S.",
             "One GradScaler call turns .grad back into the true gradient, in place; it has to run, once per window, "
             "before anything reads the gradient's size.",
-            "Call scaler.unscale_(optimizer) right before clip_grad_norm_ (scaler.step then does not unscale again)."),
+            "Call scaler.unscale_(optimizer) right before clip_grad_norm_ (scaler.step then does not unscale again).",
+        ),
         "clip-after-step": (
             "clip_grad_norm_ now runs after the step: the step has already used the unclipped gradient.",
             "A clip changes .grad; only a step that comes after it sees the change. What order do unscale, clip and "
             "step need?",
             "Inside the if: scaler.unscale_(optimizer), clip_grad_norm_(..., max_norm=0.1), scaler.step(optimizer), "
-            "scaler.update(), zero_grad."),
+            "scaler.update(), zero_grad.",
+        ),
         "no-clip": (
             "The steps match the unclipped gradient, but the exercise clips every window's gradient at 0.1.",
             "Keep the clip; what it needs is to see the true gradient, not S times it.",
-            "scaler.unscale_(optimizer) then clip_grad_norm_(model.parameters(), max_norm=0.1), before scaler.step."),
+            "scaler.unscale_(optimizer) then clip_grad_norm_(model.parameters(), max_norm=0.1), before scaler.step.",
+        ),
         "clip-per-micro-batch": (
             "Clipping now runs before the window's gradient is complete: it sees a partial sum.",
             "The window's gradient is complete only after its k-th backward.",
-            "Clip once per window, inside the if, after unscale_ and right before scaler.step(optimizer)."),
+            "Clip once per window, inside the if, after unscale_ and right before scaler.step(optimizer).",
+        ),
         "non-finite": "A step saw inf or nan: the scaler must step (and may skip), not the optimizer directly.",
         "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them only after a step.",
         "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every step.",
@@ -358,9 +411,11 @@ EXERCISE = Exercise(
         "unscaled-sum": "Each micro-batch's loss must still be divided so the window's items weigh 1/N each.",
         "error": (
             "GradScaler refuses a second unscale_ for an optimizer before update(): unscale once per window, "
-            "after the window's last backward, not after every micro-batch."),
+            "after the window's last backward, not after every micro-batch."
+        ),
     },
     default_hint=(
         "Compare your window with the order of section 1: scaled backward per micro-batch; then, once per window, "
-        "make .grad hold true magnitudes, clip, let the scaler step, update the scale, zero the gradients."),
+        "make .grad hold true magnitudes, clip, let the scaler step, update the scale, zero the gradients."
+    ),
 )

@@ -28,15 +28,13 @@ from tqdm.auto import tqdm
 
 from .. import get_task, grad_divided, naive, normalized
 from .._batch import resolve_device
+from ..gallery import bert_train_one_epoch  # the seed's loop, ported once
 from ..harness import trace_loop
 from ..tolerances import FLOAT32_RTOL
-from ..gallery import bert_train_one_epoch  # the seed's loop, ported once
-
 from . import _style
-from ._common import Table, check_int
+from ._common import N_DIGITS, Table, check_int, digits_subset, fmt_error
 from ._exercise import Exercise
 from ._explorer import Explorer
-from ._common import N_DIGITS, digits_subset, fmt_error
 from .why import TrainResult, train
 
 TASK = "mlp-digits"
@@ -71,30 +69,45 @@ class ErrorResult:
         ]
 
     def table(self) -> Table:
-        return Table(("k", "naive", "loss / k", "grad / k after", "BERT loop: reported / true loss"), self.rows(),
-                     caption=f"|gradient at the step| / |large-batch gradient|, micro-batches of {self.batch_size}")
+        return Table(
+            ("k", "naive", "loss / k", "grad / k after", "BERT loop: reported / true loss"),
+            self.rows(),
+            caption=f"|gradient at the step| / |large-batch gradient|, micro-batches of {self.batch_size}",
+        )
 
     def error_table(self) -> Table:
-        return Table(("loop", "worst relative error over all k"),
-                     [(name, fmt_error(max(errs))) for name, errs in self.rel_error.items()])
+        return Table(
+            ("loop", "worst relative error over all k"),
+            [(name, fmt_error(max(errs))) for name, errs in self.rel_error.items()],
+        )
 
 
 def _task(accum_steps: int, batch_size: int, seed: int):
     n = N_WINDOWS * accum_steps * batch_size
     return dataclasses.replace(
-        get_task(TASK), make_dataset=functools.partial(digits_subset, n, seed), batch_size=batch_size, accum_steps=accum_steps
+        get_task(TASK),
+        make_dataset=functools.partial(digits_subset, n, seed),
+        batch_size=batch_size,
+        accum_steps=accum_steps,
     )
 
 
 def _check(max_k: Any, batch_size: Any, seed: Any) -> tuple[int, int, int]:
     max_k = check_int("max_k", max_k, low=1, high=N_DIGITS // N_WINDOWS)
-    batch_size = check_int("batch_size", batch_size, low=1, high=N_DIGITS // (N_WINDOWS * max_k),
-                           why=f"{N_WINDOWS} windows of max_k x batch_size digits must exist ({N_DIGITS} in all)")
+    batch_size = check_int(
+        "batch_size",
+        batch_size,
+        low=1,
+        high=N_DIGITS // (N_WINDOWS * max_k),
+        why=f"{N_WINDOWS} windows of max_k x batch_size digits must exist ({N_DIGITS} in all)",
+    )
     return max_k, batch_size, check_int("seed", seed, low=0)
 
 
 @functools.lru_cache(maxsize=512)
-def _point(k: int, batch_size: int, seed: int, device: str) -> tuple[dict[str, float], dict[str, float], float]:
+def _point(
+    k: int, batch_size: int, seed: int, device: str
+) -> tuple[dict[str, float], dict[str, float], float]:
     """At one k: each loop's worst relative error and norm ratio, and the BERT loop's reported / true loss."""
     dev = torch.device(device)
     task = _task(k, batch_size, seed)
@@ -118,8 +131,17 @@ def _bert_reported_ratio(accum_steps: int, batch_size: int, seed: int, dev: torc
         return losses.mean()
 
     data = DataLoader(digits_subset(N_WINDOWS * accum_steps * batch_size, seed), batch_size=batch_size)
-    reported = bert_train_one_epoch(model, optimizer, make_scheduler(optimizer), data, dev, 0, n_accumulate=accum_steps,
-                                    criterion=criterion, collect=False)
+    reported = bert_train_one_epoch(
+        model,
+        optimizer,
+        make_scheduler(optimizer),
+        data,
+        dev,
+        0,
+        n_accumulate=accum_steps,
+        criterion=criterion,
+        collect=False,
+    )
     return reported / float(torch.cat(items).mean())
 
 
@@ -139,7 +161,10 @@ def compute(max_k: int = 8, batch_size: int = 8, *, seed: int = 0, device: Any =
     ks = tuple(range(1, max_k + 1))
     points = [_point(k, batch_size, seed, dev) for k in ks]
     return ErrorResult(
-        ks, batch_size, {n: tuple(p[0][n] for p in points) for n in LOOPS}, {n: tuple(p[1][n] for p in points) for n in LOOPS},
+        ks,
+        batch_size,
+        {n: tuple(p[0][n] for p in points) for n in LOOPS},
+        {n: tuple(p[1][n] for p in points) for n in LOOPS},
         tuple(p[2] for p in points),
     )
 
@@ -147,10 +172,20 @@ def compute(max_k: int = 8, batch_size: int = 8, *, seed: int = 0, device: Any =
 @_style.styled
 def plot(result: ErrorResult, highlight: int | None = None) -> Figure:
     """Left: |grad| / |true grad| vs k per loop. Right: the BERT loop's reported epoch loss / true."""
-    fig, (ax, bx) = _style.figure(2, width=11.5, height=4.4, title=(
-        f"Micro-batches of {result.batch_size}: dividing by k (loss or grad) is exact, "
-        "not dividing is k times too long, the BERT loop logs 1/k of the loss"))
-    roles = {"naive (accumlib.naive)": "buggy", "loss / k (accumlib.normalized)": "correct", "grad / k after the window": "alternative"}
+    fig, (ax, bx) = _style.figure(
+        2,
+        width=11.5,
+        height=4.4,
+        title=(
+            f"Micro-batches of {result.batch_size}: dividing by k (loss or grad) is exact, "
+            "not dividing is k times too long, the BERT loop logs 1/k of the loss"
+        ),
+    )
+    roles = {
+        "naive (accumlib.naive)": "buggy",
+        "loss / k (accumlib.normalized)": "correct",
+        "grad / k after the window": "alternative",
+    }
     for name, role in roles.items():
         ax.plot(result.ks, result.norm_ratio[name], label=name, **_style.ROLE[role])
     ax.set_xlabel("accumulation steps k")
@@ -185,20 +220,42 @@ class OptimizerComparison:
         out = []
         for r in (self.sgd, self.adam):
             big, acc, naive_run, scaled = r.runs
-            out.append((f"{r.optimizer.upper()}, lr {r.lr:g}", round(r.max_curve_gap(acc, naive_run), 4),
-                        round(100 * r.runs[acc].test_accuracy[-1], 1), round(100 * r.runs[naive_run].test_accuracy[-1], 1),
-                        round(100 * r.runs[scaled].test_accuracy[-1], 1)))
+            out.append(
+                (
+                    f"{r.optimizer.upper()}, lr {r.lr:g}",
+                    round(r.max_curve_gap(acc, naive_run), 4),
+                    round(100 * r.runs[acc].test_accuracy[-1], 1),
+                    round(100 * r.runs[naive_run].test_accuracy[-1], 1),
+                    round(100 * r.runs[scaled].test_accuracy[-1], 1),
+                )
+            )
         return out
 
     def table(self) -> Table:
         k = self.sgd.accum_steps
-        return Table(("optimizer", "largest loss gap: loss / k vs naive", "loss / k: test acc. %", "naive: test acc. %",
-                      f"batch {self.sgd.large_batch_size} at lr x {k}: test acc. %"), self.rows(),
-                     caption=f"{k} x {self.sgd.batch_size} accumulated, {self.sgd.epochs} epochs on digits")
+        return Table(
+            (
+                "optimizer",
+                "largest loss gap: loss / k vs naive",
+                "loss / k: test acc. %",
+                "naive: test acc. %",
+                f"batch {self.sgd.large_batch_size} at lr x {k}: test acc. %",
+            ),
+            self.rows(),
+            caption=f"{k} x {self.sgd.batch_size} accumulated, {self.sgd.epochs} epochs on digits",
+        )
 
 
-def optimizer_comparison(accum_steps: int = 4, batch_size: int = 16, *, sgd_lr: float = 0.1, adam_lr: float = 0.01,
-                         epochs: int = 3, seed: int = 0, device: Any = "auto") -> OptimizerComparison:
+def optimizer_comparison(
+    accum_steps: int = 4,
+    batch_size: int = 16,
+    *,
+    sgd_lr: float = 0.1,
+    adam_lr: float = 0.01,
+    epochs: int = 3,
+    seed: int = 0,
+    device: Any = "auto",
+) -> OptimizerComparison:
     """``why.train`` under SGD and Adam. Adam divides each step by sqrt(v), the running size of the gradient,
     so a gradient k times too long gives the same update up to Adam's eps: the naive bug nearly cancels."""
     return OptimizerComparison(
@@ -210,7 +267,19 @@ def optimizer_comparison(accum_steps: int = 4, batch_size: int = 16, *, sgd_lr: 
 # --- the seed's BERT-style loop (ported once, in accumlib.gallery) and its fix -------------------------
 
 
-def bert_train_one_epoch_fixed(model, optimizer, scheduler, dataloader, device, epoch, *, n_accumulate, criterion, progress=False, collect=True):
+def bert_train_one_epoch_fixed(
+    model,
+    optimizer,
+    scheduler,
+    dataloader,
+    device,
+    epoch,
+    *,
+    n_accumulate,
+    criterion,
+    progress=False,
+    collect=True,
+):
     """The same loop, fixed: divide a copy for ``backward``, log the undivided micro-batch loss."""
     model.train()
     dataset_size = 0
@@ -244,7 +313,9 @@ def make_optimizer(params) -> torch.optim.Optimizer:
 
 def make_scheduler(optimizer: torch.optim.Optimizer, total_steps: int = 64) -> Any:
     """A linear decay over ``total_steps`` optimizer steps, stepped once per window."""
-    return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.1, total_iters=total_steps)
+    return torch.optim.lr_scheduler.LinearLR(
+        optimizer, start_factor=1.0, end_factor=0.1, total_iters=total_steps
+    )
 
 
 def bert_train_fn(fixed: bool = False, accum_steps: int = 4, progress: bool = False) -> Callable[..., float]:
@@ -253,8 +324,17 @@ def bert_train_fn(fixed: bool = False, accum_steps: int = 4, progress: bool = Fa
 
     def train_fn(model, optimizer, loader):
         device = next(model.parameters()).device
-        return loop(model, optimizer, make_scheduler(optimizer), loader, device, 0,
-                    n_accumulate=accum_steps, criterion=torch.nn.functional.cross_entropy, progress=progress)
+        return loop(
+            model,
+            optimizer,
+            make_scheduler(optimizer),
+            loader,
+            device,
+            0,
+            n_accumulate=accum_steps,
+            criterion=torch.nn.functional.cross_entropy,
+            progress=progress,
+        )
 
     return train_fn
 
@@ -269,15 +349,22 @@ class BertRun:
     true: float
 
 
-def bert_epoch(accum_steps: int = 4, batch_size: int = 8, *, seed: int = 0, device: Any = "auto", progress: bool = False) -> BertRun:
+def bert_epoch(
+    accum_steps: int = 4, batch_size: int = 8, *, seed: int = 0, device: Any = "auto", progress: bool = False
+) -> BertRun:
     """One epoch of the seed loop and of the fix, from one initial model, on ``N_WINDOWS`` full windows.
 
     The true epoch loss is the mean of every item loss the criterion computed, recorded by a
     wrapper around the criterion, so it does not depend on how either loop logs.
     """
     accum_steps = check_int("accum_steps", accum_steps, low=1)
-    batch_size = check_int("batch_size", batch_size, low=1, high=N_DIGITS // (N_WINDOWS * accum_steps),
-                           why=f"{N_WINDOWS} windows of accum_steps x batch_size digits must exist ({N_DIGITS} in all)")
+    batch_size = check_int(
+        "batch_size",
+        batch_size,
+        low=1,
+        high=N_DIGITS // (N_WINDOWS * accum_steps),
+        why=f"{N_WINDOWS} windows of accum_steps x batch_size digits must exist ({N_DIGITS} in all)",
+    )
     dev = resolve_device(device)
     data = digits_subset(N_WINDOWS * accum_steps * batch_size, seed)
     out, seen = {}, []
@@ -292,14 +379,27 @@ def bert_epoch(accum_steps: int = 4, batch_size: int = 8, *, seed: int = 0, devi
             return losses.mean()
 
         loop = bert_train_one_epoch_fixed if fixed else bert_train_one_epoch
-        out[fixed] = loop(model, optimizer, make_scheduler(optimizer), DataLoader(data, batch_size=batch_size), dev, 0,
-                          n_accumulate=accum_steps, criterion=criterion, progress=progress, collect=False)
+        out[fixed] = loop(
+            model,
+            optimizer,
+            make_scheduler(optimizer),
+            DataLoader(data, batch_size=batch_size),
+            dev,
+            0,
+            n_accumulate=accum_steps,
+            criterion=criterion,
+            progress=progress,
+            collect=False,
+        )
         seen.append(float(torch.cat(items).mean()))
-    assert abs(seen[0] - seen[1]) <= FLOAT32_RTOL * seen[0]  # both loops train identically; only the log differs
+    # both loops train identically; only the log differs
+    assert abs(seen[0] - seen[1]) <= FLOAT32_RTOL * seen[0]
     return BertRun(accum_steps, out[False], out[True], seen[1])
 
 
-def widget(accum_steps: int = 4, batch_size: int = 8, *, device: Any = "auto", initial: ErrorResult | None = None) -> Explorer:
+def widget(
+    accum_steps: int = 4, batch_size: int = 8, *, device: Any = "auto", initial: ErrorResult | None = None
+) -> Explorer:
     """A slider for k (highlighted) and the micro-batch size; re-runs ``compute`` up to max(8, k).
 
     Every k is cached (``_point``), so moving k within 1..8 only moves the highlight, a larger
@@ -345,48 +445,69 @@ EXERCISE = Exercise(
             "times too small.",
             "The same variable serves two purposes: backward() needs the divided value, the running loss needs the "
             "micro-batch mean itself. Let them be two different expressions.",
-            "Keep loss undivided, call (loss / k).backward(), and add loss.item() * len(y) to the running loss."),
+            "Keep loss undivided, call (loss / k).backward(), and add loss.item() * len(y) to the running loss.",
+        ),
         "logged-loss-wrong": (
             "The gradient is right, but the number the loop returns is not the mean loss over the epoch's items "
             "(the verdict gives both numbers and their ratio).",
             "The epoch loss is the sum of every item's loss divided by the number of items: does your running loss "
             "add up every micro-batch (not only the last), each undivided, weighted by its item count?",
             "Accumulate running_loss += loss.item() * len(y) and n_items += len(y) for every micro-batch, with loss "
-            "the undivided micro-batch mean, and return running_loss / n_items."),
+            "the undivided micro-batch mean, and return running_loss / n_items.",
+        ),
         "logged-loss-tensor": (
             "The number is right, but the loop returns a tensor, not a Python number.",
             "Adding a loss tensor to a running total keeps every micro-batch's autograd graph alive until the epoch "
             "ends: memory grows with every micro-batch. A logged number needs no graph.",
-            "Add loss.item() (a Python float) to the running loss, not loss."),
+            "Add loss.item() (a Python float) to the running loss, not loss.",
+        ),
         "no-logged-loss": (
             "The loop returns no epoch loss.",
             "The exercise asks train_fn to return the epoch loss the progress bar would show.",
-            "End the loop with return running_loss / n_items."),
+            "End the loop with return running_loss / n_items.",
+        ),
         "unscaled-sum": (
             "The reported loss may be right now, but the gradient is k times too long: the division no longer "
             "reaches backward().",
             "The division has to be in the expression you call backward() on; the log reads the undivided value.",
-            "Call (loss / k).backward() and log loss.item()."),
+            "Call (loss / k).backward() and log loss.item().",
+        ),
         "misscaled": (
             "Every step is scaled by one factor c: the division happens more than once, or by the wrong number, "
             "on the way to backward().",
             "Follow loss from the forward to backward(): how many divisions does it pass through?",
-            "Divide the micro-batch mean by k exactly once: (loss / k).backward()."),
+            "Divide the micro-batch mean by k exactly once: (loss / k).backward().",
+        ),
         "zero-grad-inside-window": (
             ".grad is emptied (or divided again) between micro-batches of one window.",
             "Only the step ends a window: nothing between two backward() calls of one window may touch .grad.",
-            "Call optimizer.zero_grad() only right after optimizer.step()."),
+            "Call optimizer.zero_grad() only right after optimizer.step().",
+        ),
         "early-step": (
             "The optimizer stepped before all k micro-batches of a window were in .grad.",
             "Which values of i should reach optimizer.step()?",
-            "Step only when (i + 1) % k == 0."),
+            "Step only when (i + 1) % k == 0.",
+        ),
         "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
     },
 )
 
 
 __all__ = [
-    "BertRun", "EXERCISE", "ErrorResult", "LOOPS", "OptimizerComparison", "bert_epoch", "bert_train_fn",
-    "bert_train_one_epoch", "bert_train_one_epoch_fixed", "compute", "exercise_dataset", "make_optimizer",
-    "make_scheduler", "optimizer_comparison", "plot", "widget",
+    "BertRun",
+    "EXERCISE",
+    "ErrorResult",
+    "LOOPS",
+    "OptimizerComparison",
+    "bert_epoch",
+    "bert_train_fn",
+    "bert_train_one_epoch",
+    "bert_train_one_epoch_fixed",
+    "compute",
+    "exercise_dataset",
+    "make_optimizer",
+    "make_scheduler",
+    "optimizer_comparison",
+    "plot",
+    "widget",
 ]

@@ -17,17 +17,28 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from .. import large_batch as large_batch_loop  # the loop; ``large_batch`` below is a batch size
 from .. import ragged, resolve_device
 from ..data import digits
 from ..harness import trace_loop
-from .. import large_batch as large_batch_loop  # the loop; ``large_batch`` below is a batch size
 from ..tolerances import FLOAT32_RTOL
 from . import _style
 from ._common import Table, check_float, check_int, check_ints
 from ._exercise import Exercise
 from ._norms_stats import (  # noqa: F401 (the notebook reads them here)
-    MOMENTUM, NORMS, _check_split, _held_out, task_for, Budget, MomentumCheck, RunningStats, momentum_check, running_stats, training_budget,
+    MOMENTUM,
+    NORMS,
+    Budget,
+    MomentumCheck,
+    RunningStats,
+    _check_split,
+    _held_out,
+    momentum_check,
+    running_stats,
+    task_for,
+    training_budget,
 )
+
 
 @dataclass
 class ErrorVsK:
@@ -42,13 +53,21 @@ class ErrorVsK:
 
     def table(self) -> Table:
         fmt = lambda e: f"< {FLOAT32_RTOL:g}" if e < FLOAT32_RTOL else f"{e:.2f}"  # noqa: E731  below: float32 rounding
-        return Table(("k", "micro-batch", "BatchNorm error", "GroupNorm error"),
-                     [(k, self.micro_batch(k), fmt(b), fmt(g)) for k, b, g in zip(self.ks, self.errors["batch"], self.errors["group"])],
-                     caption=f"worst relative gradient error vs one large batch of {self.large_batch}, per split")
+        return Table(
+            ("k", "micro-batch", "BatchNorm error", "GroupNorm error"),
+            [
+                (k, self.micro_batch(k), fmt(b), fmt(g))
+                for k, b, g in zip(self.ks, self.errors["batch"], self.errors["group"])
+            ],
+            caption=f"worst relative gradient error vs one large batch of {self.large_batch}, per split",
+        )
 
 
 def error_vs_k(
-    accum_steps: tuple[int, ...] = (1, 2, 4, 8, 16), large_batch: int = 32, device: str | torch.device = "auto", n_images: int = 64
+    accum_steps: tuple[int, ...] = (1, 2, 4, 8, 16),
+    large_batch: int = 32,
+    device: str | torch.device = "auto",
+    n_images: int = 64,
 ) -> ErrorVsK:
     """Split a large batch of ``large_batch`` images into k micro-batches; trace ``ragged`` against the oracle.
 
@@ -64,7 +83,9 @@ def error_vs_k(
     """
     large_batch = check_int("large_batch", large_batch, low=1)
     ks = [_check_split(k, large_batch)[0] for k in check_ints("accum_steps", accum_steps, low=1)]
-    n_images = check_int("n_images", n_images, low=large_batch, high=1797, why="at least one large batch of the 1797 digits")
+    n_images = check_int(
+        "n_images", n_images, low=large_batch, high=1797, why="at least one large batch of the 1797 digits"
+    )
     dev = str(resolve_device(device))
     errors = {norm: [_split_error(norm, k, large_batch, n_images, dev) for k in ks] for norm in NORMS}
     return ErrorVsK(large_batch, ks, errors)
@@ -86,10 +107,18 @@ _NORM_ROLE = {"batch": "buggy", "group": "correct"}  # BatchNorm is the one accu
 @_style.styled
 def plot(result: ErrorVsK) -> Figure:
     """Worst gradient error against k, per norm, with the float32 tolerance."""
-    fig, ax = _style.figure(width=7.5, height=3.8,
-                            title=f"Splitting a batch of {result.large_batch}: BatchNorm's gradient drifts, GroupNorm's stays exact")
+    fig, ax = _style.figure(
+        width=7.5,
+        height=3.8,
+        title=f"Splitting a batch of {result.large_batch}: BatchNorm's gradient drifts, GroupNorm's stays exact",
+    )
     for norm in NORMS:
-        ax.plot(result.ks, [max(e, 1e-9) for e in result.errors[norm]], label=f"{norm} norm", **_style.ROLE[_NORM_ROLE[norm]])
+        ax.plot(
+            result.ks,
+            [max(e, 1e-9) for e in result.errors[norm]],
+            label=f"{norm} norm",
+            **_style.ROLE[_NORM_ROLE[norm]],
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(result.ks, [f"{k}\n(mb {result.micro_batch(k)})" for k in result.ks])
@@ -123,15 +152,30 @@ class Curves:
 
     def table(self) -> Table:
         fmt = lambda g: f"< {FLOAT32_RTOL:g}" if g < FLOAT32_RTOL else f"{g:.2f}"  # noqa: E731
-        rows = [(f"{norm} norm", fmt(self.max_gap(norm)), f"{self.accuracy[(norm, 'accumulated')]:.2f}",
-                 f"{self.accuracy[(norm, 'large batch')]:.2f}") for norm in NORMS]
-        return Table(("model", "largest gap between loss curves", "accuracy, accumulated", "accuracy, large batch"), rows,
-                     caption=f"{self.n_train} training digits, {self.n_test} held out, {self.epochs} epochs, "
-                             f"k = {self.k} micro-batches of {self.micro_batch}, SGD momentum {self.momentum}")
+        rows = [
+            (
+                f"{norm} norm",
+                fmt(self.max_gap(norm)),
+                f"{self.accuracy[(norm, 'accumulated')]:.2f}",
+                f"{self.accuracy[(norm, 'large batch')]:.2f}",
+            )
+            for norm in NORMS
+        ]
+        return Table(
+            ("model", "largest gap between loss curves", "accuracy, accumulated", "accuracy, large batch"),
+            rows,
+            caption=f"{self.n_train} training digits, {self.n_test} held out, {self.epochs} epochs, "
+            f"k = {self.k} micro-batches of {self.micro_batch}, SGD momentum {self.momentum}",
+        )
 
 
 def training_curves(
-    accum_steps: int = 8, large_batch: int = 32, epochs: int = 3, n: int = 384, lr: float = 0.1, device: str | torch.device = "auto"
+    accum_steps: int = 8,
+    large_batch: int = 32,
+    epochs: int = 3,
+    n: int = 384,
+    lr: float = 0.1,
+    device: str | torch.device = "auto",
 ) -> Curves:
     """Train the CNN with each norm for ``epochs`` on ``n`` digits, accumulated (``ragged``) vs large batch.
 
@@ -150,13 +194,17 @@ def training_curves(
         for name in ("accumulated", "large batch"):
             # the large batch merges each window: its run is the same for every k, so it is trained once (k = 1)
             kk = k if name == "accumulated" else 1
-            losses[(norm, name)], accuracy[(norm, name)] = _train(norm, name, kk, large_batch, epochs, n, lr, dev)
+            losses[(norm, name)], accuracy[(norm, name)] = _train(
+                norm, name, kk, large_batch, epochs, n, lr, dev
+            )
     n_test = 512
     return Curves(k, large_batch // k, losses, accuracy, n, n_test, epochs, MOMENTUM)
 
 
 @functools.lru_cache(maxsize=64)
-def _train(norm: str, name: str, k: int, large_batch: int, epochs: int, n: int, lr: float, device: str) -> tuple[list[float], float]:
+def _train(
+    norm: str, name: str, k: int, large_batch: int, epochs: int, n: int, lr: float, device: str
+) -> tuple[list[float], float]:
     dev = torch.device(device)
     loop = ragged if name == "accumulated" else large_batch_loop
     data = digits(n, image=True)
@@ -167,7 +215,14 @@ def _train(norm: str, name: str, k: int, large_batch: int, epochs: int, n: int, 
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
     logged: list[float] = []
     for _ in range(epochs):
-        logged += loop(model, opt, task.loader(large_batch // k, dataset=data), task.item_losses, accum_steps=k, device=dev)
+        logged += loop(
+            model,
+            opt,
+            task.loader(large_batch // k, dataset=data),
+            task.item_losses,
+            accum_steps=k,
+            device=dev,
+        )
     model.eval()
     with torch.no_grad():
         accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
@@ -177,14 +232,23 @@ def _train(norm: str, name: str, k: int, large_batch: int, epochs: int, n: int, 
 @_style.styled
 def plot_curves(curves: Curves) -> Figure:
     """The logged loss per step, accumulated vs large batch, one panel per norm."""
-    fig, axes = _style.figure(2, width=10, height=3.8,
-                              title=f"Training with k = {curves.k} micro-batches of {curves.micro_batch} vs one batch of "
-                                    f"{curves.k * curves.micro_batch}: GroupNorm's curves coincide, BatchNorm's drift apart")
+    fig, axes = _style.figure(
+        2,
+        width=10,
+        height=3.8,
+        title=f"Training with k = {curves.k} micro-batches of {curves.micro_batch} vs one batch of "
+        f"{curves.k * curves.micro_batch}: GroupNorm's curves coincide, BatchNorm's drift apart",
+    )
     axes[1].sharey(axes[0])
     for ax, norm in zip(axes, NORMS):
         for name, role in (("large batch", "oracle"), ("accumulated", _NORM_ROLE[norm])):
             acc = curves.accuracy[(norm, name)]
-            ax.plot(curves.losses[(norm, name)], label=f"{name} (accuracy {acc:.2f})", markevery=6, **_style.ROLE[role])
+            ax.plot(
+                curves.losses[(norm, name)],
+                label=f"{name} (accuracy {acc:.2f})",
+                markevery=6,
+                **_style.ROLE[role],
+            )
         ax.set_title(f"{norm} norm")
         ax.set_xlabel("optimizer step")
         ax.legend(loc="upper right")
@@ -192,7 +256,9 @@ def plot_curves(curves: Curves) -> Figure:
     return fig
 
 
-def error_explorer(device: str | torch.device = "auto", initial: ErrorVsK | None = None, **settings: Any) -> Any:
+def error_explorer(
+    device: str | torch.device = "auto", initial: ErrorVsK | None = None, **settings: Any
+) -> Any:
     """A slider for the large batch; re-runs ``error_vs_k`` and redraws the error curves.
 
     ``initial``: a result already computed with the default large batch of 32, shown without recomputing;
@@ -206,15 +272,25 @@ def error_explorer(device: str | torch.device = "auto", initial: ErrorVsK | None
         lambda large_batch: error_vs_k(large_batch=large_batch, device=device, **settings),
         plot,
         initial=initial,
-        large_batch=w.SelectionSlider(options=[16, 32, 64], value=32, description="large batch",
-                                      style={"description_width": "initial"}, continuous_update=False),
+        large_batch=w.SelectionSlider(
+            options=[16, 32, 64],
+            value=32,
+            description="large batch",
+            style={"description_width": "initial"},
+            continuous_update=False,
+        ),
     )
 
 
 widget = error_explorer
 
 
-def curves_explorer(device: str | torch.device = "auto", initial: Curves | None = None, precompute: bool = False, **settings: Any) -> Any:
+def curves_explorer(
+    device: str | torch.device = "auto",
+    initial: Curves | None = None,
+    precompute: bool = False,
+    **settings: Any,
+) -> Any:
     """A slider for k (the large batch stays 32); re-runs ``training_curves``; ``initial``, ``settings`` as above (k = 8).
 
     ``precompute``: train every k of the slider now, so each move of the slider only redraws.
@@ -231,8 +307,13 @@ def curves_explorer(device: str | torch.device = "auto", initial: Curves | None 
         lambda accum_steps: training_curves(accum_steps=accum_steps, device=device, **settings),
         plot_curves,
         initial=initial,
-        accum_steps=w.SelectionSlider(options=options, value=8, description="k (accum_steps)",
-                                      style={"description_width": "initial"}, continuous_update=False),
+        accum_steps=w.SelectionSlider(
+            options=options,
+            value=8,
+            description="k (accum_steps)",
+            style={"description_width": "initial"},
+            continuous_update=False,
+        ),
     )
 
 
@@ -276,21 +357,25 @@ EXERCISE = Exercise(
             "This model arrives with running statistics already estimated on the data. Which mode makes BatchNorm "
             "use those instead, and how can you put only the BatchNorm layers into it, inside train_fn, before the "
             "first forward?",
-            "Before the loop: for m in model.modules(): if isinstance(m, torch.nn.BatchNorm2d): m.eval()."),
+            "Before the loop: for m in model.modules(): if isinstance(m, torch.nn.BatchNorm2d): m.eval().",
+        ),
         "frozen-parameter": (
             "Your loop froze parameters (requires_grad=False): the verdict names them.",
             "eval() changes how BatchNorm normalizes; it does not need BatchNorm's weight and bias frozen, and the "
             "large batch trains them.",
-            "Keep m.eval() for the BatchNorm layers and remove requires_grad_(False): every parameter trains."),
+            "Keep m.eval() for the BatchNorm layers and remove requires_grad_(False): every parameter trains.",
+        ),
         "unscaled-sum": (
             "Each micro-batch's loss reaches backward undivided.",
             "Every image of the window should weigh 1/N, N = k x 4 images.",
-            "backward F.cross_entropy(..., reduction='sum') / (k * len(y))."),
+            "backward F.cross_entropy(..., reduction='sum') / (k * len(y)).",
+        ),
         "mean-of-means": "Weigh images, not micro-batches: divide each micro-batch's summed loss by the window's image count.",
         "misscaled": (
             "Every step is off by one factor c: the division is there, but by the wrong number.",
             "The loss is a sum over 4 images; the window holds k x 4 = 16.",
-            "Divide the summed loss by k * len(y), once."),
+            "Divide the summed loss by k * len(y), once.",
+        ),
         "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them only after a step.",
         "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every step.",
         "early-step": "The optimizer steps more often than once per k micro-batches.",
@@ -299,5 +384,6 @@ EXERCISE = Exercise(
     },
     default_hint=(
         "The loop's arithmetic is already right for full windows; what differs from the large batch is how the "
-        "BatchNorm layers compute their output for a micro-batch."),
+        "BatchNorm layers compute their output for a micro-batch."
+    ),
 )

@@ -28,17 +28,15 @@ import torch
 from matplotlib.figure import Figure
 
 from .. import get_task, normalized, ragged
-from .._batch import resolve_device
+from .._batch import resolve_device, to_device
 from ..data import count_tokens
-from ..harness import trace_loop
-from .._batch import to_device
 from ..gallery import divide_by_window_batches, step_at_end, step_every_k
+from ..harness import trace_loop
 from ..tolerances import FLOAT32_RTOL
 from . import _style
-from ._common import Table, check_int
+from ._common import N_DIGITS, Table, check_int, digits_subset, fmt_error
 from ._exercise import Exercise
 from ._explorer import Explorer
-from ._common import N_DIGITS, digits_subset, fmt_error
 
 TASK = "mlp-digits"
 LM_TASK = "lm-tokens"
@@ -84,30 +82,58 @@ class WindowsResult:
         for s in self.strategies.values():
             full_tail = s.steps == s.expected_steps
             tail = fmt_error(s.rel_error[-1]) if full_tail else "never steps"
-            out.append((s.name, f"{s.steps}/{s.expected_steps}", f"{s.items_stepped}/{s.items}", tail, fmt_error(s.worst)))
+            out.append(
+                (
+                    s.name,
+                    f"{s.steps}/{s.expected_steps}",
+                    f"{s.items_stepped}/{s.items}",
+                    tail,
+                    fmt_error(s.worst),
+                )
+            )
         return out
 
     def table(self) -> Table:
-        return Table(("strategy", "steps taken/expected", "samples stepped", "tail step: rel. error", "worst rel. error"),
-                     self.rows(), caption=f"{self.n} samples, micro-batch {self.batch_size}, k = {self.accum_steps}: "
-                                          f"{self.micro_batches} micro-batches")
+        return Table(
+            (
+                "strategy",
+                "steps taken/expected",
+                "samples stepped",
+                "tail step: rel. error",
+                "worst rel. error",
+            ),
+            self.rows(),
+            caption=f"{self.n} samples, micro-batch {self.batch_size}, k = {self.accum_steps}: "
+            f"{self.micro_batches} micro-batches",
+        )
 
 
 @functools.lru_cache(maxsize=1024)
 def _strategy(name: str, n: int, batch_size: int, accum_steps: int, seed: int, device: str) -> Strategy:
     """One strategy for one epoch, every step against the oracle; cached, so a widget revisits settings for free."""
     task = dataclasses.replace(
-        get_task(TASK), make_dataset=functools.partial(digits_subset, n, seed), batch_size=batch_size, accum_steps=accum_steps
+        get_task(TASK),
+        make_dataset=functools.partial(digits_subset, n, seed),
+        batch_size=batch_size,
+        accum_steps=accum_steps,
     )
     trace = trace_loop(STRATEGIES[name], task, seed=seed, device=torch.device(device))
     micro = math.ceil(n / batch_size)
     return Strategy(
-        name, len(trace.comparisons), math.ceil(micro / accum_steps), sum(trace.window_items), trace.n_items,
-        tuple(c.rel_error for c in trace.comparisons), tuple(c.norm_ratio for c in trace.comparisons), tuple(trace.window_items),
+        name,
+        len(trace.comparisons),
+        math.ceil(micro / accum_steps),
+        sum(trace.window_items),
+        trace.n_items,
+        tuple(c.rel_error for c in trace.comparisons),
+        tuple(c.norm_ratio for c in trace.comparisons),
+        tuple(trace.window_items),
     )
 
 
-def compute(accum_steps: int = 4, batch_size: int = 8, *, n: int = 110, seed: int = 0, device: Any = "auto") -> WindowsResult:
+def compute(
+    accum_steps: int = 4, batch_size: int = 8, *, n: int = 110, seed: int = 0, device: Any = "auto"
+) -> WindowsResult:
     """Each strategy for one epoch over the first ``n`` digits, every step compared with the oracle.
 
     >>> compute(accum_steps=0)
@@ -135,9 +161,16 @@ def plot(result: WindowsResult) -> Figure:
     in one colour, hatch and order each; a strategy that never stepped the last window says so
     in a vertical label at that step.
     """
-    fig, (ax, bx) = _style.figure(1, 2, width=10, height=8.4, title=(
-        f"{result.n} samples in micro-batches of {result.batch_size}, k = {result.accum_steps}: "
-        "which strategy gets the last, partial window right?"))
+    fig, (ax, bx) = _style.figure(
+        1,
+        2,
+        width=10,
+        height=8.4,
+        title=(
+            f"{result.n} samples in micro-batches of {result.batch_size}, k = {result.accum_steps}: "
+            "which strategy gets the last, partial window right?"
+        ),
+    )
     names = list(result.strategies)
     n_steps = max(s.expected_steps for s in result.strategies.values())
     width = 0.8 / len(names)
@@ -146,23 +179,48 @@ def plot(result: WindowsResult) -> Figure:
     for j, (s, role) in enumerate(zip(result.strategies.values(), ROLES)):
         xs = [t + (j - offset) * width for t in range(len(s.rel_error))]
         color = _style.ROLE[role]["color"]
-        ax.bar(xs, [max(e, floor) for e in s.rel_error], width, color=color, hatch=_style.HATCH[role],
-               edgecolor=_style.BLACK, lw=0.5, label=s.name)
+        ax.bar(
+            xs,
+            [max(e, floor) for e in s.rel_error],
+            width,
+            color=color,
+            hatch=_style.HATCH[role],
+            edgecolor=_style.BLACK,
+            lw=0.5,
+            label=s.name,
+        )
         if s.steps < s.expected_steps:
-            ax.text(n_steps - 1 + (j - offset) * width, floor * 2, "no step", ha="center", va="bottom", color=color,
-                    fontweight="bold", rotation=90)
+            ax.text(
+                n_steps - 1 + (j - offset) * width,
+                floor * 2,
+                "no step",
+                ha="center",
+                va="bottom",
+                color=color,
+                fontweight="bold",
+                rotation=90,
+            )
     ax.set_yscale("log")
     ax.set_ylim(floor, 1e6)  # room above the bars for the legend
     ax.set_yticks([1e-7, 1e-5, 1e-3, 1e-1, 1e1])
     ax.axhline(FLOAT32_RTOL, color=_style.BLACK, ls=":", lw=1, label="float32 rounding bound")
-    ax.set_xticks(range(n_steps), [f"{t + 1}" + (" (partial)" if t == n_steps - 1 else "") for t in range(n_steps)])
+    ax.set_xticks(
+        range(n_steps), [f"{t + 1}" + (" (partial)" if t == n_steps - 1 else "") for t in range(n_steps)]
+    )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("relative error\nvs large batch")
     ax.set_title("Gradient error at each optimizer step")
     ax.legend(loc="upper left", ncols=2, fontsize=_style.MIN_FONT_PT, columnspacing=1.0)
     stepped = [s.items_stepped for s in result.strategies.values()]
     for i, (value, role) in enumerate(zip(stepped, ROLES)):
-        bx.barh(i, value, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role], edgecolor=_style.BLACK, lw=0.5)
+        bx.barh(
+            i,
+            value,
+            color=_style.ROLE[role]["color"],
+            hatch=_style.HATCH[role],
+            edgecolor=_style.BLACK,
+            lw=0.5,
+        )
         bx.text(value, i, f" {value}", va="center")
     bx.set_yticks(range(len(names)), names)
     bx.axvline(result.n, color=_style.BLACK, lw=1, ls=":")
@@ -173,8 +231,14 @@ def plot(result: WindowsResult) -> Figure:
     return fig
 
 
-def widget(accum_steps: int = 4, batch_size: int = 8, n: int = 110, *, device: Any = "auto",
-           initial: WindowsResult | None = None) -> Explorer:
+def widget(
+    accum_steps: int = 4,
+    batch_size: int = 8,
+    n: int = 110,
+    *,
+    device: Any = "auto",
+    initial: WindowsResult | None = None,
+) -> Explorer:
     """Sliders for dataset size, micro-batch size and k; re-runs ``compute`` (cached per strategy) and ``plot``.
 
     ``initial``: the notebook's ``compute(4, 8, n=110)`` result, shown first instead of recomputing it.
@@ -215,17 +279,35 @@ class TokenResult:
         """(window, tokens per micro-batch, mean of means, token mean, normalized rel err, ragged rel err), rounded."""
         a, b = self.rel_error.values()
         return [
-            (i + 1, " ".join(map(str, w.tokens)), round(w.mean_of_means, 4), round(w.token_mean, 4), fmt_error(a[i]), fmt_error(b[i]))
+            (
+                i + 1,
+                " ".join(map(str, w.tokens)),
+                round(w.mean_of_means, 4),
+                round(w.token_mean, 4),
+                fmt_error(a[i]),
+                fmt_error(b[i]),
+            )
             for i, w in enumerate(self.windows)
         ]
 
     def table(self) -> Table:
-        return Table(("window", "tokens per micro-batch", "mean of means", "token mean", "grad rel. err: loss / k",
-                      "grad rel. err: per token"), self.rows(),
-                     caption=f"tiny LM, k = {self.accum_steps}, {self.batch_size} sequences per micro-batch")
+        return Table(
+            (
+                "window",
+                "tokens per micro-batch",
+                "mean of means",
+                "token mean",
+                "grad rel. err: loss / k",
+                "grad rel. err: per token",
+            ),
+            self.rows(),
+            caption=f"tiny LM, k = {self.accum_steps}, {self.batch_size} sequences per micro-batch",
+        )
 
 
-def compute_tokens(accum_steps: int = 4, batch_size: int = 4, *, seed: int = 0, device: Any = "auto") -> TokenResult:
+def compute_tokens(
+    accum_steps: int = 4, batch_size: int = 4, *, seed: int = 0, device: Any = "auto"
+) -> TokenResult:
     """The tiny LM's windows at its initial parameters, and ``normalized`` vs ``ragged`` for one epoch.
 
     Sequences of 4 to 40 tokens make the micro-batches' token counts differ, so a mean of
@@ -238,7 +320,9 @@ def compute_tokens(accum_steps: int = 4, batch_size: int = 4, *, seed: int = 0, 
     """
     n_sequences = len(get_task(LM_TASK).make_dataset())
     accum_steps = check_int("accum_steps", accum_steps, low=1)
-    batch_size = check_int("batch_size", batch_size, low=1, high=n_sequences, why=f"the task holds {n_sequences} sequences")
+    batch_size = check_int(
+        "batch_size", batch_size, low=1, high=n_sequences, why=f"the task holds {n_sequences} sequences"
+    )
     seed = check_int("seed", seed, low=0)
     dev = resolve_device(device)
     task = dataclasses.replace(get_task(LM_TASK), batch_size=batch_size, accum_steps=accum_steps)
@@ -250,11 +334,18 @@ def compute_tokens(accum_steps: int = 4, batch_size: int = 4, *, seed: int = 0, 
             window = batches[start : start + accum_steps]
             losses = [task.item_losses(model, to_device(b, dev)) for b in window]
             means = [float(l.mean()) for l in losses]
-            windows.append(TokenWindow(
-                tuple(count_tokens(b) for b in window), sum(means) / len(means), float(torch.cat(losses).mean()),
-            ))
+            windows.append(
+                TokenWindow(
+                    tuple(count_tokens(b) for b in window),
+                    sum(means) / len(means),
+                    float(torch.cat(losses).mean()),
+                )
+            )
     rel = {}
-    for name, loop in (("loss / k (accumlib.normalized)", normalized), ("per token (accumlib.ragged)", ragged)):
+    for name, loop in (
+        ("loss / k (accumlib.normalized)", normalized),
+        ("per token (accumlib.ragged)", ragged),
+    ):
         trace = trace_loop(loop, task, seed=seed, device=dev)
         rel[name] = tuple(c.rel_error for c in trace.comparisons)
     return TokenResult(accum_steps, batch_size, tuple(windows), rel)
@@ -263,12 +354,28 @@ def compute_tokens(accum_steps: int = 4, batch_size: int = 4, *, seed: int = 0, 
 @_style.styled
 def plot_tokens(result: TokenResult) -> Figure:
     """Left: per window, the mean of means vs the token mean. Right: gradient error per step, both loops."""
-    fig, (ax, bx) = _style.figure(2, width=11.5, height=4.4, title=(
-        f"Tiny LM, k = {result.accum_steps}, {result.batch_size} sequences per micro-batch: "
-        "a mean of micro-batch means is not the mean over tokens"))
+    fig, (ax, bx) = _style.figure(
+        2,
+        width=11.5,
+        height=4.4,
+        title=(
+            f"Tiny LM, k = {result.accum_steps}, {result.batch_size} sequences per micro-batch: "
+            "a mean of micro-batch means is not the mean over tokens"
+        ),
+    )
     idx = range(1, len(result.windows) + 1)
-    ax.plot(idx, [w.token_mean for w in result.windows], label="true: mean over all tokens", **_style.ROLE["correct"])
-    ax.plot(idx, [w.mean_of_means for w in result.windows], label="mean of micro-batch means", **_style.ROLE["buggy"])
+    ax.plot(
+        idx,
+        [w.token_mean for w in result.windows],
+        label="true: mean over all tokens",
+        **_style.ROLE["correct"],
+    )
+    ax.plot(
+        idx,
+        [w.mean_of_means for w in result.windows],
+        label="mean of micro-batch means",
+        **_style.ROLE["buggy"],
+    )
     ax.set_xlabel("window")
     ax.set_xticks(list(idx))
     ax.set_ylabel("loss at the initial parameters")
@@ -310,39 +417,59 @@ EXERCISE = Exercise(
             "What should each sample of a window weigh, and how many samples does each window hold? The loader can "
             "tell you the micro-batch sizes before training starts.",
             "Collect sizes = [len(y) for _, y in loader] first; for micro-batch i, n_window = sum(sizes[i - i % k:"
-            "i - i % k + k]); backward F.cross_entropy(model(x), y, reduction='sum') / n_window."),
+            "i - i % k + k]); backward F.cross_entropy(model(x), y, reduction='sum') / n_window.",
+        ),
         "mean-of-means": (
             "The window's micro-batches hold different numbers of samples (8 and 6), and your loop weighs each "
             "micro-batch's mean equally, so the 6 samples count more than the 8.",
             "Weigh samples, not micro-batches: a sum of item losses divided by the window's sample count weighs "
             "each sample the same, whatever micro-batch it sits in.",
-            "Use reduction='sum' and divide by the number of samples in the whole window (32, or 14 for the tail)."),
+            "Use reduction='sum' and divide by the number of samples in the whole window (32, or 14 for the tail).",
+        ),
         "tail-dropped": (
             "Some samples never reached an optimizer step: the last, partial window is never stepped.",
             "(i + 1) % k == 0 never holds for the last micro-batch when k does not divide the count.",
-            "Step also at the last micro-batch of the loader: if (i + 1) % k == 0 or i + 1 == len(loader)."),
+            "Step also at the last micro-batch of the loader: if (i + 1) % k == 0 or i + 1 == len(loader).",
+        ),
         "misscaled@last": (
             "Only the last step is off, by the factor c shown: the full windows are right, the tail's divisor is not.",
             "The tail holds 14 samples (8 + 6), not 16 and not 32: what does your loop divide the tail's losses by?",
-            "Divide each tail micro-batch's summed loss by the tail's own sample count, sum(sizes[12:14]) = 14."),
+            "Divide each tail micro-batch's summed loss by the tail's own sample count, sum(sizes[12:14]) = 14.",
+        ),
         "misscaled": (
             "Every step the verdict names is off by one factor c: the division is there, but by the wrong number.",
             "A window's summed item losses should be divided by the number of samples in that window, once.",
-            "backward F.cross_entropy(..., reduction='sum') / n_window, n_window the samples of the micro-batch's window."),
+            "backward F.cross_entropy(..., reduction='sum') / n_window, n_window the samples of the micro-batch's window.",
+        ),
         "early-step": (
             "The optimizer stepped before a full window of k micro-batches (other than the last one) was in .grad.",
             "Only a window's k-th micro-batch, or the loader's last, may step.",
-            "if (i + 1) % k == 0 or i + 1 == len(loader): step and zero."),
+            "if (i + 1) % k == 0 or i + 1 == len(loader): step and zero.",
+        ),
         "unscaled-sum": (
             "Each step is the sum of its micro-batch gradients: the losses are not divided.",
             "Each sample of a window should weigh 1 / (samples in its window).",
-            "backward F.cross_entropy(..., reduction='sum') / n_window."),
+            "backward F.cross_entropy(..., reduction='sum') / n_window.",
+        ),
         "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
     },
 )
 
 
 __all__ = [
-    "EXERCISE", "STRATEGIES", "Strategy", "TokenResult", "TokenWindow", "WindowsResult", "compute", "compute_tokens",
-    "divide_by_window_batches", "exercise_dataset", "plot", "plot_tokens", "step_at_end", "step_every_k", "widget",
+    "EXERCISE",
+    "STRATEGIES",
+    "Strategy",
+    "TokenResult",
+    "TokenWindow",
+    "WindowsResult",
+    "compute",
+    "compute_tokens",
+    "divide_by_window_batches",
+    "exercise_dataset",
+    "plot",
+    "plot_tokens",
+    "step_at_end",
+    "step_every_k",
+    "widget",
 ]

@@ -31,8 +31,21 @@ from ._common import Table
 from ._real_bugs_runs import RUNS, make_trainer, run
 from ._real_bugs_widget import EXERCISE, MODEL_TYPES, TrainerRun, trainer_run, widget
 
-__all__ = ["EXERCISE", "MODEL_TYPES", "RUNS", "LibraryRuns", "TrainerRun", "alt", "compute", "make_trainer", "plot", "run",
-           "show", "trainer_run", "widget"]
+__all__ = [
+    "EXERCISE",
+    "MODEL_TYPES",
+    "RUNS",
+    "LibraryRuns",
+    "TrainerRun",
+    "alt",
+    "compute",
+    "make_trainer",
+    "plot",
+    "run",
+    "show",
+    "trainer_run",
+    "widget",
+]
 
 
 @dataclass
@@ -47,10 +60,20 @@ class LibraryRuns:
 
     def table(self) -> Table:
         """One row per run: library, c per step, codes, verdict."""
-        rows = [(RUNS[n].label, ", ".join(f"{c:.3f}" for c in self.scales(n)),
-                 ", ".join(sorted(rep.codes)) or "-", "ok" if rep.ok else "NOT OK") for n, rep in self.reports.items()]
-        return Table(("library's own loop", "c per optimizer step", "codes", "verdict"), rows,
-                     caption="c: the fitted factor of the true gradient at each optimizer step (1 is right)")
+        rows = [
+            (
+                RUNS[n].label,
+                ", ".join(f"{c:.3f}" for c in self.scales(n)),
+                ", ".join(sorted(rep.codes)) or "-",
+                "ok" if rep.ok else "NOT OK",
+            )
+            for n, rep in self.reports.items()
+        ]
+        return Table(
+            ("library's own loop", "c per optimizer step", "codes", "verdict"),
+            rows,
+            caption="c: the fitted factor of the true gradient at each optimizer step (1 is right)",
+        )
 
 
 def compute(reports: Mapping[str, Any] | None = None) -> LibraryRuns:
@@ -58,7 +81,9 @@ def compute(reports: Mapping[str, Any] | None = None) -> LibraryRuns:
     given = dict(reports or {})
     for name in given:
         if name not in RUNS:
-            raise ValueError(f"reports must be keyed by run names {', '.join(repr(n) for n in RUNS)} (got {name!r})")
+            raise ValueError(
+                f"reports must be keyed by run names {', '.join(repr(n) for n in RUNS)} (got {name!r})"
+            )
     for name, report in given.items():
         if not hasattr(report, "steps") or not hasattr(report, "codes"):
             raise TypeError(f"reports[{name!r}] must be an accumlib.Report (got {type(report).__name__})")
@@ -68,16 +93,25 @@ def compute(reports: Mapping[str, Any] | None = None) -> LibraryRuns:
 @_style.styled
 def plot(result: LibraryRuns) -> Figure:
     """c per optimizer step, one line per library's loop; the true gradient at c = 1."""
-    fig, ax = _style.figure(width=10.0, height=6.4, title="c per optimizer step, per library (c = 1: the true gradient)")
+    fig, ax = _style.figure(
+        width=10.0, height=6.4, title="c per optimizer step, per library (c = 1: the true gradient)"
+    )
     names = list(result.reports)
     longest = max(len(result.scales(n)) for n in names)
     ax.axhline(1.0, label="true gradient (c = 1)", **_style.ROLE["oracle"])
     for i, name in enumerate(names):
         cs = result.scales(name)
-        dodge = (i - (len(names) - 1) / 2) * 0.06  # runs with equal c (Accelerate and Lightning) stay visible side by side
-        ax.plot([s + dodge for s in range(len(cs))], cs, label=RUNS[name].label, color=_style.PALETTE[i % len(_style.PALETTE)],
-                marker=_style.MARKERS[i % len(_style.MARKERS)], linestyle=_style.LINESTYLES[i % len(_style.LINESTYLES)],
-                markersize=8)
+        # runs with equal c (Accelerate and Lightning) stay visible side by side
+        dodge = (i - (len(names) - 1) / 2) * 0.06
+        ax.plot(
+            [s + dodge for s in range(len(cs))],
+            cs,
+            label=RUNS[name].label,
+            color=_style.PALETTE[i % len(_style.PALETTE)],
+            marker=_style.MARKERS[i % len(_style.MARKERS)],
+            linestyle=_style.LINESTYLES[i % len(_style.LINESTYLES)],
+            markersize=8,
+        )
     ax.set_xticks(range(longest), [str(s) for s in range(longest)])
     ax.set_xlabel("optimizer step (the last holds the short last window)")
     ax.set_ylabel("c  (G = c g*)")
@@ -92,6 +126,10 @@ def show(result: LibraryRuns) -> None:
 
 def alt(result: LibraryRuns) -> str:
     """The figure in words, from its numbers."""
-    parts = [f"{RUNS[n].label}: c = {', '.join(f'{c:.3f}' for c in result.scales(n))}" for n in result.reports]
-    return ("Line chart of c, the fitted factor of the true gradient, at each optimizer step of each library's own loop "
-            "(c = 1 is the true gradient). " + "; ".join(parts) + ".")
+    parts = [
+        f"{RUNS[n].label}: c = {', '.join(f'{c:.3f}' for c in result.scales(n))}" for n in result.reports
+    ]
+    return (
+        "Line chart of c, the fitted factor of the true gradient, at each optimizer step of each library's own loop "
+        "(c = 1 is the true gradient). " + "; ".join(parts) + "."
+    )

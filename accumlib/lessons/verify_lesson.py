@@ -66,11 +66,21 @@ class GalleryTable:
 
     def table(self) -> Table:
         """The rows as a table (HTML in JupyterLab): loop, verdict, codes found, whether they are the expected ones."""
-        rows = [(r.name, "ok" if r.ok else "NOT OK", ", ".join(sorted(r.found)) or "-",
-                 "yes" if r.agrees else f"no, expected {', '.join(sorted(r.expected)) or '-'}") for r in self.rows]
+        rows = [
+            (
+                r.name,
+                "ok" if r.ok else "NOT OK",
+                ", ".join(sorted(r.found)) or "-",
+                "yes" if r.agrees else f"no, expected {', '.join(sorted(r.expected)) or '-'}",
+            )
+            for r in self.rows
+        ]
         agree = sum(r.agrees for r in self.rows)
-        return Table(("loop", "verdict", "found", "as expected"), rows,
-                     caption=f"accumlib.verify on the gallery: {agree}/{len(self.rows)} loops get exactly their expected findings")
+        return Table(
+            ("loop", "verdict", "found", "as expected"),
+            rows,
+            caption=f"accumlib.verify on the gallery: {agree}/{len(self.rows)} loops get exactly their expected findings",
+        )
 
 
 def gallery(names: list[str] | None = None, skip: tuple[str, ...] = SLOW) -> GalleryTable:
@@ -89,7 +99,9 @@ def gallery(names: list[str] | None = None, skip: tuple[str, ...] = SLOW) -> Gal
     for name in names:
         loop = accumlib.gallery.GALLERY[name]
         report = loop.run()
-        rows.append(Row(name, loop.source_note, frozenset(loop.expected_codes), frozenset(report.codes), report.ok))
+        rows.append(
+            Row(name, loop.source_note, frozenset(loop.expected_codes), frozenset(report.codes), report.ok)
+        )
     return GalleryTable(rows)
 
 
@@ -100,8 +112,11 @@ compute = gallery  # the lesson's main computation, under the name every lesson 
 def plot(table: GalleryTable) -> Figure:
     """Loops x codes: a filled marker where verify found the code, a ring where it was expected."""
     codes = table.codes
-    fig, ax = _style.figure(width=2.6 + 0.5 * len(codes), height=1.6 + 0.3 * len(table.rows),
-                            title="What accumlib.verify finds in each gallery loop (ring: expected; filled: found)")
+    fig, ax = _style.figure(
+        width=2.6 + 0.5 * len(codes),
+        height=1.6 + 0.3 * len(table.rows),
+        title="What accumlib.verify finds in each gallery loop (ring: expected; filled: found)",
+    )
     found_ok, found_bad = _style.ROLE["correct"], _style.ROLE["buggy"]
     for i, r in enumerate(table.rows):
         for j, c in enumerate(codes):
@@ -117,12 +132,16 @@ def plot(table: GalleryTable) -> Figure:
     ax.set_xlim(-0.5, len(codes) + 0.4)
     ax.invert_yaxis()
     ax.scatter([], [], s=45, label="found, as expected", color=found_ok["color"], marker=found_ok["marker"])
-    ax.scatter([], [], s=45, label="found, not expected", color=found_bad["color"], marker=found_bad["marker"])
+    ax.scatter(
+        [], [], s=45, label="found, not expected", color=found_bad["color"], marker=found_bad["marker"]
+    )
     fig.legend(loc="outside lower center", ncols=2)
     return fig
 
 
-def check(train_fn: Any, task: str = "mlp-digits", accum_steps: int = 4, batch_size: int | None = None) -> Any:
+def check(
+    train_fn: Any, task: str = "mlp-digits", accum_steps: int = 4, batch_size: int | None = None
+) -> Any:
     """``accumlib.verify`` on a built-in task: a fresh model (seed 0), its dataset, plain SGD.
 
     ``mlp-digits`` has 110 digits, so with batch 8 and k = 4 the last window holds 2
@@ -134,8 +153,13 @@ def check(train_fn: Any, task: str = "mlp-digits", accum_steps: int = 4, batch_s
         batch_size = check_int("batch_size", batch_size, low=1)
     t = accumlib.get_task(task)
     return accumlib.verify(
-        train_fn, model=t.make_model(0), dataset=t.make_dataset(), item_losses=t.item_losses,
-        accum_steps=accum_steps, batch_size=batch_size or t.batch_size, collate_fn=t.collate_fn,
+        train_fn,
+        model=t.make_model(0),
+        dataset=t.make_dataset(),
+        item_losses=t.item_losses,
+        accum_steps=accum_steps,
+        batch_size=batch_size or t.batch_size,
+        collate_fn=t.collate_fn,
     )
 
 
@@ -168,8 +192,15 @@ def gallery_explorer(initial: Verified | None = None, value: str = "last-batch-s
     from ._explorer import Explorer
 
     return Explorer(
-        _run_gallery_loop_cached, lambda v: v, initial=initial,
-        name=w.Dropdown(options=list(accumlib.gallery.GALLERY), value=value, description="loop", layout=w.Layout(width="420px")),
+        _run_gallery_loop_cached,
+        lambda v: v,
+        initial=initial,
+        name=w.Dropdown(
+            options=list(accumlib.gallery.GALLERY),
+            value=value,
+            description="loop",
+            layout=w.Layout(width="420px"),
+        ),
     )
 
 
@@ -183,7 +214,7 @@ def _run_gallery_loop_cached(name: str) -> Verified:
 
 # --- paste a loop ----------------------------------------------------------------------------------
 
-EXAMPLE = '''\
+EXAMPLE = """\
 import torch
 import torch.nn.functional as F
 
@@ -194,16 +225,19 @@ def train_fn(model, optimizer, loader):
         if (i + 1) % 4 == 0:
             optimizer.step()
             optimizer.zero_grad()
-'''
+"""
 
 
 def loop_from_source(source: str, name: str = "train_fn") -> Any:
     """Run pasted code in a fresh namespace and return its ``train_fn(model, optimizer, loader)``."""
     namespace: dict[str, Any] = {}
-    exec(compile(textwrap.dedent(source), "<pasted loop>", "exec"), namespace)  # the reader's own code, on purpose
+    # the reader's own code, on purpose
+    exec(compile(textwrap.dedent(source), "<pasted loop>", "exec"), namespace)
     fn = namespace.get(name)
     if not callable(fn):
-        raise ValueError(f"the pasted code must define a function {name}(model, optimizer, loader) (found none)")
+        raise ValueError(
+            f"the pasted code must define a function {name}(model, optimizer, loader) (found none)"
+        )
     return fn
 
 
@@ -214,7 +248,9 @@ class PasteBox:
         import ipywidgets as w
 
         self.text = w.Textarea(value=source, layout=w.Layout(width="95%", height="220px"))
-        self.task = w.Dropdown(options=["mlp-digits", "cnn-groupnorm", "cnn-batchnorm"], value=task, description="task")
+        self.task = w.Dropdown(
+            options=["mlp-digits", "cnn-groupnorm", "cnn-batchnorm"], value=task, description="task"
+        )
         self.button = w.Button(description="verify", button_style="primary")
         self.out = w.Output()
         self.widget = w.VBox([self.text, w.HBox([self.task, self.button]), self.out])
@@ -253,6 +289,7 @@ def paste_box(source: str = EXAMPLE) -> PasteBox:
 
 # --- the exercise: paste your own loop; verify grades it, with a nudge and a remedy for every finding ----
 
+
 def _own_loop_dataset() -> Any:
     """128 digits: 4 full windows of 4 x 8."""
     return accumlib.data.digits(128)
@@ -264,45 +301,62 @@ def _own_loop_hints() -> dict[str, str | tuple[str, ...]]:
     from accumlib._verify import CODES
 
     hints: dict[str, str | tuple[str, ...]] = {
-        code: ("Read the finding: it names the steps it concerns. Compare your loop at those steps with a loop of the "
-               "gallery that verify passes.", f"In general terms: {c.message.split(' (')[0]}.", f"verify's remedy: {c.fix}.")
-        for code, c in CODES.items() if c.kind in ("bug", "limit")}
-    hints.update({
-        "scheduler-per-micro-batch": (
-            "The learning rate changed between micro-batches of one window: the scheduler counts micro-batches.",
-            "A schedule (warmup, decay) is written in optimizer steps: the large batch changes its learning rate only "
-            "between steps, so every micro-batch of a window must see the same one.",
-            "Move scheduler.step() inside the if, right after scaler.step(optimizer) and scaler.update()."),
-        "logged-loss-scaled": (
-            "The gradient may be right; the loss the loop reports is k times too small.",
-            "The reported loss adds up loss after it was divided for backward().",
-            "Log the undivided micro-batch mean: keep the division only in what goes backward, e.g. "
-            "running_loss += loss.item() * accum_steps."),
-        "logged-loss-wrong": (
-            "The loss the loop reports is not the mean loss over the epoch's items (the verdict gives both).",
-            "Every micro-batch's undivided mean, weighted by its item count, over all items of the epoch.",
-            "running_loss += mean.item() * len(y); n_items += len(y); return running_loss / n_items."),
-        "misscaled@last": (
-            "Only the last step is off, by the factor c the verdict gives: the full windows are right.",
-            "A last window shorter than the others (your data's tail, or a loop that steps at the end) holds fewer "
-            "items than a full one: what does your loop divide its losses by?",
-            "Divide the last window's summed item losses by its own item count, not by a full window's."),
-        "untracked-data": (
-            "Your loop trained on data of its own, not the loader train_fn receives, so verify could not judge those steps.",
-            "verify follows the items it hands your loop.",
-            "Iterate the loader argument (for x, y in loader) where your loop had its own DataLoader."),
-        "error": (
-            "Your loop raised an error: read its last line. A pasted loop often needs its names adapted: the model, "
-            "the optimizer and the loader are train_fn's arguments, and each batch is (x, y)."),
-    })
+        code: (
+            "Read the finding: it names the steps it concerns. Compare your loop at those steps with a loop of the "
+            "gallery that verify passes.",
+            f"In general terms: {c.message.split(' (')[0]}.",
+            f"verify's remedy: {c.fix}.",
+        )
+        for code, c in CODES.items()
+        if c.kind in ("bug", "limit")
+    }
+    hints.update(
+        {
+            "scheduler-per-micro-batch": (
+                "The learning rate changed between micro-batches of one window: the scheduler counts micro-batches.",
+                "A schedule (warmup, decay) is written in optimizer steps: the large batch changes its learning rate only "
+                "between steps, so every micro-batch of a window must see the same one.",
+                "Move scheduler.step() inside the if, right after scaler.step(optimizer) and scaler.update().",
+            ),
+            "logged-loss-scaled": (
+                "The gradient may be right; the loss the loop reports is k times too small.",
+                "The reported loss adds up loss after it was divided for backward().",
+                "Log the undivided micro-batch mean: keep the division only in what goes backward, e.g. "
+                "running_loss += loss.item() * accum_steps.",
+            ),
+            "logged-loss-wrong": (
+                "The loss the loop reports is not the mean loss over the epoch's items (the verdict gives both).",
+                "Every micro-batch's undivided mean, weighted by its item count, over all items of the epoch.",
+                "running_loss += mean.item() * len(y); n_items += len(y); return running_loss / n_items.",
+            ),
+            "misscaled@last": (
+                "Only the last step is off, by the factor c the verdict gives: the full windows are right.",
+                "A last window shorter than the others (your data's tail, or a loop that steps at the end) holds fewer "
+                "items than a full one: what does your loop divide its losses by?",
+                "Divide the last window's summed item losses by its own item count, not by a full window's.",
+            ),
+            "untracked-data": (
+                "Your loop trained on data of its own, not the loader train_fn receives, so verify could not judge those steps.",
+                "verify follows the items it hands your loop.",
+                "Iterate the loader argument (for x, y in loader) where your loop had its own DataLoader.",
+            ),
+            "error": (
+                "Your loop raised an error: read its last line. A pasted loop often needs its names adapted: the model, "
+                "the optimizer and the loader are train_fn's arguments, and each batch is (x, y)."
+            ),
+        }
+    )
     return hints
 
 
 EXERCISE = Exercise(
     "07-paste-your-own-loop",
     "Paste your own training loop and make verify pass it",
-    task="mlp-digits", accum_steps=4, batch_size=8,
-    make_dataset=_own_loop_dataset,  # 4 full windows of 4 x 8 digits: your loop's shape is judged, not a ragged tail
+    task="mlp-digits",
+    accum_steps=4,
+    batch_size=8,
+    # 4 full windows of 4 x 8 digits: your loop's shape is judged, not a ragged tail
+    make_dataset=_own_loop_dataset,
     call="vl.EXERCISE",
     logged_loss="if-returned",  # a loop that reports its epoch loss is graded on it too
     hints=_own_loop_hints(),

@@ -36,8 +36,19 @@ from ._explorer import Explorer
 from ._your_project_frameworks import RUNS, FrameworkResult, frameworks
 from ._your_project_memory import MemoryResult, checkpointing
 from ._your_project_schedule import (
-    BASE_LR, WARMUP, LessonFinding, LessonReport, ScheduleResult, exercise_dataset, linear_warmup, planned_lrs,
-    plot_schedules, run_exercise, schedule_check, schedules, total_steps,
+    BASE_LR,
+    WARMUP,
+    LessonFinding,
+    LessonReport,
+    ScheduleResult,
+    exercise_dataset,
+    linear_warmup,
+    planned_lrs,
+    plot_schedules,
+    run_exercise,
+    schedule_check,
+    schedules,
+    total_steps,
 )
 
 TASK = "lm-tokens"
@@ -48,7 +59,8 @@ LENGTHS = (2, 40)  # tokens per sequence: very unequal, so micro-batches hold ve
 
 LOOPS: dict[str, Callable[..., list[float]]] = {
     "ragged": ragged,  # every token weighs 1/N of its window: the loop to copy
-    "normalized": normalized,  # mean per micro-batch / k: exact only when every micro-batch holds as many tokens
+    # mean per micro-batch / k: exact only when every micro-batch holds as many tokens
+    "normalized": normalized,
     "naive": naive,  # mean per micro-batch, summed: k times the gradient
 }
 LABELS = {
@@ -95,12 +107,23 @@ class CurveResult:
         raise ValueError(f"curve must be one computed (got {loop!r} at {batch_size} x {accum_steps})")
 
     def rows(self) -> list[tuple[Any, ...]]:
-        return [(c.label, len(c.losses), f"{self.gap(c):.1e}", "yes" if self.gap(c) <= FLOAT32_RTOL else "no",
-                 "-" if c.diverged_at is None else f"epoch {c.diverged_at}") for c in self.curves]
+        return [
+            (
+                c.label,
+                len(c.losses),
+                f"{self.gap(c):.1e}",
+                "yes" if self.gap(c) <= FLOAT32_RTOL else "no",
+                "-" if c.diverged_at is None else f"epoch {c.diverged_at}",
+            )
+            for c in self.curves
+        ]
 
     def table(self) -> Table:
-        return Table(("run", "optimizer steps", "largest gap to 32 x 1", "within float32 rounding", "diverged"),
-                     self.rows(), caption=f"{self.epochs} epochs of {N_SEQUENCES} sequences, SGD lr {self.lr:g}")
+        return Table(
+            ("run", "optimizer steps", "largest gap to 32 x 1", "within float32 rounding", "diverged"),
+            self.rows(),
+            caption=f"{self.epochs} epochs of {N_SEQUENCES} sequences, SGD lr {self.lr:g}",
+        )
 
 
 def _check_setting(batch_size: Any, accum_steps: Any) -> tuple[int, int]:
@@ -111,19 +134,25 @@ def _check_setting(batch_size: Any, accum_steps: Any) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def _curve(loop: str, batch_size: int, accum_steps: int, epochs: int, lr: float, seed: int, device: str) -> Curve:
+def _curve(
+    loop: str, batch_size: int, accum_steps: int, epochs: int, lr: float, seed: int, device: str
+) -> Curve:
     task = get_task(TASK)
     dev = torch.device(device)
     model = task.make_model(seed).to(dev)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     data = TokenSequences(N_SEQUENCES, min_len=LENGTHS[0], max_len=LENGTHS[1], seed=seed)
     order = torch.Generator().manual_seed(seed)  # one permutation per epoch, whatever the micro-batch size
-    loader = DataLoader(data, batch_size=batch_size, shuffle=True, generator=order, collate_fn=task.collate_fn)
+    loader = DataLoader(
+        data, batch_size=batch_size, shuffle=True, generator=order, collate_fn=task.collate_fn
+    )
     takes = {"count_items": task.count_items} if loop == "ragged" else {}
     losses: list[float] = []
     for epoch in range(epochs):
         try:
-            losses += LOOPS[loop](model, optimizer, loader, task.item_losses, accum_steps=accum_steps, device=dev, **takes)
+            losses += LOOPS[loop](
+                model, optimizer, loader, task.item_losses, accum_steps=accum_steps, device=dev, **takes
+            )
         except ValueError as err:  # the loops refuse a non-finite loss: the run diverged in this epoch
             if "finite" not in str(err):
                 raise
@@ -131,8 +160,15 @@ def _curve(loop: str, batch_size: int, accum_steps: int, epochs: int, lr: float,
     return Curve(loop, batch_size, accum_steps, tuple(losses))
 
 
-def compute(settings: Any = SETTINGS, loops: Any = tuple(LOOPS), *, epochs: int = 6, lr: float = 0.2, seed: int = 0,
-            device: Any = "auto") -> CurveResult:
+def compute(
+    settings: Any = SETTINGS,
+    loops: Any = tuple(LOOPS),
+    *,
+    epochs: int = 6,
+    lr: float = 0.2,
+    seed: int = 0,
+    device: Any = "auto",
+) -> CurveResult:
     """Every loop of ``loops`` at every (micro-batch, k) of ``settings``, against ``ragged`` at 32 x 1.
 
     Each run starts from the same model and draws the same order of sequences every epoch, so a
@@ -172,9 +208,12 @@ def _shown(result: CurveResult) -> list[Curve]:
 def plot(result: CurveResult) -> Figure:
     """Left: the loss of every optimizer step per run. Right: each run's gap to 32 x 1, on a log scale."""
     windows = sorted({min(c.batch_size * c.accum_steps, N_SEQUENCES) for c in _shown(result)})
-    title = (f"Windows of {WINDOW} sequences cut into micro-batches" if windows in ([WINDOW], []) else
-             f"Windows of {', '.join(map(str, windows))} sequences against {WINDOW} x 1: another large batch, "
-             "another curve")
+    title = (
+        f"Windows of {WINDOW} sequences cut into micro-batches"
+        if windows in ([WINDOW], [])
+        else f"Windows of {', '.join(map(str, windows))} sequences against {WINDOW} x 1: another large batch, "
+        "another curve"
+    )
     fig, (ax, bx) = _style.figure(2, width=13.0, height=6.5, title=title)
     steps = range(1, len(result.reference.losses) + 1)
     ax.plot(steps, result.reference.losses, label="32 x 1 (the large batch)", **_style.ROLE["oracle"], lw=2.5)
@@ -184,8 +223,13 @@ def plot(result: CurveResult) -> Figure:
     for c in _shown(result):
         i = seen[c.loop] = seen.get(c.loop, -1) + 1
         role = _style.ROLE[ROLES[c.loop]]
-        kw = dict(color=role["color"], linestyle=role["linestyle"], marker=role["marker"], fillstyle=fills[i % len(fills)],
-                  label=f"{c.batch_size} x {c.accum_steps}: {LABELS[c.loop]}")
+        kw = dict(
+            color=role["color"],
+            linestyle=role["linestyle"],
+            marker=role["marker"],
+            fillstyle=fills[i % len(fills)],
+            label=f"{c.batch_size} x {c.accum_steps}: {LABELS[c.loop]}",
+        )
         ax.plot(range(1, len(c.losses) + 1), c.losses, **kw)
         gaps = [max(abs(a - b) / abs(b), 1e-9) for a, b in zip(c.losses, result.reference.losses)]
         bx.plot(range(1, len(gaps) + 1), gaps, **kw)
@@ -195,7 +239,9 @@ def plot(result: CurveResult) -> Figure:
     ax.set_ylabel("mean token loss of the window")
     ax.set_title("The loss curve")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=2)
-    bound = bx.axhline(FLOAT32_RTOL, label="float32 rounding bound", **{**_style.ROLE["oracle"], "marker": ""})
+    bound = bx.axhline(
+        FLOAT32_RTOL, label="float32 rounding bound", **{**_style.ROLE["oracle"], "marker": ""}
+    )
     bx.set_yscale("log")
     bx.set_xlabel("optimizer step")
     bx.set_ylabel("relative gap (0 drawn at 1e-9)")
@@ -206,23 +252,40 @@ def plot(result: CurveResult) -> Figure:
 
 def alt_text(result: CurveResult) -> str:
     """The figure's alt text, built from its numbers."""
-    parts = [f"{c.label}: largest gap {result.gap(c):.1e}" + ("" if c.diverged_at is None else ", diverged")
-             for c in _shown(result)]
-    return (f"Loss per optimizer step over {result.epochs} epochs against 32 x 1; " + "; ".join(parts)
-            + f"; float32 rounding bound {FLOAT32_RTOL:.0e}.")
+    parts = [
+        f"{c.label}: largest gap {result.gap(c):.1e}" + ("" if c.diverged_at is None else ", diverged")
+        for c in _shown(result)
+    ]
+    return (
+        f"Loss per optimizer step over {result.epochs} epochs against 32 x 1; "
+        + "; ".join(parts)
+        + f"; float32 rounding bound {FLOAT32_RTOL:.0e}."
+    )
 
 
 @_style.styled
 def plot_schedule(result: ScheduleResult) -> Figure:
     """The lr at every optimizer step for each way of counting and stepping the scheduler."""
-    fig, ax = _style.figure(1, width=10.0, height=5.0, title=(
-        f"One schedule, three loops: {result.n_steps} optimizer steps of k = {result.accum_steps} micro-batches"))
+    fig, ax = _style.figure(
+        1,
+        width=10.0,
+        height=5.0,
+        title=(
+            f"One schedule, three loops: {result.n_steps} optimizer steps of k = {result.accum_steps} micro-batches"
+        ),
+    )
     plot_schedules(result, ax)
     return fig
 
 
-def widget(batch_size: int = 8, accum_steps: int = 4, loop: str = "ragged", *, device: Any = "auto",
-           initial: CurveResult | None = None) -> Explorer:
+def widget(
+    batch_size: int = 8,
+    accum_steps: int = 4,
+    loop: str = "ragged",
+    *,
+    device: Any = "auto",
+    initial: CurveResult | None = None,
+) -> Explorer:
     """Pick a micro-batch size, k and a loop: the run is drawn against 32 x 1 (cached per choice).
 
     A window of batch x k other than 32 is another large batch: its curve should not match.
@@ -240,7 +303,9 @@ def widget(batch_size: int = 8, accum_steps: int = 4, loop: str = "ragged", *, d
         c = initial.find(loop, batch_size, accum_steps)
         start = CurveResult(initial.reference, (c,), initial.epochs, initial.lr)
     return Explorer(
-        run, plot, initial=start,
+        run,
+        plot,
+        initial=start,
         batch_size=w.Dropdown(options=[1, 2, 4, 8, 16, 32], value=batch_size, description="micro-batch"),
         accum_steps=w.IntSlider(value=accum_steps, min=1, max=16, description="k"),
         loop=w.Dropdown(options=[(LABELS[n], n) for n in LOOPS], value=loop, description="loop"),
@@ -262,13 +327,15 @@ EXERCISE = Exercise(
             "A schedule is a function of the optimizer step. Call scheduler.step() where optimizer.step() is called, "
             "once per window.",
             "Move scheduler.step() into the `if (i + 1) % k == 0:` block, right after optimizer.step(), and give "
-            "linear_warmup the number of optimizer steps: total = math.ceil(len(loader) / k)."),
+            "linear_warmup the number of optimizer steps: total = math.ceil(len(loader) / k).",
+        ),
         "schedule-not-in-optimizer-steps": (
             "Every step's gradient is right, and the scheduler moves once per step, but the learning rate does not "
             "follow the plan: compare the two lists in the verdict.",
             "Warmup and total are counts of scheduler.step() calls, which now happen once per optimizer step. "
             "len(loader) counts micro-batches.",
-            f"warmup_steps={WARMUP} and total_steps=math.ceil(len(loader) / k): the number of optimizer steps in the epoch."),
+            f"warmup_steps={WARMUP} and total_steps=math.ceil(len(loader) / k): the number of optimizer steps in the epoch.",
+        ),
         "early-step": "The optimizer steps more often than once every k micro-batches: keep optimizer.step() inside the `if`.",
         "tail-dropped": "Some micro-batches never reach an optimizer step: every window of k must end in a step.",
         "zero-grad-inside-window": "zero_grad() belongs right after optimizer.step(), inside the same `if`.",
@@ -279,8 +346,33 @@ EXERCISE = Exercise(
 
 
 __all__ = [
-    "BASE_LR", "Curve", "CurveResult", "EXERCISE", "FrameworkResult", "MemoryResult", "RUNS", "checkpointing",
-    "frameworks", "plot_schedule", "LABELS", "LOOPS", "LessonFinding", "LessonReport", "SETTINGS",
-    "ScheduleResult", "WARMUP", "alt_text", "compute", "exercise_dataset", "linear_warmup", "planned_lrs", "plot",
-    "plot_schedules", "run_exercise", "schedule_check", "schedules", "total_steps", "widget",
+    "BASE_LR",
+    "Curve",
+    "CurveResult",
+    "EXERCISE",
+    "FrameworkResult",
+    "MemoryResult",
+    "RUNS",
+    "checkpointing",
+    "frameworks",
+    "plot_schedule",
+    "LABELS",
+    "LOOPS",
+    "LessonFinding",
+    "LessonReport",
+    "SETTINGS",
+    "ScheduleResult",
+    "WARMUP",
+    "alt_text",
+    "compute",
+    "exercise_dataset",
+    "linear_warmup",
+    "planned_lrs",
+    "plot",
+    "plot_schedules",
+    "run_exercise",
+    "schedule_check",
+    "schedules",
+    "total_steps",
+    "widget",
 ]

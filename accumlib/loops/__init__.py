@@ -45,7 +45,9 @@ def _discover() -> dict[str, tuple[Callable[..., list[float]], Contract]]:
         module = importlib.import_module(f"{__name__}.{info.name}")
         contract = getattr(module, "CONTRACT", None)
         if not isinstance(contract, Contract):
-            raise TypeError(f"accumlib/loops/{info.name}.py must end with CONTRACT = Contract(...) (got {contract!r})")
+            raise TypeError(
+                f"accumlib/loops/{info.name}.py must end with CONTRACT = Contract(...) (got {contract!r})"
+            )
         found[info.name] = (getattr(module, info.name), contract)
     return found
 
@@ -54,7 +56,9 @@ _FOUND = _discover()
 CONTRACTS: dict[str, Contract] = {name: c for name, (_, c) in _FOUND.items()}
 ALL: dict[str, Callable[..., list[float]]] = {name: fn for name, (fn, _) in _FOUND.items()}
 LOOPS: dict[str, Callable[..., list[float]]] = {
-    name: fn for name, (fn, c) in sorted(_FOUND.items(), key=lambda kv: kv[1][1].order or 0) if c.order is not None
+    name: fn
+    for name, (fn, c) in sorted(_FOUND.items(), key=lambda kv: kv[1][1].order or 0)
+    if c.order is not None
 }
 
 
@@ -68,7 +72,22 @@ def contract_of(loop: Callable[..., Any]) -> Contract | None:
     name = getattr(loop, "__name__", "")
     return CONTRACTS[name] if ALL.get(name) is loop else None
 
+
 __all__ = [
-    "ALL", "CLOSE", "CONTRACTS", "Contract", "EXACT", "LOOPS", "OFF_BY_K", "VERDICTS", "WRONG", "contract_of",
-    "amp", "grad_divided", "large_batch", "naive", "normalized", "ragged",
+    "ALL",
+    "CLOSE",
+    "CONTRACTS",
+    "Contract",
+    "EXACT",
+    "LOOPS",
+    "OFF_BY_K",
+    "VERDICTS",
+    "WRONG",
+    "contract_of",
+    "amp",
+    "grad_divided",
+    "large_batch",
+    "naive",
+    "normalized",
+    "ragged",
 ]

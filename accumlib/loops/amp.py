@@ -18,16 +18,34 @@ from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses, Progress,
-    check_accum_steps, check_device, check_model, check_count, checked_losses, count_items as _rows,
-    progress_bar, to_device, window_items, window_mean, windows,
+    Batch,
+    Device,
+    ItemLosses,
+    Progress,
+    check_accum_steps,
+    check_count,
+    check_device,
+    check_model,
+    checked_losses,
+    progress_bar,
+    to_device,
+    window_items,
+    window_mean,
+    windows,
 )
-from ._contract import Contract, CLOSE, WRONG
+from .._batch import count_items as _rows
+from ._contract import CLOSE, WRONG, Contract
 
 
 def amp(
-    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: Progress = False,
+    model: nn.Module,
+    optimizer: Optimizer,
+    loader: Iterable[Batch],
+    item_losses: ItemLosses,
+    *,
+    accum_steps: int,
+    device: Device = None,
+    progress: Progress = False,
     count_items: Callable[[Batch], int] = _rows,
     dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
@@ -85,5 +103,11 @@ def amp(
 
 # ragged's weights under autocast: exact up to bfloat16 rounding of the forward, no closer.
 CONTRACT = Contract(
-    full_windows=CLOSE, ragged_tail=CLOSE, token_counts=CLOSE, batchnorm=WRONG, order=4, takes=("count_items",), low_precision=True,
+    full_windows=CLOSE,
+    ragged_tail=CLOSE,
+    token_counts=CLOSE,
+    batchnorm=WRONG,
+    order=4,
+    takes=("count_items",),
+    low_precision=True,
 )

@@ -18,14 +18,31 @@ from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses, Progress, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
+    Batch,
+    Device,
+    ItemLosses,
+    Progress,
+    check_accum_steps,
+    check_device,
+    check_model,
+    checked_losses,
+    progress_bar,
+    to_device,
+    window_mean,
+    windows,
 )
-from ._contract import Contract, EXACT, WRONG
+from ._contract import EXACT, WRONG, Contract
 
 
 def grad_divided(
-    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: Progress = False,
+    model: nn.Module,
+    optimizer: Optimizer,
+    loader: Iterable[Batch],
+    item_losses: ItemLosses,
+    *,
+    accum_steps: int,
+    device: Device = None,
+    progress: Progress = False,
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
 
@@ -64,6 +81,4 @@ def grad_divided(
 
 # normalized's arithmetic with the division moved onto .grad, so normalized's limits too;
 # out of the table (normalized stands for both), run beside it in lesson 2.
-CONTRACT = Contract(
-    full_windows=EXACT, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=None,
-)
+CONTRACT = Contract(full_windows=EXACT, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=None)

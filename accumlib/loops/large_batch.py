@@ -13,13 +13,32 @@ from collections.abc import Callable, Iterable
 from torch import nn
 from torch.optim import Optimizer
 
-from .._batch import Batch, Device, ItemLosses, Progress, cat_batches, check_accum_steps, check_device, check_model, checked_losses, progress_bar, to_device, windows
-from ._contract import Contract, EXACT
+from .._batch import (
+    Batch,
+    Device,
+    ItemLosses,
+    Progress,
+    cat_batches,
+    check_accum_steps,
+    check_device,
+    check_model,
+    checked_losses,
+    progress_bar,
+    to_device,
+    windows,
+)
+from ._contract import EXACT, Contract
 
 
 def large_batch(
-    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: Progress = False,
+    model: nn.Module,
+    optimizer: Optimizer,
+    loader: Iterable[Batch],
+    item_losses: ItemLosses,
+    *,
+    accum_steps: int,
+    device: Device = None,
+    progress: Progress = False,
     merge: Callable[[list[Batch]], Batch] = cat_batches,
 ) -> list[float]:
     """Run one epoch; each window of ``accum_steps`` micro-batches is merged and stepped once.
@@ -51,5 +70,5 @@ def large_batch(
 
 # One forward over the merged window is the oracle itself, BatchNorm's statistics included.
 CONTRACT = Contract(
-    full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=EXACT, order=5, takes=("merge",),
+    full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=EXACT, order=5, takes=("merge",)
 )

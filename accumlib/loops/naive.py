@@ -13,25 +13,42 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses, Progress, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
+    Batch,
+    Device,
+    ItemLosses,
+    Progress,
+    check_accum_steps,
+    check_device,
+    check_model,
+    checked_losses,
+    progress_bar,
+    to_device,
+    window_mean,
+    windows,
 )
-from ._contract import Contract, OFF_BY_K
+from ._contract import OFF_BY_K, Contract
 
 
 def naive(
-    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: Progress = False,
+    model: nn.Module,
+    optimizer: Optimizer,
+    loader: Iterable[Batch],
+    item_losses: ItemLosses,
+    *,
+    accum_steps: int,
+    device: Device = None,
+    progress: Progress = False,
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
 
     Takes the keywords every loop takes (``accum_steps``, ``device``, ``progress``; see
     ``accumlib.loops``).
 
+    >>> import torch
     >>> from accumlib import naive, get_task
     >>> task = get_task("mlp-digits"); model = task.make_model(0)
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -62,5 +79,5 @@ def naive(
 # Every micro-batch mean is summed undivided: m times the truth for a window of m micro-batches,
 # whatever the task (BatchNorm's per-micro-batch statistics move the direction, not the size).
 CONTRACT = Contract(
-    full_windows=OFF_BY_K, ragged_tail=OFF_BY_K, token_counts=OFF_BY_K, batchnorm=OFF_BY_K, order=1,
+    full_windows=OFF_BY_K, ragged_tail=OFF_BY_K, token_counts=OFF_BY_K, batchnorm=OFF_BY_K, order=1
 )

@@ -16,14 +16,31 @@ from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses, Progress, checked_losses, check_accum_steps, check_device, check_model, progress_bar, to_device, window_mean, windows,
+    Batch,
+    Device,
+    ItemLosses,
+    Progress,
+    check_accum_steps,
+    check_device,
+    check_model,
+    checked_losses,
+    progress_bar,
+    to_device,
+    window_mean,
+    windows,
 )
-from ._contract import Contract, EXACT, WRONG
+from ._contract import EXACT, WRONG, Contract
 
 
 def normalized(
-    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: Progress = False,
+    model: nn.Module,
+    optimizer: Optimizer,
+    loader: Iterable[Batch],
+    item_losses: ItemLosses,
+    *,
+    accum_steps: int,
+    device: Device = None,
+    progress: Progress = False,
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
 
@@ -59,6 +76,4 @@ def normalized(
 
 # Exact only for full windows of equal micro-batches: a partial window is still divided by k,
 # unequal token counts are weighed per micro-batch, BatchNorm sees micro-batch statistics.
-CONTRACT = Contract(
-    full_windows=EXACT, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=2,
-)
+CONTRACT = Contract(full_windows=EXACT, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=2)

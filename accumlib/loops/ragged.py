@@ -17,16 +17,34 @@ from torch import nn
 from torch.optim import Optimizer
 
 from .._batch import (
-    Batch, Device, ItemLosses, Progress,
-    check_accum_steps, check_device, check_model, check_count, checked_losses, count_items as _rows,
-    progress_bar, to_device, window_items, window_mean, windows,
+    Batch,
+    Device,
+    ItemLosses,
+    Progress,
+    check_accum_steps,
+    check_count,
+    check_device,
+    check_model,
+    checked_losses,
+    progress_bar,
+    to_device,
+    window_items,
+    window_mean,
+    windows,
 )
-from ._contract import Contract, EXACT, WRONG
+from .._batch import count_items as _rows
+from ._contract import EXACT, WRONG, Contract
 
 
 def ragged(
-    model: nn.Module, optimizer: Optimizer, loader: Iterable[Batch], item_losses: ItemLosses, *,
-    accum_steps: int, device: Device = None, progress: Progress = False,
+    model: nn.Module,
+    optimizer: Optimizer,
+    loader: Iterable[Batch],
+    item_losses: ItemLosses,
+    *,
+    accum_steps: int,
+    device: Device = None,
+    progress: Progress = False,
     count_items: Callable[[Batch], int] = _rows,
 ) -> list[float]:
     """Run one epoch; return the true mean item loss of each optimizer step's window.
@@ -66,5 +84,10 @@ def ragged(
 # Each item weighs 1/N of its own window, whatever the window holds; only BatchNorm's
 # per-micro-batch statistics are out of its reach.
 CONTRACT = Contract(
-    full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=WRONG, order=3, takes=("count_items",),
+    full_windows=EXACT,
+    ragged_tail=EXACT,
+    token_counts=EXACT,
+    batchnorm=WRONG,
+    order=3,
+    takes=("count_items",),
 )

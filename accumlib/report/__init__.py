@@ -16,18 +16,56 @@ Traceback (most recent call last):
 ValueError: accum_steps and batch_size must give every k at least 3 optimizer steps, ceil(micro-batches / k) >= 3: task 'mlp-digits' has 110 examples, which batch_size=16 splits into 7 micro-batches, so k = 4, 8 give 2, 1 steps (got accum_steps='1 2 4 8', batch_size=16); use k <= 3, or batch_size <= 6
 """
 
+from .compute import Cell, Findings, ReportResult, results_note, run
 from .figures import (
-    ZERO, alt_errors, alt_memory_and_norm, alt_steps, plot_errors, plot_memory_and_norm, plot_steps, show, title_errors,
+    ZERO,
+    alt_errors,
+    alt_memory_and_norm,
+    alt_steps,
+    plot_errors,
+    plot_memory_and_norm,
+    plot_steps,
+    show,
+    title_errors,
     title_memory_and_norm,
 )
 from .params import (
-    DEFAULTS, MIN_STEPS, NORMS, PRECISIONS, TASK_NAMES, Parameters, check_parameters, cnn_task, parse_accum, resolve_task,
+    DEFAULTS,
+    MIN_STEPS,
+    NORMS,
+    PRECISIONS,
+    TASK_NAMES,
+    Parameters,
+    check_parameters,
+    cnn_task,
+    parse_accum,
+    resolve_task,
 )
-from .compute import Cell, Findings, ReportResult, results_note, run
 
 __all__ = [
-    "DEFAULTS", "MIN_STEPS", "NORMS", "PRECISIONS", "TASK_NAMES", "ZERO", "Cell", "Findings", "Parameters", "ReportResult",
-    "alt_errors", "alt_memory_and_norm", "alt_steps", "check_parameters", "cnn_task", "parse_accum", "plot_errors",
-    "plot_memory_and_norm", "plot_steps", "resolve_task", "results_note", "run", "show", "title_errors",
+    "DEFAULTS",
+    "MIN_STEPS",
+    "NORMS",
+    "PRECISIONS",
+    "TASK_NAMES",
+    "ZERO",
+    "Cell",
+    "Findings",
+    "Parameters",
+    "ReportResult",
+    "alt_errors",
+    "alt_memory_and_norm",
+    "alt_steps",
+    "check_parameters",
+    "cnn_task",
+    "parse_accum",
+    "plot_errors",
+    "plot_memory_and_norm",
+    "plot_steps",
+    "resolve_task",
+    "results_note",
+    "run",
+    "show",
+    "title_errors",
     "title_memory_and_norm",
 ]

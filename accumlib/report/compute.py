@@ -2,7 +2,6 @@
 activation memory and the CNN's norm layer; the ``ReportResult`` that the tables and figures read.
 """
 
-
 from __future__ import annotations
 
 import html
@@ -13,14 +12,12 @@ from typing import Any
 import torch
 
 from .. import Task, ragged, verify
-from ..loops import CONTRACTS, LOOPS, contract_of
-from ..harness import classify, trace_loop
-from ..memory import activation_bytes
 from .._batch import expected_steps
+from ..harness import classify, trace_loop
+from ..lessons._common import Table, fmt_error
+from ..loops import CONTRACTS, LOOPS, contract_of
+from ..memory import activation_bytes
 from ..tolerances import FLOAT32_RTOL
-from ..lessons._common import Table
-from ..lessons._common import fmt_error
-
 from .params import DEFAULTS, LR, MIN_STEPS, PRECISIONS, check_parameters, cnn_task
 
 
@@ -31,7 +28,8 @@ class Cell:
     loop: str
     k: int
     rel_errors: tuple[float, ...]  # per optimizer step, ||g - g*|| / ||g*||
-    window_batches: tuple[int, ...]  # micro-batches per optimizer step (the tail window may hold fewer than k)
+    # micro-batches per optimizer step (the tail window may hold fewer than k)
+    window_batches: tuple[int, ...]
     min_cosine: float
     max_norm_ratio: float
     expected_steps: int
@@ -79,7 +77,8 @@ class ReportResult:
     n_items: int
     n_batches: int
     cells: dict[tuple[str, int], Cell]
-    memory: dict[int, tuple[int, int]]  # k -> (activation bytes of one micro-batch, of the k-fold large batch)
+    # k -> (activation bytes of one micro-batch, of the k-fold large batch)
+    memory: dict[int, tuple[int, int]]
     norm_errors: dict[int, float]  # k -> worst relative error of ragged with the chosen norm layer
 
     @property
@@ -90,6 +89,7 @@ class ReportResult:
     def exact_loops(self) -> list[str]:
         """The loops exact at every k (what the error figure's title names): every step they took "exact", and
         every item stepped; a loop that drops its last micro-batch takes only exact steps, yet is not exact."""
+
         def exact(c: Cell) -> bool:
             return c.verdict == "exact" and c.items_used == c.items and c.steps == c.expected_steps
 
@@ -103,36 +103,71 @@ class ReportResult:
         return [k for k, e in self.norm_errors.items() if e > FLOAT32_RTOL]
 
     def settings(self) -> Table:
-        return Table(("setting", "value"), [
-            ("task", self.task),  # the task's own description states its default batch and k, not the report's
-            ("accumulation steps k", " ".join(map(str, self.ks))),
-            ("micro-batch size", self.batch_size),
-            ("data", f"{self.n_items} items in {self.n_batches} micro-batches"),
-            ("optimizer steps per epoch", ", ".join(f"{expected_steps(self.n_batches, k)} at k = {k}" for k in self.ks)),
-            ("norm layer (CNN section)", self.norm),
-            ("precision (amp loop)", self.precision),
-            ("device", self.device),
-            ("seed", self.seed),
-        ], caption="The report's parameters")
+        return Table(
+            ("setting", "value"),
+            [
+                # the task's own description states its default batch and k, not the report's
+                ("task", self.task),
+                ("accumulation steps k", " ".join(map(str, self.ks))),
+                ("micro-batch size", self.batch_size),
+                ("data", f"{self.n_items} items in {self.n_batches} micro-batches"),
+                (
+                    "optimizer steps per epoch",
+                    ", ".join(f"{expected_steps(self.n_batches, k)} at k = {k}" for k in self.ks),
+                ),
+                ("norm layer (CNN section)", self.norm),
+                ("precision (amp loop)", self.precision),
+                ("device", self.device),
+                ("seed", self.seed),
+            ],
+            caption="The report's parameters",
+        )
 
     def loop_table(self) -> Table:
         rows = [
-            (c.loop, c.k, fmt_error(c.max_rel_error), round(c.min_cosine, 4), round(c.max_norm_ratio, 3),
-             f"{c.steps}/{c.expected_steps}", f"{c.items_used}/{c.items}", c.verdict)
+            (
+                c.loop,
+                c.k,
+                fmt_error(c.max_rel_error),
+                round(c.min_cosine, 4),
+                round(c.max_norm_ratio, 3),
+                f"{c.steps}/{c.expected_steps}",
+                f"{c.items_used}/{c.items}",
+                c.verdict,
+            )
             for c in self.cells.values()
         ]
-        return Table(("loop", "k", "max rel. error", "min cosine", "max norm ratio", "steps", "items stepped", "verdict"), rows,
-                     caption="Every loop at every k, its worst step against the large batch")
+        return Table(
+            (
+                "loop",
+                "k",
+                "max rel. error",
+                "min cosine",
+                "max norm ratio",
+                "steps",
+                "items stepped",
+                "verdict",
+            ),
+            rows,
+            caption="Every loop at every k, its worst step against the large batch",
+        )
 
     def memory_table(self) -> Table:
-        return Table(("k", "items per step", "micro-batch KiB", "large batch KiB", "saved"), [
-            (k, k * self.batch_size, round(m / 1024, 1), round(big / 1024, 1), f"{big / m:.2f}x")
-            for k, (m, big) in self.memory.items()
-        ], caption="Activation memory of one forward pass")
+        return Table(
+            ("k", "items per step", "micro-batch KiB", "large batch KiB", "saved"),
+            [
+                (k, k * self.batch_size, round(m / 1024, 1), round(big / 1024, 1), f"{big / m:.2f}x")
+                for k, (m, big) in self.memory.items()
+            ],
+            caption="Activation memory of one forward pass",
+        )
 
     def norm_table(self) -> Table:
-        return Table(("k", "max rel. error vs large batch"), [(k, fmt_error(e)) for k, e in self.norm_errors.items()],
-                     caption=f"accumlib.ragged on SmallCNN with {self.norm} norm")
+        return Table(
+            ("k", "max rel. error vs large batch"),
+            [(k, fmt_error(e)) for k, e in self.norm_errors.items()],
+            caption=f"accumlib.ragged on SmallCNN with {self.norm} norm",
+        )
 
     def findings(self) -> list[str]:
         """The report's conclusions, each sentence computed from the numbers above it."""
@@ -145,22 +180,39 @@ class ReportResult:
             worst = max(self.ks, key=lambda k: self.cells[(name, k)].max_rel_error)
             cell = self.cells[(name, worst)]
             replay = [e for k in self.ks for e in self.cells[(name, k)].ref_errors]
-            judged = f"; against the {self.precision} replay that verify judges by: {max(replay):.2g}" if replay else ""
-            out.append(f"{name}: {'; '.join(parts)} (worst step: relative error {fmt_error(cell.max_rel_error)} at k = {worst}{judged}, "
-                       f"{cell.items_used}/{cell.items} items stepped).")
+            judged = (
+                f"; against the {self.precision} replay that verify judges by: {max(replay):.2g}"
+                if replay
+                else ""
+            )
+            out.append(
+                f"{name}: {'; '.join(parts)} (worst step: relative error {fmt_error(cell.max_rel_error)} at k = {worst}{judged}, "
+                f"{cell.items_used}/{cell.items} items stepped)."
+            )
         dropped = [c for c in self.cells.values() if c.items_used < c.items]
         if dropped:
-            out.append("Items that reached no optimizer step: " + ", ".join(f"{c.loop} at k = {c.k}: {c.items - c.items_used}" for c in dropped) + ".")
+            out.append(
+                "Items that reached no optimizer step: "
+                + ", ".join(f"{c.loop} at k = {c.k}: {c.items - c.items_used}" for c in dropped)
+                + "."
+            )
         k_max = max(self.ks)
         m, big = self.memory[k_max]
-        out.append(f"Activation memory: one micro-batch of {self.batch_size} needs {m / 1024:.1f} KiB; "
-                   f"the large batch of k = {k_max} micro-batches would need {big / 1024:.1f} KiB ({big / m:.2f}x).")
+        out.append(
+            f"Activation memory: one micro-batch of {self.batch_size} needs {m / 1024:.1f} KiB; "
+            f"the large batch of k = {k_max} micro-batches would need {big / 1024:.1f} KiB ({big / m:.2f}x)."
+        )
         norm_worst = max(self.norm_errors.values())
-        out.append(f"SmallCNN with {self.norm} norm, accumulated exactly (accumlib.ragged): worst relative error "
-                   f"{fmt_error(norm_worst)} over k = {', '.join(map(str, self.ks))}"
-                   + (" (exact: per-sample normalization does not see the micro-batching)." if not self.norm_inexact_ks
-                      else f" (not exact at k = {', '.join(map(str, self.norm_inexact_ks))}: the layer's batch statistics "
-                           f"differ between micro-batches and the large batch)."))
+        out.append(
+            f"SmallCNN with {self.norm} norm, accumulated exactly (accumlib.ragged): worst relative error "
+            f"{fmt_error(norm_worst)} over k = {', '.join(map(str, self.ks))}"
+            + (
+                " (exact: per-sample normalization does not see the micro-batching)."
+                if not self.norm_inexact_ks
+                else f" (not exact at k = {', '.join(map(str, self.norm_inexact_ks))}: the layer's batch statistics "
+                f"differ between micro-batches and the large batch)."
+            )
+        )
         return out
 
     def findings_list(self) -> Findings:
@@ -170,18 +222,39 @@ class ReportResult:
     def summary(self) -> dict[str, Any]:
         """Everything the report states, as plain JSON: what ``make report`` writes and ``tests/test_report.py`` checks."""
         return {
-            "task": self.task, "accum_steps": list(self.ks), "batch_size": self.batch_size, "norm": self.norm,
-            "precision": self.precision, "device": self.device, "seed": self.seed,
-            "n_items": self.n_items, "n_batches": self.n_batches, "min_steps": MIN_STEPS,
+            "task": self.task,
+            "accum_steps": list(self.ks),
+            "batch_size": self.batch_size,
+            "norm": self.norm,
+            "precision": self.precision,
+            "device": self.device,
+            "seed": self.seed,
+            "n_items": self.n_items,
+            "n_batches": self.n_batches,
+            "min_steps": MIN_STEPS,
             "loops": [
-                {"loop": c.loop, "k": c.k, "max_rel_error": c.max_rel_error, "min_cosine": c.min_cosine,
-                 "max_norm_ratio": c.max_norm_ratio, "steps": c.steps, "expected_steps": c.expected_steps,
-                 "items_used": c.items_used, "items": c.items, "verdict": c.verdict,
-                 "rel_errors": list(c.rel_errors), "window_batches": list(c.window_batches), "logged": list(c.logged),
-                 **({"replay_rel_errors": list(c.ref_errors)} if c.ref_errors else {})}
+                {
+                    "loop": c.loop,
+                    "k": c.k,
+                    "max_rel_error": c.max_rel_error,
+                    "min_cosine": c.min_cosine,
+                    "max_norm_ratio": c.max_norm_ratio,
+                    "steps": c.steps,
+                    "expected_steps": c.expected_steps,
+                    "items_used": c.items_used,
+                    "items": c.items,
+                    "verdict": c.verdict,
+                    "rel_errors": list(c.rel_errors),
+                    "window_batches": list(c.window_batches),
+                    "logged": list(c.logged),
+                    **({"replay_rel_errors": list(c.ref_errors)} if c.ref_errors else {}),
+                }
                 for c in self.cells.values()
             ],
-            "memory": {str(k): {"micro_batch_bytes": m, "large_batch_bytes": big} for k, (m, big) in self.memory.items()},
+            "memory": {
+                str(k): {"micro_batch_bytes": m, "large_batch_bytes": big}
+                for k, (m, big) in self.memory.items()
+            },
             "norm_max_rel_error": {str(k): e for k, e in self.norm_errors.items()},
             "findings": self.findings(),
         }
@@ -200,23 +273,47 @@ def _loops(precision: str) -> dict[str, tuple[Any, dict[str, Any]]]:
     return loops
 
 
-def _autocast_verdict(loop: Any, t: Task, k: int, batch_size: int, precision: str, seed: int, dev: torch.device) -> tuple[str, tuple[float, ...]]:
+def _autocast_verdict(
+    loop: Any, t: Task, k: int, batch_size: int, precision: str, seed: int, dev: torch.device
+) -> tuple[str, tuple[float, ...]]:
     """A low-precision loop (amp) judged as ``accumlib.verify`` judges it: each step against a replay of its window in the
     loop's own autocast dtype, not the float32 gradient, which bf16 rounding alone misses by 1e-2 to 1e-1."""
     dtype = PRECISIONS[precision]
 
     def train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> Any:
-        return loop(model, optimizer, loader, t.item_losses, accum_steps=k, dtype=dtype, device=dev, **contract_of(loop).kwargs_for(t))
+        return loop(
+            model,
+            optimizer,
+            loader,
+            t.item_losses,
+            accum_steps=k,
+            dtype=dtype,
+            device=dev,
+            **contract_of(loop).kwargs_for(t),
+        )
 
-    rep = verify(train_fn, model=t.make_model(seed).to(dev), dataset=t.make_dataset(), item_losses=t.item_losses,
-                 accum_steps=k, batch_size=batch_size, optimizer=lambda ps: torch.optim.SGD(ps, lr=LR), collate_fn=t.collate_fn)
+    rep = verify(
+        train_fn,
+        model=t.make_model(seed).to(dev),
+        dataset=t.make_dataset(),
+        item_losses=t.item_losses,
+        accum_steps=k,
+        batch_size=batch_size,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=LR),
+        collate_fn=t.collate_fn,
+    )
     return (f"close ({precision})" if rep.ok else "not exact"), tuple(s.ref_error for s in rep.steps)
 
 
 def run(
-    task: str = DEFAULTS["task"], accum_steps: Any = DEFAULTS["accum_steps"], batch_size: int = DEFAULTS["batch_size"],
-    norm: str = DEFAULTS["norm"], precision: str = DEFAULTS["precision"], device: Any = DEFAULTS["device"],
-    seed: int = DEFAULTS["seed"], results_path: str = DEFAULTS["results_path"],
+    task: str = DEFAULTS["task"],
+    accum_steps: Any = DEFAULTS["accum_steps"],
+    batch_size: int = DEFAULTS["batch_size"],
+    norm: str = DEFAULTS["norm"],
+    precision: str = DEFAULTS["precision"],
+    device: Any = DEFAULTS["device"],
+    seed: int = DEFAULTS["seed"],
+    results_path: str = DEFAULTS["results_path"],
 ) -> ReportResult:
     """Every reference loop at every k on ``task``, judged step by step against the oracle.
 
@@ -229,15 +326,25 @@ def run(
     cells = {}
     for k in p.ks:
         for name, (loop, kwargs) in _loops(p.precision).items():
-            trace = trace_loop(loop, t, accum_steps=k, batch_size=p.batch_size, lr=LR, seed=p.seed, device=dev, **kwargs)
+            trace = trace_loop(
+                loop, t, accum_steps=k, batch_size=p.batch_size, lr=LR, seed=p.seed, device=dev, **kwargs
+            )
             verdict, ref_errors = classify(trace), ()
             if "dtype" in kwargs:
                 verdict, ref_errors = _autocast_verdict(loop, t, k, p.batch_size, p.precision, p.seed, dev)
             cells[(name, k)] = Cell(
-                name, k, tuple(c.rel_error for c in trace.comparisons), tuple(trace.window_batches),
-                min(c.cosine for c in trace.comparisons), max(c.norm_ratio for c in trace.comparisons),
-                expected_steps(trace.n_batches, k), sum(trace.window_items), trace.n_items,
-                verdict, tuple(trace.logged), ref_errors,
+                name,
+                k,
+                tuple(c.rel_error for c in trace.comparisons),
+                tuple(trace.window_batches),
+                min(c.cosine for c in trace.comparisons),
+                max(c.norm_ratio for c in trace.comparisons),
+                expected_steps(trace.n_batches, k),
+                sum(trace.window_items),
+                trace.n_items,
+                verdict,
+                tuple(trace.logged),
+                ref_errors,
             )
     n_items, n_batches = trace.n_items, trace.n_batches
 
@@ -246,16 +353,36 @@ def run(
     memory = {}
     for k in p.ks:
         window = [first] * k  # activation memory depends on the batch's size, not its content
-        memory[k] = (activation_bytes(model, first, t.item_losses, device=dev),
-                     activation_bytes(model, t.merge(window), t.item_losses, device=dev))
+        memory[k] = (
+            activation_bytes(model, first, t.item_losses, device=dev),
+            activation_bytes(model, t.merge(window), t.item_losses, device=dev),
+        )
 
     cnn = cnn_task(p.norm, p.seed)
     norm_errors = {
-        k: max(c.rel_error for c in trace_loop(ragged, cnn, accum_steps=k, batch_size=p.batch_size, seed=p.seed, device=dev).comparisons)
+        k: max(
+            c.rel_error
+            for c in trace_loop(
+                ragged, cnn, accum_steps=k, batch_size=p.batch_size, seed=p.seed, device=dev
+            ).comparisons
+        )
         for k in p.ks
     }
-    result = ReportResult(t.name, t.description, p.ks, p.batch_size, p.norm, p.precision, str(dev), p.seed, n_items, n_batches,
-                          cells, memory, norm_errors)
+    result = ReportResult(
+        t.name,
+        t.description,
+        p.ks,
+        p.batch_size,
+        p.norm,
+        p.precision,
+        str(dev),
+        p.seed,
+        n_items,
+        n_batches,
+        cells,
+        memory,
+        norm_errors,
+    )
     if p.results_path:
         with open(p.results_path, "w") as f:
             json.dump(result.summary(), f, indent=1)
@@ -264,5 +391,8 @@ def run(
 
 def results_note(results_path: str) -> str:
     """Where the machine-readable results went (the notebook's last line)."""
-    return (f"Every number of this report, as JSON: {results_path}" if results_path
-            else "results_path is '' (the default): no JSON file written; make report writes reports/report.json")
+    return (
+        f"Every number of this report, as JSON: {results_path}"
+        if results_path
+        else "results_path is '' (the default): no JSON file written; make report writes reports/report.json"
+    )

@@ -1,6 +1,4 @@
-"""The report's figures, each with alt text built from the numbers it plots, in the lessons' one style.
-"""
-
+"""The report's figures, each with alt text built from the numbers it plots, in the lessons' one style."""
 
 from __future__ import annotations
 
@@ -10,14 +8,14 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-from ..tolerances import FLOAT32_RTOL
 from ..lessons import _style
-
+from ..tolerances import FLOAT32_RTOL
 from .compute import Cell, ReportResult
 
 # A bit-exact 0 on a log axis is drawn here and labelled "0": float32 rounding (~1e-7) stays visibly above it.
 ZERO = 1e-10
-ROLES = {"naive": "buggy", "normalized": "other", "ragged": "correct", "large_batch": "oracle"}  # amp: "alternative"
+# amp: "alternative"
+ROLES = {"naive": "buggy", "normalized": "other", "ragged": "correct", "large_batch": "oracle"}
 
 
 def _role(name: str) -> dict[str, Any]:
@@ -33,15 +31,22 @@ def _log_axis_with_zero(ax: Any, values: list[float]) -> None:
     top = math.ceil(math.log10(max([*values, 1.0])))
     decades = list(range(-8, top + 1, 2 if top + 8 > 6 else 1))
     ax.set_yscale("log")
-    ax.set_ylim(ZERO / 3, 10.0 ** top * 3)
-    ax.set_yticks([ZERO] + [10.0 ** d for d in decades], ["0 (bit-exact)"] + [f"{10.0 ** d:g}" for d in decades])
+    ax.set_ylim(ZERO / 3, 10.0**top * 3)
+    ax.set_yticks([ZERO] + [10.0**d for d in decades], ["0 (bit-exact)"] + [f"{10.0**d:g}" for d in decades])
     ax.yaxis.set_minor_locator(NullLocator())
-    ax.axhline(ZERO * 10, color="white", linewidth=3, zorder=1)  # a gap in the axis: 0 is not a decade below 1e-8
+    # a gap in the axis: 0 is not a decade below 1e-8
+    ax.axhline(ZERO * 10, color="white", linewidth=3, zorder=1)
 
 
 def _tolerance_band(ax: Any) -> None:
     """Grey below the float32 bound: a point inside the band is exact, one above it is a wrong gradient."""
-    ax.axhspan(ZERO / 3, FLOAT32_RTOL, color="0.88", zorder=0, label=f"exact: within float32 rounding (<= {FLOAT32_RTOL:g})")
+    ax.axhspan(
+        ZERO / 3,
+        FLOAT32_RTOL,
+        color="0.88",
+        zorder=0,
+        label=f"exact: within float32 rounding (<= {FLOAT32_RTOL:g})",
+    )
 
 
 def _k_axis(ax: Any, ks: tuple[int, ...]) -> None:
@@ -58,8 +63,15 @@ def _ks(ks: list[int]) -> str:
 def title_errors(result: ReportResult) -> str:
     """The error figure's title: which loops its numbers show exact at every k (their verdicts)."""
     exact = result.exact_loops
-    headline = (f"exact at every k: {', '.join(exact)}" if len(exact) < len(result.loops)
-                else "every loop exact at every k") if exact else "no loop exact at every k"
+    headline = (
+        (
+            f"exact at every k: {', '.join(exact)}"
+            if len(exact) < len(result.loops)
+            else "every loop exact at every k"
+        )
+        if exact
+        else "no loop exact at every k"
+    )
     return f"Each loop's worst step against the large batch ({result.task}),\n{headline}"
 
 
@@ -70,14 +82,19 @@ def title_memory_and_norm(result: ReportResult) -> str:
     m, big = result.memory[k]
     layer = "no norm layer" if result.norm == "none" else f"{result.norm} norm"
     off = result.norm_inexact_ks
-    norm = (f"and what it keeps exact: {layer}, at every k" if not off
-            else f"and what it cannot fix: {layer}, off at k = {_ks(off)}")
+    norm = (
+        f"and what it keeps exact: {layer}, at every k"
+        if not off
+        else f"and what it cannot fix: {layer}, off at k = {_ks(off)}"
+    )
     return f"What accumulation saves: {big / m:.1f}x less activation memory at k = {k},\n{norm}"
 
 
 def _norm_panel_title(result: ReportResult) -> str:
     off = result.norm_inexact_ks
-    verdict = "exact at every k" if not off else f"off by up to {_alt_number(max(result.norm_errors.values()))}"
+    verdict = (
+        "exact at every k" if not off else f"off by up to {_alt_number(max(result.norm_errors.values()))}"
+    )
     return f"ragged, SmallCNN, {result.norm} norm:\n{verdict}"
 
 
@@ -102,10 +119,14 @@ def plot_errors(result: ReportResult) -> Figure:
 def alt_errors(result: ReportResult) -> str:
     """Alt text of ``plot_errors``: what it shows, with its numbers."""
     lines = "; ".join(
-        f"{name}: " + ", ".join(f"{_alt_number(result.cells[(name, k)].max_rel_error)} at k = {k}" for k in result.ks)
-        for name in result.loops)
-    return (f"{_sentence(title_errors(result))} Line chart, log scale: the worst optimizer step's relative gradient error against the large batch, "
-            f"for k = {', '.join(map(str, result.ks))} on {result.task} with micro-batches of {result.batch_size}. {lines}.")
+        f"{name}: "
+        + ", ".join(f"{_alt_number(result.cells[(name, k)].max_rel_error)} at k = {k}" for k in result.ks)
+        for name in result.loops
+    )
+    return (
+        f"{_sentence(title_errors(result))} Line chart, log scale: the worst optimizer step's relative gradient error against the large batch, "
+        f"for k = {', '.join(map(str, result.ks))} on {result.task} with micro-batches of {result.batch_size}. {lines}."
+    )
 
 
 def _sentence(title: str) -> str:
@@ -130,9 +151,13 @@ def plot_steps(result: ReportResult, k: int | None = None) -> Figure:
     logged loss minus the large-batch run's, so the effect is on the axis rather than hidden in an offset."""
     k = k or max(result.ks)
     ref = result.cells[("large_batch", k)]
-    fig, (ax, bx) = _style.figure(2, width=10, height=6,
-                                  title=f"Step by step at k = {k} ({result.task}, micro-batches of {result.batch_size}, "
-                                        f"{ref.steps} optimizer steps)")
+    fig, (ax, bx) = _style.figure(
+        2,
+        width=10,
+        height=6,
+        title=f"Step by step at k = {k} ({result.task}, micro-batches of {result.batch_size}, "
+        f"{ref.steps} optimizer steps)",
+    )
     steps = list(range(1, ref.steps + 1))
     values = []
     for name in result.loops:
@@ -160,29 +185,51 @@ def alt_steps(result: ReportResult, k: int | None = None) -> str:
     """Alt text of ``plot_steps``."""
     k = k or max(result.ks)
     ref = result.cells[("large_batch", k)]
-    errors = "; ".join(f"{name}: " + ", ".join(_alt_number(e) for e in result.cells[(name, k)].rel_errors) for name in result.loops)
+    errors = "; ".join(
+        f"{name}: " + ", ".join(_alt_number(e) for e in result.cells[(name, k)].rel_errors)
+        for name in result.loops
+    )
     gaps = "; ".join(
-        f"{name}: " + ", ".join(f"{a - b:+.2g}" if a != b else "0" for a, b in zip(result.cells[(name, k)].logged, ref.logged))
-        for name in result.loops)
-    return (f"Two line charts over the {ref.steps} optimizer steps at k = {k} (the last window holds "
-            f"{ref.window_batches[-1]} of {k} micro-batches). Left, log scale: each step's relative gradient error "
-            f"against the large batch, {errors}. Right: each loop's logged loss minus the large-batch run's, {gaps}.")
+        f"{name}: "
+        + ", ".join(
+            f"{a - b:+.2g}" if a != b else "0" for a, b in zip(result.cells[(name, k)].logged, ref.logged)
+        )
+        for name in result.loops
+    )
+    return (
+        f"Two line charts over the {ref.steps} optimizer steps at k = {k} (the last window holds "
+        f"{ref.window_batches[-1]} of {k} micro-batches). Left, log scale: each step's relative gradient error "
+        f"against the large batch, {errors}. Right: each loop's logged loss minus the large-batch run's, {gaps}."
+    )
 
 
 @_style.styled
 def plot_memory_and_norm(result: ReportResult) -> Figure:
     """Left: activation memory vs k. Right: ragged's error with the chosen norm layer vs k."""
     fig, (ax, bx) = _style.figure(2, width=10, height=6.5, title=title_memory_and_norm(result))
-    ax.plot(result.ks, [big / 1024 for _, big in result.memory.values()], label="one large batch of k micro-batches",
-            **_style.ROLE["other"])
-    ax.plot(result.ks, [m / 1024 for m, _ in result.memory.values()], label="one micro-batch (accumulation)",
-            **_style.ROLE["correct"])
+    ax.plot(
+        result.ks,
+        [big / 1024 for _, big in result.memory.values()],
+        label="one large batch of k micro-batches",
+        **_style.ROLE["other"],
+    )
+    ax.plot(
+        result.ks,
+        [m / 1024 for m, _ in result.memory.values()],
+        label="one micro-batch (accumulation)",
+        **_style.ROLE["correct"],
+    )
     _k_axis(ax, result.ks)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("activations saved for backward (KiB)")
     ax.set_title(f"Activation memory\n(micro-batches of {result.batch_size})")
     errors = list(result.norm_errors.values())
-    bx.plot(result.ks, [_zero(e) for e in errors], label=f"accumlib.ragged, {result.norm} norm", **_style.ROLE["correct"])
+    bx.plot(
+        result.ks,
+        [_zero(e) for e in errors],
+        label=f"accumlib.ragged, {result.norm} norm",
+        **_style.ROLE["correct"],
+    )
     _tolerance_band(bx)
     _log_axis_with_zero(bx, errors)
     _k_axis(bx, result.ks)
@@ -196,10 +243,14 @@ def plot_memory_and_norm(result: ReportResult) -> Figure:
 
 def alt_memory_and_norm(result: ReportResult) -> str:
     """Alt text of ``plot_memory_and_norm``."""
-    memory = ", ".join(f"k = {k}: {m / 1024:.1f} against {big / 1024:.1f} KiB" for k, (m, big) in result.memory.items())
+    memory = ", ".join(
+        f"k = {k}: {m / 1024:.1f} against {big / 1024:.1f} KiB" for k, (m, big) in result.memory.items()
+    )
     norm = ", ".join(f"{_alt_number(e)} at k = {k}" for k, e in result.norm_errors.items())
-    return (f"{_sentence(title_memory_and_norm(result))} Two line charts against k. Left: activation memory of one micro-batch against one large batch, {memory}. "
-            f"Right, log scale: worst relative gradient error of accumlib.ragged on SmallCNN with {result.norm} norm, {norm}.")
+    return (
+        f"{_sentence(title_memory_and_norm(result))} Two line charts against k. Left: activation memory of one micro-batch against one large batch, {memory}. "
+        f"Right, log scale: worst relative gradient error of accumlib.ragged on SmallCNN with {result.norm} norm, {norm}."
+    )
 
 
 def show(fig: Figure, alt: str) -> None:

@@ -11,7 +11,6 @@ The kernel talks to papermill over the ipc transport (a local socket): over tcp,
 every run that its traffic is unencrypted.
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -66,10 +65,17 @@ def render(notebook: str | os.PathLike[str], out_dir: str | os.PathLike[str], **
     page.unlink(missing_ok=True)  # a failed run leaves no page of an earlier one behind
     parameters.setdefault("results_path", str(out / "report.json"))
     os.environ.setdefault("MPLBACKEND", "Agg")  # the kernel inherits it: no display needed
-    with tempfile.TemporaryDirectory() as sockets:  # a short path: a socket's name is limited to about 100 characters
+    # a short path: a socket's name is limited to about 100 characters
+    with tempfile.TemporaryDirectory() as sockets:
         ipc = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
-        papermill.execute_notebook(os.fspath(notebook), str(executed), parameters=parameters, progress_bar=False, config=ipc,
-                                   kernel_manager_class=_quiet_shutdown_manager())
+        papermill.execute_notebook(
+            os.fspath(notebook),
+            str(executed),
+            parameters=parameters,
+            progress_bar=False,
+            config=ipc,
+            kernel_manager_class=_quiet_shutdown_manager(),
+        )
     body, _ = HTMLExporter(config=Config(HTML_CONFIG)).from_filename(str(executed))
     page.write_text(body, encoding="utf-8")
     return page
@@ -95,11 +101,20 @@ def _quiet_shutdown_manager() -> type:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line ``make report`` calls; exit status 1, with the notebook's error, when a cell raises."""
-    parser = argparse.ArgumentParser(prog="python -m accumlib.report.render", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m accumlib.report.render", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("notebook", help="the report notebook (notebooks/report.ipynb)")
     parser.add_argument("out_dir", help="the folder to write report.ipynb, report.html and report.json in")
-    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                        help="a parameter of the notebook's parameters cell, as for papermill")
+    parser.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="a parameter of the notebook's parameters cell, as for papermill",
+    )
     args = parser.parse_args(argv)
     from papermill import PapermillExecutionError
 
@@ -108,10 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         page = render(args.notebook, args.out_dir, **parameters)
     except PapermillExecutionError as e:
-        print(f"report: the notebook raised {e.ename}: {e.evalue} (executed notebook: {Path(args.out_dir) / 'report.ipynb'})",
-              file=sys.stderr)
+        print(
+            f"report: the notebook raised {e.ename}: {e.evalue} (executed notebook: {Path(args.out_dir) / 'report.ipynb'})",
+            file=sys.stderr,
+        )
         return 1
-    print(f"report: {page.parent / 'report.ipynb'}, {page} and every number in {parameters['results_path'] or 'no file'}")
+    print(
+        f"report: {page.parent / 'report.ipynb'}, {page} and every number in {parameters['results_path'] or 'no file'}"
+    )
     return 0
 
 

@@ -32,5 +32,22 @@ from .models import TASKS, Task, own_item_losses, tiny_config, tiny_model, train
 from .results import NoTable, Row, Survey, load, summary, to_markdown, versions, write
 from .run import resolve, run, survey_one
 
-__all__ = ["TASKS", "NoTable", "Row", "Survey", "Task", "load", "own_item_losses", "resolve", "run", "summary", "survey_one",
-           "tiny_config", "tiny_model", "to_markdown", "trainer_for", "versions", "write"]
+__all__ = [
+    "TASKS",
+    "NoTable",
+    "Row",
+    "Survey",
+    "Task",
+    "load",
+    "own_item_losses",
+    "resolve",
+    "run",
+    "summary",
+    "survey_one",
+    "tiny_config",
+    "tiny_model",
+    "to_markdown",
+    "trainer_for",
+    "versions",
+    "write",
+]

@@ -2,7 +2,6 @@
 the item losses they are judged with, and the Trainer each gets.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -24,11 +23,34 @@ LOSS_RTOL = 1e-5  # float32: the model's mean loss and ours sum the same ~40 ter
 
 # Config fields set for every class that has them (a class without one keeps its default)
 TINY: dict[str, Any] = dict(
-    vocab_size=VOCAB, hidden_size=32, n_embd=32, d_model=32, embed_dim=32, hidden_dim=32, word_embed_proj_dim=32,
-    intermediate_size=64, n_inner=64, ffn_dim=64, num_attention_heads=2, n_head=2, num_heads=2, num_key_value_heads=2,
-    head_dim=16, max_position_embeddings=64, n_positions=64, n_ctx=64, num_experts=4, num_local_experts=4,
-    num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32, pad_token_id=0, bos_token_id=1,
-    eos_token_id=2, decoder_start_token_id=1, output_router_logits=False,
+    vocab_size=VOCAB,
+    hidden_size=32,
+    n_embd=32,
+    d_model=32,
+    embed_dim=32,
+    hidden_dim=32,
+    word_embed_proj_dim=32,
+    intermediate_size=64,
+    n_inner=64,
+    ffn_dim=64,
+    num_attention_heads=2,
+    n_head=2,
+    num_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+    n_positions=64,
+    n_ctx=64,
+    num_experts=4,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    decoder_start_token_id=1,
+    output_router_logits=False,
 )
 # classes whose configs tie sizes together in ways the generic shrink breaks
 TINY_FOR: dict[str, dict[str, Any]] = {
@@ -65,7 +87,9 @@ def tiny_config(model_type: str, task: str = "causal-lm") -> Any:
 
     cls = CONFIG_MAPPING[model_type]
     default = cls()
-    names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else list(vars(default))
+    names = (
+        [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else list(vars(default))
+    )
     changes = {}
     for name in names:
         value = getattr(default, name, None)
@@ -104,7 +128,9 @@ def unshifted_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
     """Cross-entropy of every label at its own position (a model whose loss does not shift)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     targets = batch["labels"].reshape(-1)
-    ce = F.cross_entropy(logits.reshape(targets.numel(), -1), targets, reduction="none", ignore_index=IGNORE_INDEX)
+    ce = F.cross_entropy(
+        logits.reshape(targets.numel(), -1), targets, reduction="none", ignore_index=IGNORE_INDEX
+    )
     return ce[targets != IGNORE_INDEX]
 
 
@@ -128,11 +154,22 @@ class Task:
 
 
 TASKS = {
-    "causal-lm": Task("causal-LM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", lambda: token_sequences(vocab=VOCAB), collate,
-                      {"shifted": shifted_losses, "unshifted": unshifted_losses}, {}),
+    "causal-lm": Task(
+        "causal-LM",
+        "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+        lambda: token_sequences(vocab=VOCAB),
+        collate,
+        {"shifted": shifted_losses, "unshifted": unshifted_losses},
+        {},
+    ),
     "sequence-classification": Task(
-        "sequence-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", lambda: labelled_sequences(vocab=VOCAB),
-        classify_collate, {"per sequence": per_sequence_losses}, {"num_labels": 3}),
+        "sequence-classification",
+        "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+        lambda: labelled_sequences(vocab=VOCAB),
+        classify_collate,
+        {"per sequence": per_sequence_losses},
+        {"num_labels": 3},
+    ),
 }
 
 
@@ -160,7 +197,9 @@ def own_item_losses(model: torch.nn.Module, task: str = "causal-lm") -> str:
         with torch.no_grad():
             own = [float(model(**batch).loss) for _ in range(2)]
             if own[0] != own[1]:
-                raise ValueError(f"its training-mode loss is random (two identical forwards: {own[0]:.6g}, {own[1]:.6g})")
+                raise ValueError(
+                    f"its training-mode loss is random (two identical forwards: {own[0]:.6g}, {own[1]:.6g})"
+                )
             means = {name: float(fn(model, batch).double().mean()) for name, fn in t.item_losses.items()}
     finally:
         model.train(was)
@@ -168,8 +207,11 @@ def own_item_losses(model: torch.nn.Module, task: str = "causal-lm") -> str:
         if abs(mean - own[0]) <= LOSS_RTOL * abs(own[0]):
             return name
     said = " nor ".join(f"the {name} ({mean:.6g})" for name, mean in means.items())
-    raise ValueError(f"its loss ({own[0]:.6g}) is the mean of neither {said} cross-entropy" if len(means) > 1 else
-                     f"its loss ({own[0]:.6g}) is not the mean of {said} cross-entropy")
+    raise ValueError(
+        f"its loss ({own[0]:.6g}) is the mean of neither {said} cross-entropy"
+        if len(means) > 1
+        else f"its loss ({own[0]:.6g}) is not the mean of {said} cross-entropy"
+    )
 
 
 def trainer_for(model: torch.nn.Module, output_dir: str, task: str = "causal-lm", **overrides: Any) -> Any:
@@ -177,8 +219,22 @@ def trainer_for(model: torch.nn.Module, output_dir: str, task: str = "causal-lm"
     from transformers import Trainer, TrainingArguments
 
     t = _task(task)
-    args = dict(per_device_train_batch_size=BATCH, gradient_accumulation_steps=K, num_train_epochs=1, max_grad_norm=0.0,
-                seed=0, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    args = dict(
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=K,
+        num_train_epochs=1,
+        max_grad_norm=0.0,
+        seed=0,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
     args |= overrides
-    return Trainer(model=model, args=TrainingArguments(output_dir=output_dir, **args), train_dataset=t.data(),
-                   data_collator=t.collate)
+    return Trainer(
+        model=model,
+        args=TrainingArguments(output_dir=output_dir, **args),
+        train_dataset=t.data(),
+        data_collator=t.collate,
+    )

@@ -2,7 +2,6 @@
 time limit and quietly; a row per class (judged, skipped or failed, with the reason).
 """
 
-
 from __future__ import annotations
 
 import contextlib
@@ -20,9 +19,20 @@ from typing import Any
 import torch
 
 from ..examples.data import token_sequences
-
-from .models import BATCH, K, SECONDS_PER_MODEL, TASKS, VOCAB, NotTiny, _mapping, own_item_losses, tiny_model, trainer_for
+from .models import (
+    BATCH,
+    SECONDS_PER_MODEL,
+    TASKS,
+    VOCAB,
+    K,
+    NotTiny,
+    _mapping,
+    own_item_losses,
+    tiny_model,
+    trainer_for,
+)
 from .results import Row, Survey
+
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
@@ -84,13 +94,16 @@ def survey_one(model_type: str, task: str = "causal-lm") -> Row:
                 return row
             row.status = "error"
             with tempfile.TemporaryDirectory(prefix="accumlib-survey-") as out:
-                report = verify_trainer(trainer_for(model, out, task), item_losses=TASKS[task].item_losses[row.item_losses])
+                report = verify_trainer(
+                    trainer_for(model, out, task), item_losses=TASKS[task].item_losses[row.item_losses]
+                )
         row.status, row.reason = "judged", ""
         row.steps = len(report.steps)
         errors = [s.rel_error for s in report.steps if math.isfinite(s.rel_error)]
         row.max_rel_error = max(errors) if errors else None
         row.codes = sorted(report.codes)
-        if report.codes & {"misscaled", "unscaled-sum"}:  # a step scaled as a whole: its factor says by how much
+        # a step scaled as a whole: its factor says by how much
+        if report.codes & {"misscaled", "unscaled-sum"}:
             row.scales = [round(s.scale, 6) for s in report.steps]
         if "misscaled" in report.codes:
             message = next(f.message for f in report.findings if f.code == "misscaled")
@@ -124,8 +137,10 @@ def resolve(models: Sequence[str] | None, task: str = "causal-lm") -> list[str]:
         t = key if key in names else by_class.get(key.lower())
         (out.append(t) if t else unknown.append(key))
     if unknown:
-        raise ValueError(f"models must name {TASKS[task].title} model types or classes of transformers "
-                         f"{_version('transformers')} (e.g. gpt2, llama, GPT2LMHeadModel) (got unknown {', '.join(unknown)})")
+        raise ValueError(
+            f"models must name {TASKS[task].title} model types or classes of transformers "
+            f"{_version('transformers')} (e.g. gpt2, llama, GPT2LMHeadModel) (got unknown {', '.join(unknown)})"
+        )
     return list(dict.fromkeys(out))
 
 
@@ -146,9 +161,11 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-SETUP = (f"{len(token_sequences())} sequences of 3..20 tokens (vocabulary {VOCAB}{{labels}}), micro-batches of {BATCH}, "
-         f"gradient_accumulation_steps={K} (windows of 4, 4, 3 micro-batches), one epoch, the Trainer's AdamW, "
-         "linear schedule and RandomSampler (seed 0), max_grad_norm=0, dropout 0, CPU, float32")
+SETUP = (
+    f"{len(token_sequences())} sequences of 3..20 tokens (vocabulary {VOCAB}{{labels}}), micro-batches of {BATCH}, "
+    f"gradient_accumulation_steps={K} (windows of 4, 4, 3 micro-batches), one epoch, the Trainer's AdamW, "
+    "linear schedule and RandomSampler (seed 0), max_grad_norm=0, dropout 0, CPU, float32"
+)
 
 
 def run(models: Sequence[str] | None = None, task: str = "causal-lm", progress: Any = None) -> Survey:
@@ -168,6 +185,8 @@ def run(models: Sequence[str] | None = None, task: str = "causal-lm", progress: 
                     progress(rows[-1])
     finally:
         torch.set_num_threads(threads)
-    versions = {d: _version(d) for d in ("transformers", "torch", "accelerate")} | {"python": platform.python_version()}
+    versions = {d: _version(d) for d in ("transformers", "torch", "accelerate")} | {
+        "python": platform.python_version()
+    }
     setup = SETUP.format(labels=", one of 3 labels each" if task == "sequence-classification" else "")
     return Survey(versions, setup, rows, round(time.perf_counter() - start, 1), task)

@@ -7,6 +7,7 @@ accumulated is compared with the true gradient of the window's mean pair loss, e
 computed by the trainer's own compute_loss on a micro-batch of that pair alone.
 Run: HF_HUB_OFFLINE=1 python docs/repro/dpo_last_micro_batch.py
 """
+
 import os
 import random
 import tempfile
@@ -25,23 +26,51 @@ torch.set_num_threads(1)
 vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3} | {f"w{i}": 4 + i for i in range(60)}
 core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
 core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
+tok = PreTrainedTokenizerFast(
+    tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+)
 
 
 def llama(seed):
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, pad_token_id=0, eos_token_id=2))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            pad_token_id=0,
+            eos_token_id=2,
+        )
+    )
 
 
 rng = random.Random(0)
 words = lambda: " ".join(f"w{rng.randrange(60)}" for _ in range(rng.randint(1, 6)))  # noqa: E731
 # completions start with a space, so prompt + completion splits into the same words
-data = datasets.Dataset.from_dict({k: [(" " if k != "prompt" else "") + words() for _ in range(11)]
-                                   for k in ("prompt", "chosen", "rejected")})
-args = DPOConfig(tempfile.mkdtemp(), per_device_train_batch_size=2, gradient_accumulation_steps=4, num_train_epochs=1,
-                 max_grad_norm=0.0, use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no",
-                 save_strategy="no", bf16=False, gradient_checkpointing=False, seed=0)
+data = datasets.Dataset.from_dict(
+    {
+        k: [(" " if k != "prompt" else "") + words() for _ in range(11)]
+        for k in ("prompt", "chosen", "rejected")
+    }
+)
+args = DPOConfig(
+    tempfile.mkdtemp(),
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=4,
+    num_train_epochs=1,
+    max_grad_norm=0.0,
+    use_cpu=True,
+    report_to=[],
+    disable_tqdm=True,
+    logging_strategy="no",
+    save_strategy="no",
+    bf16=False,
+    gradient_checkpointing=False,
+    seed=0,
+)
 model = llama(0)
 trainer = DPOTrainer(model=model, ref_model=llama(1), args=args, train_dataset=data, processing_class=tok)
 windows = [[]]
@@ -59,7 +88,7 @@ trainer.training_step = training_step
 def split(batch):
     """A micro-batch of P pairs holds the P chosen rows, then the P rejected rows: one batch per pair."""
     n = len(batch["input_ids"]) // 2
-    return [{k: torch.cat([v[i:i + 1], v[n + i:n + i + 1]]) for k, v in batch.items()} for i in range(n)]
+    return [{k: torch.cat([v[i : i + 1], v[n + i : n + i + 1]]) for k, v in batch.items()} for i in range(n)]
 
 
 def check(opt, a, kw):
@@ -68,14 +97,23 @@ def check(opt, a, kw):
     params = [p for p in model.parameters() if p.requires_grad]
     got = torch.cat([p.grad.flatten() for p in params])
     pairs = [p for b in window for p in split(b)]
-    grads = [torch.cat([g.flatten() for g in torch.autograd.grad(trainer.compute_loss(model, p), params)]) for p in pairs]
+    grads = [
+        torch.cat([g.flatten() for g in torch.autograd.grad(trainer.compute_loss(model, p), params)])
+        for p in pairs
+    ]
     true = sum(grads) / len(pairs)
-    means = sum(sum(grads[i:i + n]) / n / len(window) for i, n in zip(
-        [sum(len(b["input_ids"]) // 2 for b in window[:j]) for j in range(len(window))],
-        [len(b["input_ids"]) // 2 for b in window]))  # the mean of the micro-batch means
-    print(f"pairs per micro-batch {[len(b['input_ids']) // 2 for b in window]}: "
-          f"|G - g*|/|g*| = {float((got - true).norm() / true.norm()):.3e}, "
-          f"|G - mean of micro-batch means|/|g*| = {float((got - means).norm() / true.norm()):.3e}")
+    means = sum(
+        sum(grads[i : i + n]) / n / len(window)
+        for i, n in zip(
+            [sum(len(b["input_ids"]) // 2 for b in window[:j]) for j in range(len(window))],
+            [len(b["input_ids"]) // 2 for b in window],
+        )
+    )  # the mean of the micro-batch means
+    print(
+        f"pairs per micro-batch {[len(b['input_ids']) // 2 for b in window]}: "
+        f"|G - g*|/|g*| = {float((got - true).norm() / true.norm()):.3e}, "
+        f"|G - mean of micro-batch means|/|g*| = {float((got - means).norm() / true.norm()):.3e}"
+    )
     windows.append([])
 
 

@@ -7,6 +7,7 @@ Trainer counts the batch's own labels after the shift, N - S, and divides the su
 losses by it. 22 sequences of 3..20 tokens, per_device_train_batch_size=2, k = 4 and k = 1.
 Run: HF_HUB_OFFLINE=1 python docs/repro/peft_prompt_tuning_count.py
 """
+
 import os
 import tempfile
 import warnings
@@ -33,9 +34,19 @@ def collate(seqs):
 
 def run(k):
     torch.manual_seed(0)
-    model = get_peft_model(LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)),
-                           PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=V))
+    model = get_peft_model(
+        LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=64,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+            )
+        ),
+        PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=V),
+    )
     window = []
     model.register_forward_pre_hook(lambda m, a, kw: window.append(kw), with_kwargs=True)
     params = [p for p in model.parameters() if p.requires_grad]  # the prompt embeddings
@@ -43,22 +54,39 @@ def run(k):
     def check(opt, a, kw):
         total, n, s = 0.0, 0, 0
         with torch.enable_grad():
-            for b in window:  # the true loss: the labels PEFT passes on, after the shift, virtual positions skipped
-                logits = model.base_model(inputs_embeds=torch.cat([model.get_prompt(len(b["input_ids"])),
-                                          model.word_embeddings(b["input_ids"])], 1),
-                                          attention_mask=F.pad(b["attention_mask"], (V, 0), value=1)).logits[:, :-1]
+            # the true loss: the labels PEFT passes on, after the shift, virtual positions skipped
+            for b in window:
+                logits = model.base_model(
+                    inputs_embeds=torch.cat(
+                        [model.get_prompt(len(b["input_ids"])), model.word_embeddings(b["input_ids"])], 1
+                    ),
+                    attention_mask=F.pad(b["attention_mask"], (V, 0), value=1),
+                ).logits[:, :-1]
                 y = F.pad(b["labels"], (V, 0), value=-100)[:, 1:]
                 total = total + F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum")
                 n, s = n + int((y != -100).sum()), s + len(y)
             true = torch.cat([x.flatten() for x in torch.autograd.grad(total / n, params)])
         got = torch.cat([p.grad.flatten() for p in params])
-        print(f"k={k} N={n:3} S={s} num_items_in_batch={int(window[0]['num_items_in_batch']):3} "
-              f"<g,g*>/|g*|^2={float(got @ true / (true @ true)):.6f} N/(N-S)={n / (n - s):.6f}")
+        print(
+            f"k={k} N={n:3} S={s} num_items_in_batch={int(window[0]['num_items_in_batch']):3} "
+            f"<g,g*>/|g*|^2={float(got @ true / (true @ true)):.6f} N/(N-S)={n / (n - s):.6f}"
+        )
         window.clear()
 
-    args = TrainingArguments(tempfile.mkdtemp(), per_device_train_batch_size=2, gradient_accumulation_steps=k,
-                             num_train_epochs=1, max_steps=3, max_grad_norm=0.0, use_cpu=True, report_to=[],
-                             disable_tqdm=True, logging_strategy="no", save_strategy="no", seed=0)
+    args = TrainingArguments(
+        tempfile.mkdtemp(),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=k,
+        num_train_epochs=1,
+        max_steps=3,
+        max_grad_norm=0.0,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+        save_strategy="no",
+        seed=0,
+    )
     hook = register_optimizer_step_pre_hook(check)
     Trainer(model=model, args=args, train_dataset=data, data_collator=collate).train()
     hook.remove()
