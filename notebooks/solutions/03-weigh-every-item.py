@@ -13,7 +13,7 @@ def train_fn(model, optimizer, loader):
     sizes = [len(y) for _, y in loader]  # samples per micro-batch: [8, ..., 8, 6]
     for i, (x, y) in enumerate(loader):
         start = i - i % k  # the first micro-batch of this window
-        n_window = sum(sizes[start:start + k])  # 32 for a full window, 8 + 6 = 14 for the tail
+        n_window = sum(sizes[start : start + k])  # 32 for a full window, 8 + 6 = 14 for the tail
         loss = F.cross_entropy(model(x), y, reduction="sum") / n_window
         loss.backward()
         if (i + 1) % k == 0 or (i + 1) == len(loader):

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 def train_fn(model, optimizer, loader):
     accum_steps = 4
-    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.25, total_iters=3)  # warmup, in steps
+    # warmup, in steps
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.25, total_iters=3)
     scaler = torch.amp.GradScaler("cpu")
     running_loss, n_items = 0.0, 0
     for step, (x, y) in enumerate(loader):

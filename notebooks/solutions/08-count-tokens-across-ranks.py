@@ -22,7 +22,9 @@ PAD = -100  # target of a padding position: not a token
 def train_fn(model, optimizer, loader):
     ddp = DDP(model)  # DDP all-reduces the ranks' gradients and takes their mean
     sampler = DistributedSampler(loader.dataset, shuffle=False)  # this rank's share of the items
-    shard = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn)
+    shard = DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn
+    )
     window = []
     for batch in shard:
         window.append(batch)
