@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._batch import resolve_device
+from ._checks import resolve_device
 from ._verify import CODES, Finding, Report, VerifyError, verify
 from .compare import Comparison, compare
 from .loops import LOOPS, amp, grad_divided, large_batch, naive, normalized, ragged

@@ -7,7 +7,6 @@ sees the step being taught.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -41,67 +40,6 @@ def to_device(batch: Batch, device: torch.device | str | None) -> Batch:
         moved = [to_device(v, device) for v in batch]
         return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
     return batch
-
-
-def resolve_device(device: torch.device | str | None) -> torch.device:
-    """``"auto"``/``None`` -> CUDA when present, else CPU; anything else is checked.
-
-    >>> resolve_device("cpu")
-    device(type='cpu')
-    >>> resolve_device("tpu")
-    Traceback (most recent call last):
-    ValueError: device must be 'cpu', 'cuda', 'auto' or a torch.device (got 'tpu')"""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):  # torch's own message lists twenty device types and names no argument
-        raise ValueError(f"device must be 'cpu', 'cuda', 'auto' or a torch.device (got {device!r})") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device must be 'cpu', 'cuda' or 'auto'; 'cuda' needs a GPU and none is present (got {device!r})"
-        )
-    return dev
-
-
-def check_model(model: object) -> torch.nn.Module:
-    """A loop's model: an ``nn.Module`` with at least one trainable parameter, none on the meta device."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError(
-            f"model must have at least one parameter with requires_grad=True (got {type(model).__name__} with none)"
-        )
-    if any(p.is_meta for p in params):
-        raise ValueError(
-            f"model must hold real parameters, not parameters on the meta device (got {type(model).__name__}; "
-            "materialize it with .to_empty(device=...) and load its weights first)"
-        )
-    return model
-
-
-def check_device(device: object, model: torch.nn.Module) -> torch.device:
-    """Where a loop moves each micro-batch: ``None`` means the model's own device (the one default
-    everywhere in accumlib), ``"auto"`` CUDA when present, else a valid torch device.
-
-    >>> check_device(None, torch.nn.Linear(2, 1)), check_device("cpu", torch.nn.Linear(2, 1))
-    (device(type='cpu'), device(type='cpu'))
-    """
-    if device is None:
-        return next(p for p in model.parameters() if p.requires_grad).device
-    return resolve_device(device)  # type: ignore[arg-type]
-
-
-def check_accum_steps(accum_steps: object) -> int:
-    """``accum_steps`` must be an integer >= 1; bools and floats are refused loudly."""
-    if isinstance(accum_steps, bool) or not isinstance(accum_steps, numbers.Integral):
-        raise ValueError(
-            f"accum_steps must be an integer >= 1 (got {accum_steps!r} of type {type(accum_steps).__name__})"
-        )
-    if accum_steps < 1:
-        raise ValueError(f"accum_steps must be >= 1 (got {accum_steps})")
-    return int(accum_steps)
 
 
 def windows(loader: Iterable[Batch], accum_steps: int) -> Iterator[list[Batch]]:

@@ -4,12 +4,20 @@
 loop   k
 -----  -
 naive  4
+>>> print(Table(("k", "ratio"), [(1, 1.0), (16, 16.0)]))
+k   ratio
+--  -----
+1   1.0
+16  16.0
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import Any
+
+from .tolerances import FLOAT32_RTOL
 
 
 def text_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -25,3 +33,40 @@ def html_table(head: Sequence[str], rows: Sequence[Sequence[str]], caption: str 
     th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table>{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class Table:
+    """Rows shown as an HTML table in JupyterLab and as fixed-width text everywhere else.
+
+    ``str(table)`` is the text form (papermill logs, the terminal, tests); notebooks display
+    the object, and JupyterLab picks ``_repr_html_``, which never wraps like long text does.
+    """
+
+    def __init__(self, header: Sequence[Any], rows: Sequence[Sequence[Any]], caption: str = ""):
+        self.header = tuple(str(h) for h in header)
+        self.rows = [tuple(str(c) for c in r) for r in rows]
+        self.caption = caption
+        bad = [r for r in self.rows if len(r) != len(self.header)]
+        if bad:
+            raise ValueError(
+                f"rows must have {len(self.header)} cells like the header (got {len(bad[0])}: {bad[0]!r})"
+            )
+
+    def __str__(self) -> str:
+        return "\n".join(([self.caption] if self.caption else []) + text_table(self.header, self.rows))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return html_table(self.header, self.rows, self.caption)
+
+
+def fmt_error(rel_error: float) -> str:
+    """A relative error as printed in the lessons: float32 rounding shows as a bound, stable across machines.
+
+    >>> fmt_error(3e-8), fmt_error(0.51296)
+    ('<= 1e-04 (float32 rounding)', '0.513')
+    """
+    if rel_error <= FLOAT32_RTOL:
+        return f"<= {FLOAT32_RTOL:.0e} (float32 rounding)"
+    return f"{rel_error:.3g}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._batch import resolve_device
+from ._checks import resolve_device
 
 
 def _verify(args: argparse.Namespace) -> int:

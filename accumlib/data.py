@@ -7,9 +7,12 @@ scikit-learn, so the notebooks train on real data without a network.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
+
+from ._checks import check_int
 
 PAD_ID = 0  # token id used to pad inputs
 IGNORE_INDEX = -100  # target id that cross_entropy skips (PyTorch's default)
@@ -127,6 +130,23 @@ def count_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
     3
     """
     return int((batch[1] != IGNORE_INDEX).sum())
+
+
+N_DIGITS = 1797  # scikit-learn's digits
+
+
+@functools.lru_cache(maxsize=4)
+def _all_digits(seed: int) -> Any:
+    return digits(seed=seed)
+
+
+def digits_subset(n: int | None = None, seed: int = 0) -> Any:
+    """``accumlib.data.digits(n, seed=seed)`` (the same items in the same order), read from disk once per seed."""
+    data = _all_digits(seed)
+    if n is None:
+        return data
+    check_int("n", n, low=1, high=len(data), why="digits holds that many images")
+    return Subset(data, range(n))
 
 
 __all__ = [

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from ._batch import Recording, resolve_device
+from ._batch import Recording
+from ._checks import resolve_device
 from .compare import Comparison, compare
 from .loops import CLOSE, EXACT, OFF_BY_K, WRONG, contract_of
 from .oracle import grads_of, true_gradient

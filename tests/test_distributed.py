@@ -179,7 +179,7 @@ def test_world_size_must_be_a_positive_integer(world_size):
 
 @pytest.mark.parametrize("accum_steps", [0, -2])
 def test_accum_steps_must_be_at_least_one(accum_steps):
-    with pytest.raises(ValueError, match=rf"accum_steps must be >= 1 \(got {accum_steps}\)"):
+    with pytest.raises(ValueError, match=rf"accum_steps must be an integer >= 1 \(got {accum_steps}\)"):
         RunSpec(accum_steps=accum_steps)
 
 

@@ -23,8 +23,8 @@ pytest.importorskip("transformers", reason="lesson 9 runs the transformers Train
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
-from accumlib import survey  # noqa: E402
-from accumlib.lessons import _style, real_bugs  # noqa: E402
+from accumlib import _style, survey  # noqa: E402
+from accumlib.lessons import real_bugs  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -74,7 +74,7 @@ def test_the_first_step_gradient_is_the_oracle_for_the_correct_loop_and_k_times_
 
 
 def test_the_figure_and_its_alt_text_carry_the_numbers(curves):
-    from accumlib.lessons import _style
+    from accumlib import _style
 
     fig = yp.plot(curves)
     assert min(_style.font_sizes(fig)) >= _style.MIN_FONT_PT

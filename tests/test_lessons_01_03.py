@@ -282,7 +282,7 @@ def test_bad_values_are_refused_before_any_work(monkeypatch):
 def test_figures_use_the_style_readable_and_colour_blind_safe():
     from matplotlib.colors import to_hex
 
-    from accumlib.lessons import _style
+    from accumlib import _style
 
     r = why.compute(accum_steps=2, batch_size=8, max_k=4, device="cpu")
     figs = [

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import _style, gan, norms
+from accumlib import _style
+from accumlib.lessons import gan, norms
 from accumlib.lessons import mixed_precision as mp
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
 

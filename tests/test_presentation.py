@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from accumlib.lessons import _style, ragged_windows
+from accumlib import _style
+from accumlib.lessons import ragged_windows
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSONS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))

@@ -19,8 +19,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from accumlib import report
-from accumlib.lessons import _style
+from accumlib import _style
+from accumlib.lessons import report
 from accumlib.tolerances import FLOAT32_RTOL
 
 REPO = Path(__file__).resolve().parents[1]

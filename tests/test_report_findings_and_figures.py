@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from accumlib import get_task, report
-from accumlib.lessons._common import fmt_error
+from accumlib._text import fmt_error
 from accumlib.loops import ALL, LOOPS
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
 

@@ -9,8 +9,9 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import pytest
 
-from accumlib.lessons import _style
-from accumlib.lessons._common import Table, check_float, check_int, check_ints
+from accumlib import _style
+from accumlib._checks import check_float, check_int, check_ints
+from accumlib._text import Table
 
 
 def test_roles_differ_by_more_than_colour():

@@ -32,7 +32,7 @@ def test_accum_steps_must_be_a_positive_integer(loop, bad):
 
 def test_accum_steps_message_names_the_value():
     model, opt, loader = setup()
-    with pytest.raises(ValueError, match=r"accum_steps must be >= 1 \(got 0\)"):
+    with pytest.raises(ValueError, match=r"accum_steps must be an integer >= 1 \(got 0\)"):
         LOOPS["ragged"](model, opt, loader, ce, accum_steps=0)
     with pytest.raises(ValueError, match=r"accum_steps must be an integer >= 1 \(got 2.5 of type float\)"):
         LOOPS["ragged"](model, opt, loader, ce, accum_steps=2.5)

@@ -308,7 +308,7 @@ def test_clip_patch_is_restored_after_an_error():
         ({"dataset": 5}, TypeError, "dataset must be a map-style dataset"),
         ({"dataset": []}, ValueError, "dataset must hold at least one item"),
         ({"item_losses": None}, TypeError, "item_losses must be callable"),
-        ({"accum_steps": 0}, ValueError, r"accum_steps must be >= 1 \(got 0\)"),
+        ({"accum_steps": 0}, ValueError, r"accum_steps must be an integer >= 1 \(got 0\)"),
         ({"accum_steps": 2.0}, ValueError, "accum_steps must be an integer"),
         ({"batch_size": 0}, ValueError, r"batch_size must be an integer >= 1 \(got 0\)"),
         ({"optimizer": "sgd"}, TypeError, "optimizer must be None or callable"),

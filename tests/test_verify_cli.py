@@ -102,7 +102,10 @@ def test_loop_that_raises_exits_3_with_its_traceback(loops, capsys):
         (["{f}", "--batch-size", "5"], "target must be FILE.py:FUNCTION"),
         (["{f}:naive"], "--batch-size is required"),
         (["{f}:naive", "--batch-size", "0"], "batch_size must be an integer >= 1 (got 0)"),
-        (["{f}:naive", "--batch-size", "5", "--accum-steps", "0"], "accum_steps must be >= 1 (got 0)"),
+        (
+            ["{f}:naive", "--batch-size", "5", "--accum-steps", "0"],
+            "accum_steps must be an integer >= 1 (got 0)",
+        ),
         (["{f}:naive", "--task", "mlp-digits", "--task", "lm-tokens"], "--task must be given once"),
         (["{f}:naive", "--task", "nope"], "task must be one of"),
         (["{f}:naive", "--batch-size", "5", "--loop", "naive"], "--loop selects reference loops"),

@@ -17,7 +17,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from .._batch import ItemLosses, check_accum_steps
+from .._batch import ItemLosses
+from .._checks import check_int
 from ..tolerances import LOGGED_RTOL
 from .codes import CODES
 from .copying import copy_model
@@ -184,7 +185,7 @@ def verify(
     (False, ['tail-dropped', 'unscaled-sum'])
     """
     check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn, max_steps, ranks)
-    k = check_accum_steps(accum_steps)
+    k = check_int("accum_steps", accum_steps, low=1)
     where = in_group()
     # refuses non-data-parallel
     job = Ranks.join(model) if ranks == "all" and where is not None and where[1] > 1 else None

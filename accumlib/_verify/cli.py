@@ -105,7 +105,7 @@ def _call(fn: Any, name: str) -> Any:
 
 
 def run_target(args: argparse.Namespace) -> int:
-    from .._batch import check_accum_steps
+    from .._checks import check_int
     from .api import VerifyError, check_args, verify
     from .report import EXIT_STATUS
 
@@ -125,7 +125,7 @@ def run_target(args: argparse.Namespace) -> int:
                 raise UsageError(
                     f"--{flag.replace('_', '-')} is required when the file does not set {flag.upper()}"
                 )
-        check_accum_steps(kw["accum_steps"])
+        check_int("accum_steps", kw["accum_steps"], low=1)
         kw["max_steps"] = args.max_steps
         if args.world_size != 1:
             from ..distributed.launch import check_world_size

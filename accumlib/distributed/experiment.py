@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .._batch import Recording, check_accum_steps, to_device
+from .._batch import Recording, to_device
+from .._checks import check_int
 from ..compare import compare
 from ..oracle import grads_of, true_gradient
 from ..tasks import Task, get_task
@@ -67,7 +68,7 @@ class RunSpec:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {sorted(VARIANTS)} (got {self.variant!r})")
         get_task(self.task)
-        check_accum_steps(self.accum_steps)
+        check_int("accum_steps", self.accum_steps, low=1)
 
 
 @dataclass

@@ -33,9 +33,7 @@ from .._batch import (
     Device,
     ItemLosses,
     Progress,
-    check_accum_steps,
     check_count,
-    check_device,
     checked_losses,
     progress_bar,
     to_device,
@@ -43,6 +41,7 @@ from .._batch import (
     windows,
 )
 from .._batch import count_items as _rows
+from .._checks import check_device, check_int
 
 NO_SYNC = ("forward+backward", "backward", "never")
 
@@ -98,7 +97,7 @@ def ddp_accumulate(
     ...                accum_steps=4, count_items=task.count_items)  # doctest: +SKIP
     [3.83..., 3.62...]
     """
-    accum_steps = check_accum_steps(accum_steps)
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
     _check_args(model, no_sync)
     world = dist.get_world_size()
     where = next(model.parameters()).device  # collectives run where the parameters live (NCCL: the GPU)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._common import check_int
+from .._checks import check_int
 from ._grading import Watch, clip_checks, frozen_check, logged_loss_checks, where
 
 GENERIC_HINT = (

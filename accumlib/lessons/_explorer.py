@@ -12,7 +12,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from . import _style
+from .. import _style
 
 
 class Explorer:

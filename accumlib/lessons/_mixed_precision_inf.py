@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import amp, get_task, resolve_device
+from .. import _style, amp, get_task, resolve_device
+from .._checks import check_float, check_int
+from .._text import Table
 from ..data import digits
-from . import _style
-from ._common import Table, check_float, check_int
 
 TASK = "mlp-digits"  # the task of every measurement in lesson 4
 

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 
 from .. import get_task, ragged, resolve_device
 from .. import large_batch as large_batch_loop  # the loop; ``large_batch`` below is a batch size
+from .._checks import check_float, check_int
+from .._text import Table
 from ..compare import compare
 from ..data import digits
-from ._common import Table, check_float, check_int
 
 NORMS = ("batch", "group")
 MOMENTUM = 0.9  # SGD momentum for the training curves: a realistic optimizer, still deterministic

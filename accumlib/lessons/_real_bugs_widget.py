@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import _style
-from ._common import Table, check_choice
+from .. import _style
+from .._checks import check_choice
+from .._text import Table
 from ._exercise import Exercise
 
 # One class per outcome of the survey: GPT-2 and CTRL count labels before the shift, Llama, Qwen2 and

@@ -11,10 +11,11 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import get_task, large_batch, naive, normalized, resolve_device
+from .. import _style, get_task, large_batch, naive, normalized, resolve_device
+from .._checks import check_choice, check_float, check_int
+from .._text import Table
+from ..data import N_DIGITS, digits_subset
 from ..tasks import classification_losses
-from . import _style
-from ._common import N_DIGITS, Table, check_choice, check_float, check_int, digits_subset
 from ._explorer import Explorer
 
 TASK = "mlp-digits"

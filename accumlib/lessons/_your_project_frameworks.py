@@ -17,8 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_choice
+from .._text import Table
 from ..survey.run import _quiet  # the libraries' advice (config warnings, logging) is not the lesson
-from ._common import Table, check_choice
 from ._real_bugs_runs import make_trainer
 
 

@@ -17,9 +17,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .._checks import check_int
+from .._text import Table
 from ..compare import compare
 from ..memory import activation_bytes
-from ._common import Table, check_int
 
 
 class DeepMLP(nn.Module):
@@ -138,7 +139,7 @@ def checkpointing(
     ...
     ValueError: accum_steps must divide batch_size=10 into equal micro-batches (got 4)
     """
-    from ._common import digits_subset
+    from ..data import digits_subset
 
     batch_size = check_int("batch_size", batch_size, low=1, high=1024)
     accum_steps = check_int(

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ._common import Table, check_float, check_int
+from .._checks import check_float, check_int
+from .._text import Table
 
 BASE_LR = 0.1  # the exercise's peak lr (plain SGD, as verify's default optimizer)
 WARMUP = 2  # optimizer steps of warmup in the exercise
@@ -179,7 +180,7 @@ def schedules(
 
 def plot_schedules(result: ScheduleResult, ax: Any) -> None:
     """The lr per optimizer step of each shape on ``ax`` (markers every few steps, so lines stay readable)."""
-    from . import _style
+    from .. import _style
 
     every = max(1, result.n_steps // 12)
     for shape, role in SHAPES.items():
@@ -256,7 +257,7 @@ def schedule_check(
 
 def exercise_dataset(seed: int = 0) -> Any:
     """192 digits: 24 micro-batches of 8, six full windows of k = 4."""
-    from ._common import digits_subset
+    from ..data import digits_subset
 
     return digits_subset(EXERCISE_ITEMS, seed)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from ._common import Table
+from .._text import Table
 
 
 @dataclass(frozen=True)

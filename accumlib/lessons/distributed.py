@@ -27,11 +27,13 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from .. import _style
+from .._checks import check_choice, check_float, check_int, check_ints
+from .._text import Table
 from ..distributed.experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult, RunSpec, run_specs, shard_loader
 from ..distributed.launch import max_world_size
 from ..tasks import TASKS, get_task
-from . import _ddp_exercise, _style
-from ._common import Table, check_choice, check_float, check_int, check_ints
+from . import _ddp_exercise
 from ._exercise import Exercise
 
 TASK = "lm-tokens"  # sequences of 4 to 40 tokens: the ranks hold different token counts

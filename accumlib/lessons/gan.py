@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import compare, grads_of, true_gradient
+from .. import _style, compare, grads_of, true_gradient
+from .._checks import check_choice, check_int
+from .._text import Table
 from ..tolerances import FLOAT32_RTOL
-from . import _style
-from ._common import Table, check_choice, check_int
 from ._exercise import Exercise
 from ._gan_exercise import (  # noqa: F401 (the notebook reads them here)
     GanFinding,

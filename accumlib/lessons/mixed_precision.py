@@ -23,13 +23,13 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import amp, compare, get_task, grads_of, ragged, resolve_device, true_gradient
+from .. import _style, amp, compare, get_task, grads_of, ragged, resolve_device, true_gradient
 from .._batch import checked_losses, to_device
+from .._checks import check_float, check_int
+from .._text import Table
 from ..data import digits
 from ..harness import trace_loop
 from ..tolerances import BF16_RTOL
-from . import _style
-from ._common import Table, check_float, check_int
 from ._exercise import Exercise
 from ._mixed_precision_inf import TASK, InfRun, inf_run, inf_table, plot_inf_run  # noqa: F401 (the notebook reads them here)
 

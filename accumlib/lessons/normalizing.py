@@ -26,13 +26,13 @@ from matplotlib.figure import Figure
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .. import get_task, grad_divided, naive, normalized
-from .._batch import resolve_device
+from .. import _style, get_task, grad_divided, naive, normalized
+from .._checks import check_int, resolve_device
+from .._text import Table, fmt_error
+from ..data import N_DIGITS, digits_subset
 from ..gallery import bert_train_one_epoch  # the seed's loop, ported once
 from ..harness import trace_loop
 from ..tolerances import FLOAT32_RTOL
-from . import _style
-from ._common import N_DIGITS, Table, check_int, digits_subset, fmt_error
 from ._exercise import Exercise
 from ._explorer import Explorer
 from .why import TrainResult, train

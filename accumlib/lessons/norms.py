@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from .. import _style, ragged, resolve_device
 from .. import large_batch as large_batch_loop  # the loop; ``large_batch`` below is a batch size
-from .. import ragged, resolve_device
+from .._checks import check_float, check_int, check_ints
+from .._text import Table
 from ..data import digits
 from ..harness import trace_loop
 from ..tolerances import FLOAT32_RTOL
-from . import _style
-from ._common import Table, check_float, check_int, check_ints
 from ._exercise import Exercise
 from ._norms_stats import (  # noqa: F401 (the notebook reads them here)
     MOMENTUM,

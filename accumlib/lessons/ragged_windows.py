@@ -27,14 +27,14 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import get_task, normalized, ragged
-from .._batch import resolve_device, to_device
-from ..data import count_tokens
+from .. import _style, get_task, normalized, ragged
+from .._batch import to_device
+from .._checks import check_int, resolve_device
+from .._text import Table, fmt_error
+from ..data import N_DIGITS, count_tokens, digits_subset
 from ..gallery import divide_by_window_batches, step_at_end, step_every_k
 from ..harness import trace_loop
 from ..tolerances import FLOAT32_RTOL
-from . import _style
-from ._common import N_DIGITS, Table, check_int, digits_subset, fmt_error
 from ._exercise import Exercise
 from ._explorer import Explorer
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from . import _style
-from ._common import Table
+from .. import _style
+from .._text import Table
 from ._real_bugs_runs import RUNS, make_trainer, run
 from ._real_bugs_widget import EXERCISE, MODEL_TYPES, TrainerRun, trainer_run, widget
 

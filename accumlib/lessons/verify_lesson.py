@@ -19,8 +19,9 @@ from matplotlib.figure import Figure
 
 import accumlib
 
-from . import _style
-from ._common import Table, check_choice, check_int
+from .. import _style
+from .._checks import check_choice, check_int
+from .._text import Table
 from ._exercise import Exercise
 
 # Lightning's Trainer prints its own log lines and takes seconds to import; the table

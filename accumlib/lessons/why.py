@@ -24,11 +24,13 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import get_task, naive, normalized, resolve_device
+from .. import _style, get_task, naive, normalized, resolve_device
+from .._checks import check_int
+from .._text import Table, fmt_error
+from ..data import N_DIGITS, digits_subset
 from ..harness import trace_loop
 from ..memory import activation_bytes
-from . import _style
-from ._common import N_DIGITS, Table, check_int, digits_subset, fmt_error, gallery_rows, gallery_table  # noqa: F401 (the notebooks read them here)
+from ._common import gallery_rows, gallery_table  # noqa: F401 (the notebooks read them here)
 from ._exercise import Exercise
 from ._explorer import Explorer
 from ._why_training import (  # noqa: F401 (the notebook reads them here)

@@ -25,12 +25,11 @@ import torch
 from matplotlib.figure import Figure
 from torch.utils.data import DataLoader
 
-from .. import get_task, naive, normalized, ragged
-from .._batch import resolve_device
+from .. import _style, get_task, naive, normalized, ragged
+from .._checks import check_choice, check_float, check_int, resolve_device
+from .._text import Table
 from ..data import TokenSequences
 from ..tolerances import FLOAT32_RTOL
-from . import _style
-from ._common import Table, check_choice, check_float, check_int
 from ._exercise import Exercise
 from ._explorer import Explorer
 from ._your_project_frameworks import RUNS, FrameworkResult, frameworks

@@ -22,10 +22,7 @@ from .._batch import (
     Device,
     ItemLosses,
     Progress,
-    check_accum_steps,
     check_count,
-    check_device,
-    check_model,
     checked_losses,
     progress_bar,
     to_device,
@@ -34,6 +31,7 @@ from .._batch import (
     windows,
 )
 from .._batch import count_items as _rows
+from .._checks import check_device, check_int, check_model
 from ._contract import CLOSE, WRONG, Contract
 
 
@@ -69,7 +67,7 @@ def amp(
     >>> classify(trace_loop(amp, get_task("mlp-digits")), low_precision=True)  # bfloat16 on CPU
     'close (bf16)'
     """
-    accum_steps = check_accum_steps(accum_steps)
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device
     if max_norm is not None and not max_norm > 0:

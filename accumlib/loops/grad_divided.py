@@ -22,15 +22,13 @@ from .._batch import (
     Device,
     ItemLosses,
     Progress,
-    check_accum_steps,
-    check_device,
-    check_model,
     checked_losses,
     progress_bar,
     to_device,
     window_mean,
     windows,
 )
+from .._checks import check_device, check_int, check_model
 from ._contract import EXACT, WRONG, Contract
 
 
@@ -55,7 +53,7 @@ def grad_divided(
     >>> [round(c.norm_ratio, 2) for c in trace.comparisons]
     [1.0, 1.0, 1.0, 0.49]
     """
-    accum_steps = check_accum_steps(accum_steps)
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "grad_divided")

@@ -19,14 +19,12 @@ from .._batch import (
     ItemLosses,
     Progress,
     cat_batches,
-    check_accum_steps,
-    check_device,
-    check_model,
     checked_losses,
     progress_bar,
     to_device,
     windows,
 )
+from .._checks import check_device, check_int, check_model
 from ._contract import EXACT, Contract
 
 
@@ -51,7 +49,7 @@ def large_batch(
     >>> classify(trace_loop(large_batch, get_task("cnn-batchnorm")))  # BatchNorm too: it is the oracle
     'exact'
     """
-    accum_steps = check_accum_steps(accum_steps)
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "large_batch")

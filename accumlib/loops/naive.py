@@ -21,15 +21,13 @@ from .._batch import (
     Device,
     ItemLosses,
     Progress,
-    check_accum_steps,
-    check_device,
-    check_model,
     checked_losses,
     progress_bar,
     to_device,
     window_mean,
     windows,
 )
+from .._checks import check_device, check_int, check_model
 from ._contract import OFF_BY_K, Contract
 
 
@@ -55,7 +53,7 @@ def naive(
     >>> len(naive(model, opt, task.loader(), task.item_losses, accum_steps=4))
     4
     """
-    accum_steps = check_accum_steps(accum_steps)
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "naive")

@@ -21,10 +21,7 @@ from .._batch import (
     Device,
     ItemLosses,
     Progress,
-    check_accum_steps,
     check_count,
-    check_device,
-    check_model,
     checked_losses,
     progress_bar,
     to_device,
@@ -33,6 +30,7 @@ from .._batch import (
     windows,
 )
 from .._batch import count_items as _rows
+from .._checks import check_device, check_int, check_model
 from ._contract import EXACT, WRONG, Contract
 
 
@@ -58,7 +56,7 @@ def ragged(
     >>> classify(trace_loop(ragged, get_task("lm-tokens")))  # token counts differ per micro-batch
     'exact'
     """
-    accum_steps = check_accum_steps(accum_steps)
+    accum_steps = check_int("accum_steps", accum_steps, low=1)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "ragged")

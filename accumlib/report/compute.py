@@ -13,8 +13,8 @@ import torch
 
 from .. import Task, ragged, verify
 from .._batch import expected_steps
+from .._text import Table, fmt_error
 from ..harness import classify, trace_loop
-from ..lessons._common import Table, fmt_error
 from ..loops import CONTRACTS, LOOPS, contract_of
 from ..memory import activation_bytes
 from ..tolerances import FLOAT32_RTOL

@@ -8,7 +8,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-from ..lessons import _style
+from .. import _style
 from ..tolerances import FLOAT32_RTOL
 from .compute import Cell, ReportResult
 

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from .. import TASKS, Task, get_task
-from .._batch import expected_steps, resolve_device
-from ..lessons._common import check_choice, check_int, check_ints, digits_subset
+from .._batch import expected_steps
+from .._checks import check_choice, check_int, check_ints, resolve_device
+from ..data import digits_subset
 from ..models import SmallCNN
 from ..tasks import classification_losses
 
