@@ -25,7 +25,7 @@ PRECISION ?= float32
 DEVICE    ?= auto
 SEED      ?= 0
 
-.PHONY: install lab test verify report bench survey clean
+.PHONY: install lab test lint format notebooks verify report bench survey clean
 
 install: $(STAMP)
 
@@ -48,9 +48,30 @@ lab: $(STAMP)
 # Every test: unit and property tests, nbval over every notebook, the browser tests. Test files are
 # spread over TEST_WORKERS processes (pytest-xdist; a file stays in one worker, so its shared runs and
 # launches are made once); TEST_WORKERS=0 runs them in this process, one after another.
+# ruff runs first (settings in pyproject.toml: line length 110, import order): a formatting or lint finding
+# fails the run in a second, before the tests' minutes.
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+# What `make lint` checks, fixed where ruff can (formatting, import order, unused imports).
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+# Re-run notebooks top to bottom and save their outputs in place, as they are committed: every notebook,
+# or those whose name starts with NB (make notebooks NB=07; NB="02 07" for two). report.ipynb runs with its
+# default parameters. After a change to a lesson module or a notebook, commit what this writes.
+NB ?=
+NOTEBOOKS = $(if $(strip $(NB)),$(foreach n,$(NB),$(wildcard notebooks/$(n)*.ipynb)),$(wildcard notebooks/*.ipynb))
+notebooks: $(STAMP)
+	@test -n "$(strip $(NOTEBOOKS))" || { echo "make notebooks: no notebook in notebooks/ starts with NB=$(NB)" >&2; exit 2; }
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+		--ExecutePreprocessor.timeout=600 $(NOTEBOOKS)
 
 verify: $(STAMP)
 	$(VENV)/bin/accumlib verify
