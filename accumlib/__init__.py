@@ -31,20 +31,18 @@ from typing import Any
 from ._checks import resolve_device
 from ._verify import CODES, Finding, Report, VerifyError, verify
 from .compare import Comparison, compare
-from .loops import LOOPS, amp, grad_divided, large_batch, naive, normalized, ragged
+from .loops import ALL as _ALL
+from .loops import LOOPS
 from .oracle import grads_of, true_gradient
 from .tasks import TASKS, Task, get_task
 
 __version__ = "0.1.0"
 
+globals().update(_ALL)  # every registered loop, by name: the registry is the one list
+
 __all__ = [
     "LOOPS",
-    "amp",
-    "grad_divided",
-    "large_batch",
-    "naive",
-    "normalized",
-    "ragged",
+    *_ALL,
     "true_gradient",
     "grads_of",
     "compare",

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import shutil
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 import accumlib
 from accumlib import loops
-from accumlib.loops import CLOSE, CONTRACTS, EXACT, LOOPS, OFF_BY_K, WRONG, Contract
+from accumlib.loops import ALL, CLOSE, CONTRACTS, EXACT, LOOPS, OFF_BY_K, WRONG, Contract
 from accumlib.reference import check_reference_loops
 
 LOOP_FILES = sorted(p.stem for p in Path(loops.__file__).parent.glob("[a-z]*.py"))
@@ -26,8 +30,18 @@ def test_every_loop_file_carries_a_contract_and_the_registry_holds_them_all():
     for name in LOOP_FILES:
         module = importlib.import_module(f"accumlib.loops.{name}")
         assert CONTRACTS[name] is module.CONTRACT  # read from the loop's own file, not restated elsewhere
-    assert list(LOOPS) == ["naive", "normalized", "ragged", "amp", "large_batch"]  # ordered by contract
+    tabulated = sorted((c.order, name) for name, c in CONTRACTS.items() if c.order is not None)
+    assert list(LOOPS) == [name for _, name in tabulated]  # ordered by contract
     assert "grad_divided" in CONTRACTS and "grad_divided" not in LOOPS  # a variant: out of the table
+    assert list(ALL) == list(CONTRACTS) and set(LOOPS) <= set(ALL)
+
+
+def test_every_loop_name_is_its_function_not_its_module():
+    """``from accumlib.loops import <name>`` and ``accumlib.<name>`` give the function the registry holds."""
+    for name, fn in ALL.items():
+        assert callable(fn) and fn.__name__ == name and fn.__module__ == f"accumlib.loops.{name}"
+        assert getattr(loops, name) is fn and getattr(accumlib, name) is fn, name
+        assert name in loops.__all__ and name in accumlib.__all__, name
 
 
 def test_the_table_reads_each_promise_from_the_contract():
@@ -114,3 +128,47 @@ def test_a_function_of_ones_own_named_like_a_loop_gets_no_contract():
 
     assert contract_of(ragged) is None
     assert contract_of(accumlib.ragged) is CONTRACTS["ragged"]
+
+
+SCRATCH_LOOP = """
+from accumlib.loops._contract import WRONG, Contract
+from accumlib.loops.naive import naive as _naive
+
+
+def global_count(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False):
+    return _naive(model, optimizer, loader, item_losses, accum_steps=accum_steps, device=device)
+
+
+CONTRACT = Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=9)
+"""
+
+
+def test_a_new_loop_file_is_exported_as_its_function(tmp_path):
+    """A copy of the package with one more loop file, imported fresh: no other line names the loop, and its
+    name is the function everywhere (also right after ``import accumlib.loops.global_count``, which binds
+    a submodule's name to the module when nothing rebinds it)."""
+    package = Path(accumlib.__file__).parent
+    shutil.copytree(package, tmp_path / "accumlib", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "accumlib" / "loops" / "global_count.py").write_text(SCRATCH_LOOP)
+    code = textwrap.dedent(
+        """
+        import inspect
+        import accumlib.loops.global_count
+        from accumlib.loops import ALL, CONTRACTS, LOOPS, global_count
+        import accumlib
+        assert accumlib.__file__.startswith(%r), accumlib.__file__  # the copy, not the repository
+        assert inspect.isfunction(global_count), global_count
+        assert global_count is ALL["global_count"] is accumlib.global_count
+        assert list(LOOPS)[-1] == "global_count" and CONTRACTS["global_count"].order == 9
+        assert "global_count" in accumlib.loops.__all__ and "global_count" in accumlib.__all__
+        print("ok")
+        """
+        % str(tmp_path)
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    # the negative: the repository's own package never saw the scratch loop
+    assert "global_count" not in ALL and not hasattr(loops, "global_count")

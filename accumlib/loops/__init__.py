@@ -12,13 +12,18 @@ are the task fields the loop's ``CONTRACT`` names: ``count_items`` (``ragged``, 
 
 The registry is built from the files: every module here with a ``CONTRACT`` is a loop, so adding
 one touches its own file (and its test). ``LOOPS`` holds those the reference table tabulates, in
-their contract's order; ``ALL`` and ``CONTRACTS`` every loop and its promise, ``grad_divided`` included (the seed
-documents' form of ``normalized``, which stands for both in the table).
+their contract's order; ``ALL`` and ``CONTRACTS`` every loop and its promise, ``grad_divided``
+included (the seed documents' form of ``normalized``, which stands for both in the table). Every
+discovered loop is a name of this package, bound to its function (``__all__`` lists them), so
+``from accumlib.loops import <name>`` needs no line here.
 
 >>> list(LOOPS)
 ['naive', 'normalized', 'ragged', 'amp', 'large_batch']
 >>> CONTRACTS["normalized"].expected(("ragged-tail",))
 'not exact'
+>>> from accumlib.loops import grad_divided
+>>> grad_divided is ALL["grad_divided"], "grad_divided" in __all__
+(True, True)
 """
 
 from __future__ import annotations
@@ -29,12 +34,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ._contract import CLOSE, EXACT, OFF_BY_K, VERDICTS, WRONG, Contract
-from .amp import amp
-from .grad_divided import grad_divided
-from .large_batch import large_batch
-from .naive import naive
-from .normalized import normalized
-from .ragged import ragged
 
 
 def _discover() -> dict[str, tuple[Callable[..., list[float]], Contract]]:
@@ -60,6 +59,9 @@ LOOPS: dict[str, Callable[..., list[float]]] = {
     for name, (fn, c) in sorted(_FOUND.items(), key=lambda kv: kv[1][1].order or 0)
     if c.order is not None
 }
+# Each loop's name is its function, not its module: importing accumlib.loops.naive bound ``naive``
+# here to the module, and ``from accumlib.loops import naive`` must give the loop it registers.
+globals().update(ALL)
 
 
 def contract_of(loop: Callable[..., Any]) -> Contract | None:
@@ -84,10 +86,5 @@ __all__ = [
     "VERDICTS",
     "WRONG",
     "contract_of",
-    "amp",
-    "grad_divided",
-    "large_batch",
-    "naive",
-    "normalized",
-    "ragged",
+    *ALL,
 ]

@@ -47,8 +47,9 @@ def normalized(
 
     >>> from accumlib import get_task
     >>> from accumlib.harness import trace_loop
-    >>> trace = trace_loop(normalized, get_task("mlp-digits"))  # 110 items: the last window holds 2 micro-batches
-    >>> [round(c.norm_ratio, 2) for c in trace.comparisons]     # the tail divided by 4, not by 2
+    >>> # 110 items: the last window holds 2 micro-batches, divided by 4, not by 2
+    >>> trace = trace_loop(normalized, get_task("mlp-digits"))
+    >>> [round(c.norm_ratio, 2) for c in trace.comparisons]
     [1.0, 1.0, 1.0, 0.49]
     """
     accum_steps = check_int("accum_steps", accum_steps, low=1)
