@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from accumlib.lessons import mixed_precision as mp
-from accumlib.lessons import normalizing, ragged_windows, why
+from accumlib.lessons import normalizing_the_loss as normalizing
+from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
+from accumlib.lessons import why_accumulate as why
 from accumlib.tolerances import BF16_RTOL
 
 

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from test_graders_01_04 import _fails, _passes
 
-from accumlib.lessons import gan, norms
-from accumlib.lessons import verify_lesson as vl
+from accumlib.lessons import batchnorm_vs_groupnorm as norms
+from accumlib.lessons import gans_two_optimizers as gan
+from accumlib.lessons import verify_your_loop as vl
 
 NOTEBOOK_7 = Path(__file__).resolve().parents[1] / "notebooks" / "07_verify_your_loop.ipynb"
 

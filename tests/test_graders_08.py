@@ -36,10 +36,24 @@ def test_a_per_rank_mean_verdict_names_its_steps_and_a_grade_that_exists():
 def test_every_hint_of_every_exercise_is_for_a_code_a_grader_can_give():
     """A hint under a misspelt code would never show; every key is verify's code, a grader's, or 'error'."""
     from accumlib import CODES
-    from accumlib.lessons import gan, mixed_precision, normalizing, norms, ragged_windows, verify_lesson, why
+    from accumlib.lessons import batchnorm_vs_groupnorm as norms
+    from accumlib.lessons import gans_two_optimizers as gan
+    from accumlib.lessons import mixed_precision, verify_your_loop
+    from accumlib.lessons import normalizing_the_loss as normalizing
+    from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
+    from accumlib.lessons import why_accumulate as why
     from accumlib.lessons._grading import GRADER_CODES
 
-    for lesson in (why, normalizing, ragged_windows, mixed_precision, norms, gan, verify_lesson, distributed):
+    for lesson in (
+        why,
+        normalizing,
+        ragged_windows,
+        mixed_precision,
+        norms,
+        gan,
+        verify_your_loop,
+        distributed,
+    ):
         for key in lesson.EXERCISE.hints:
             code = key.removesuffix("@last")
             assert code == "error" or code in CODES or code in GRADER_CODES, f"{lesson.__name__}: {key}"

@@ -431,22 +431,22 @@ def test_an_error_in_the_loop_comes_back_as_feedback_with_its_line(grades):
 def test_a_loop_that_never_ends_is_stopped_and_said_so():
     import multiprocessing
 
-    from accumlib.lessons import _ddp_exercise
+    from accumlib.lessons import _distributed_exercise
 
     source = "import time\n\ndef train_fn(model, optimizer, loader):\n    time.sleep(3600)\n"
     start = time.perf_counter()
     # 8 s: past the ranks' start on an idle machine; on a busy one they may still be importing when
     # stopped, which is the same timeout to the learner
-    (result,) = _ddp_exercise.grade([_loop("sleeps", source)], k=lesson.EXERCISE_K, timeout=8)
+    (result,) = _distributed_exercise.grade([_loop("sleeps", source)], k=lesson.EXERCISE_K, timeout=8)
     assert time.perf_counter() - start < 30
-    assert isinstance(result, _ddp_exercise.LoopFailed) and result.feedback.startswith(
+    assert isinstance(result, _distributed_exercise.LoopFailed) and result.feedback.startswith(
         "TimeoutError: the ranks did not finish"
     )
     assert not multiprocessing.active_children()
 
 
 def test_what_cannot_travel_to_the_ranks_is_refused_or_named():
-    from accumlib.lessons import _ddp_exercise
+    from accumlib.lessons import _distributed_exercise
 
     def outer():
         k = 3
@@ -457,19 +457,19 @@ def test_what_cannot_travel_to_the_ranks_is_refused_or_named():
         return inner
 
     with pytest.raises(TypeError, match="top level of a cell"):
-        _ddp_exercise.ship(outer())
+        _distributed_exercise.ship(outer())
     namespace: dict = {}
     exec(
         "import threading\nLOCK = threading.Lock()\ndef helper():\n    return LOCK\n"
         "def train_fn(model, optimizer, loader):\n    return helper()\n",
         namespace,
     )
-    shipped = _ddp_exercise.ship(namespace["train_fn"])
+    shipped = _distributed_exercise.ship(namespace["train_fn"])
     assert set(shipped.functions) == {"train_fn", "helper"} and "LOCK" in shipped.missing
-    rebuilt = _ddp_exercise.rebuild(shipped)
+    rebuilt = _distributed_exercise.rebuild(shipped)
     with pytest.raises(NameError) as err:
         rebuilt(None, None, None)
-    assert "LOCK was not sent to the ranks: a lock cannot be sent" in _ddp_exercise.feedback(
+    assert "LOCK was not sent to the ranks: a lock cannot be sent" in _distributed_exercise.feedback(
         err.value, shipped
     )
 

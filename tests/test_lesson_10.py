@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import _your_project_frameworks as frameworks_part
-from accumlib.lessons import _your_project_memory as memory_part
-from accumlib.lessons import your_project as yp
+from accumlib.lessons import _your_own_project_frameworks as frameworks_part
+from accumlib.lessons import _your_own_project_memory as memory_part
+from accumlib.lessons import your_own_project as yp
 from accumlib.tolerances import FLOAT32_RTOL, OFF_BY_K_TOL
 
 
@@ -134,7 +134,7 @@ def test_the_schedule_matches_transformers_formula():
 def test_stepping_per_micro_batch_ends_the_schedule_after_a_kth_of_the_run():
     r = yp.schedules(100, 4, 10)
     right, per_mb, in_mb = (
-        (r.lrs[s] for s in yp._your_project_schedule.SHAPES)
+        (r.lrs[s] for s in yp._your_own_project_schedule.SHAPES)
         if False
         else (
             r.lrs["counted and stepped in optimizer steps"],
@@ -217,7 +217,7 @@ HEAD = """\
 import math
 import torch
 import torch.nn.functional as F
-from accumlib.lessons import your_project
+from accumlib.lessons import your_own_project as your_project
 
 def train_fn(model, optimizer, loader):
     k = 4

@@ -11,7 +11,10 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import _why_training, normalizing, ragged_windows, why
+from accumlib.lessons import _why_accumulate_training
+from accumlib.lessons import normalizing_the_loss as normalizing
+from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
+from accumlib.lessons import why_accumulate as why
 from accumlib.tolerances import FLOAT32_RTOL
 
 # The naive loop's norm ratio is exactly k for equal micro-batches, up to float32 rounding
@@ -84,7 +87,7 @@ def test_why_train_matches_a_dataloader_shuffle():
     loader = DataLoader(
         TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(7)
     )
-    ours = _why_training._batches(x, y, 32, 7)
+    ours = _why_accumulate_training._batches(x, y, 32, 7)
     assert len(ours) == len(loader)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(loader, ours))
 

@@ -11,7 +11,8 @@ import torch
 
 import accumlib
 from accumlib import _style
-from accumlib.lessons import gan, norms
+from accumlib.lessons import batchnorm_vs_groupnorm as norms
+from accumlib.lessons import gans_two_optimizers as gan
 from accumlib.lessons import mixed_precision as mp
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
 
@@ -178,7 +179,7 @@ def test_gan_exercise_leaks_and_requires_grad_toggle_fixes_it():
 
 # --- 7: verify your own loop --------------------------------------------------------------------
 
-from accumlib.lessons import verify_lesson as vl  # noqa: E402
+from accumlib.lessons import verify_your_loop as vl  # noqa: E402
 
 BROKEN_SOURCE = """
 import torch.nn.functional as F

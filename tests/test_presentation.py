@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from accumlib import _style
-from accumlib.lessons import ragged_windows
+from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSONS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))

@@ -12,7 +12,7 @@ The identity on R ranks, N items over all ranks' windows (DDP averages over rank
     grad (1/N) sum_r sum_{i in window_r} l_i  ==  (1/R) sum_r sum_j grad( (R/N) sum_{i in b_rj} l_i )
 
 ``EXERCISE`` asks the learner to write that normalization in their own DDP loop, which runs on 2
-real gloo ranks (``_ddp_exercise`` sends it there) under ``accumlib.verify(..., ranks="all")``; its
+real gloo ranks (``_distributed_exercise`` sends it there) under ``accumlib.verify(..., ranks="all")``; its
 solution is ``notebooks/solutions/08-count-tokens-across-ranks.py``.
 """
 
@@ -33,7 +33,7 @@ from .._text import Table
 from ..distributed.experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult, RunSpec, run_specs, shard_loader
 from ..distributed.launch import max_world_size
 from ..tasks import TASKS, get_task
-from . import _ddp_exercise
+from . import _distributed_exercise
 from ._exercise import Exercise
 
 TASK = "lm-tokens"  # sequences of 4 to 40 tokens: the ranks hold different token counts
@@ -417,7 +417,7 @@ def widget(
 # --- the exercise ----------------------------------------------------------------------------------
 
 # 2 real ranks, 4 micro-batches each per step: 2 steps
-EXERCISE_RANKS, EXERCISE_K = _ddp_exercise.WORLD_SIZE, 4
+EXERCISE_RANKS, EXERCISE_K = _distributed_exercise.WORLD_SIZE, 4
 
 
 def _exercise_hints() -> dict[str, str | tuple[str, ...]]:
@@ -461,8 +461,8 @@ def _exercise_hints() -> dict[str, str | tuple[str, ...]]:
 
 def _on_ranks(train_fn: Any) -> Any:
     """``train_fn`` on 2 real gloo ranks under ``accumlib.verify(..., ranks="all")``: rank 0's report."""
-    (result,) = _ddp_exercise.grade([train_fn], k=EXERCISE_K)
-    if isinstance(result, _ddp_exercise.LoopFailed):
+    (result,) = _distributed_exercise.grade([train_fn], k=EXERCISE_K)
+    if isinstance(result, _distributed_exercise.LoopFailed):
         raise result
     return result
 
@@ -470,8 +470,10 @@ def _on_ranks(train_fn: Any) -> Any:
 def check_all(train_fns: Sequence[Any]) -> list[Any]:
     """``EXERCISE.check`` of each loop, all in one launch of the ranks (each check alone spawns them: ~6 s)."""
     return [
-        EXERCISE.grade(error=r.feedback) if isinstance(r, _ddp_exercise.LoopFailed) else EXERCISE.grade(r)
-        for r in _ddp_exercise.grade(list(train_fns), k=EXERCISE_K)
+        EXERCISE.grade(error=r.feedback)
+        if isinstance(r, _distributed_exercise.LoopFailed)
+        else EXERCISE.grade(r)
+        for r in _distributed_exercise.grade(list(train_fns), k=EXERCISE_K)
     ]
 
 

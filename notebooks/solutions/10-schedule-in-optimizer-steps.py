@@ -8,7 +8,7 @@ import math
 
 import torch.nn.functional as F
 
-from accumlib.lessons import your_project
+from accumlib.lessons import your_own_project as your_project
 
 
 def train_fn(model, optimizer, loader):

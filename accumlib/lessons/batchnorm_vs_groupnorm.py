@@ -24,8 +24,7 @@ from .._text import Table
 from ..data import digits
 from ..harness import trace_loop
 from ..tolerances import FLOAT32_RTOL
-from ._exercise import Exercise
-from ._norms_stats import (  # noqa: F401 (the notebook reads them here)
+from ._batchnorm_vs_groupnorm_stats import (  # noqa: F401 (the notebook reads them here)
     MOMENTUM,
     NORMS,
     Budget,
@@ -38,6 +37,7 @@ from ._norms_stats import (  # noqa: F401 (the notebook reads them here)
     task_for,
     training_budget,
 )
+from ._exercise import Exercise
 
 
 @dataclass

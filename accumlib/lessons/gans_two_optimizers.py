@@ -28,7 +28,7 @@ from .._checks import check_choice, check_int
 from .._text import Table
 from ..tolerances import FLOAT32_RTOL
 from ._exercise import Exercise
-from ._gan_exercise import (  # noqa: F401 (the notebook reads them here)
+from ._gans_two_optimizers_exercise import (  # noqa: F401 (the notebook reads them here)
     GanFinding,
     GanReport,
     GanSetup,
@@ -38,7 +38,15 @@ from ._gan_exercise import (  # noqa: F401 (the notebook reads them here)
     g_loss,
     leak_share,
 )
-from ._gan_model import NOISE_DIM, _bce, _d_loss, d_item_losses, g_item_losses, make_gan, noise, real_points  # noqa: F401 (the notebook reads them here)
+from ._gans_two_optimizers_model import (
+    _bce,
+    _d_loss,
+    d_item_losses,
+    g_item_losses,
+    make_gan,
+    noise,
+    real_points,
+)  # noqa: F401 (the notebook reads them here)
 
 # --- one GAN step, the seed's orderings ---------------------------------------------------------
 

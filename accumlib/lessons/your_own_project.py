@@ -8,9 +8,9 @@ too long; per-micro-batch means divided by k (``accumlib.normalized``) weigh tok
 the micro-batch that holds them, so on sequences of different lengths every step is a little off and
 the curves drift apart.
 
-The parts of the lesson live beside this module: ``_your_project_schedule`` (the learning-rate
-schedule in optimizer steps, the exercise's check), ``_your_project_memory`` (activation checkpointing
-against accumulation, measured), ``_your_project_frameworks`` (the settings of Transformers,
+The parts of the lesson live beside this module: ``_your_own_project_schedule`` (the learning-rate
+schedule in optimizer steps, the exercise's check), ``_your_own_project_memory`` (activation checkpointing
+against accumulation, measured), ``_your_own_project_frameworks`` (the settings of Transformers,
 Accelerate, Lightning, TRL and PEFT, each run under verify).
 """
 
@@ -32,9 +32,9 @@ from ..data import TokenSequences
 from ..tolerances import FLOAT32_RTOL
 from ._exercise import Exercise
 from ._explorer import Explorer
-from ._your_project_frameworks import RUNS, FrameworkResult, frameworks
-from ._your_project_memory import MemoryResult, checkpointing
-from ._your_project_schedule import (
+from ._your_own_project_frameworks import RUNS, FrameworkResult, frameworks
+from ._your_own_project_memory import MemoryResult, checkpointing
+from ._your_own_project_schedule import (
     BASE_LR,
     WARMUP,
     LessonFinding,

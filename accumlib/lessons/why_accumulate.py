@@ -33,7 +33,7 @@ from ..memory import activation_bytes
 from ._common import gallery_rows, gallery_table  # noqa: F401 (the notebooks read them here)
 from ._exercise import Exercise
 from ._explorer import Explorer
-from ._why_training import (  # noqa: F401 (the notebook reads them here)
+from ._why_accumulate_training import (  # noqa: F401 (the notebook reads them here)
     N_TRAIN,
     OPTIMIZERS,
     TASK,

@@ -15,7 +15,7 @@ from torch import nn
 
 from .. import compare, grads_of, true_gradient
 from ..tolerances import COEF_RTOL, FIT_RTOL, FLOAT32_RTOL
-from ._gan_model import _bce, _d_loss, d_item_losses, make_gan, noise, real_points
+from ._gans_two_optimizers_model import _bce, _d_loss, d_item_losses, make_gan, noise, real_points
 
 # --- the exercise: D's side of an accumulated GAN loop, checked by accumlib.verify -------------------
 

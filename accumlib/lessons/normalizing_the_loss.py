@@ -35,7 +35,7 @@ from ..harness import trace_loop
 from ..tolerances import FLOAT32_RTOL
 from ._exercise import Exercise
 from ._explorer import Explorer
-from .why import TrainResult, train
+from .why_accumulate import TrainResult, train
 
 TASK = "mlp-digits"
 N_WINDOWS = 2  # two full windows per run: the division is the only thing that differs between the loops
