@@ -27,8 +27,7 @@ def synthetic_classification(
     >>> tuple(x.shape), y.dtype
     ((8, 20), torch.int64)
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1 (got {n})")
+    n = check_int("n", n, low=1)
     g = torch.Generator().manual_seed(seed)
     centres = torch.randn(n_classes, n_features, generator=g) * 2.0
     y = torch.randint(0, n_classes, (n,), generator=g)
@@ -61,9 +60,7 @@ def digits(n: int | None = None, *, image: bool = False, seed: int = 0) -> Tenso
     y = torch.tensor(target, dtype=torch.int64)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     if n is not None:
-        if not 1 <= n <= len(y):
-            raise ValueError(f"n must be between 1 and {len(y)} for digits (got {n})")
-        order = order[:n]
+        order = order[: check_int("n", n, low=1, high=len(y), why="digits holds that many images")]
     x, y = x[order], y[order]
     if image:
         x = x.view(-1, 1, 8, 8)
@@ -82,12 +79,9 @@ class TokenSequences(Dataset):
     """
 
     def __init__(self, n: int = 96, vocab: int = 32, min_len: int = 4, max_len: int = 40, seed: int = 0):
-        if not 2 <= min_len <= max_len:
-            raise ValueError(
-                f"min_len must be >= 2 and <= max_len (got min_len={min_len}, max_len={max_len})"
-            )
-        if vocab < 3:
-            raise ValueError(f"vocab must be >= 3 (one id is padding) (got {vocab})")
+        check_int("max_len", max_len, low=2)
+        check_int("min_len", min_len, low=2, high=max_len, why="at most max_len")
+        check_int("vocab", vocab, low=3, why="one id is padding")
         g = torch.Generator().manual_seed(seed)
         logits = torch.randn(vocab - 1, vocab - 1, generator=g) * 2.0
         probs = torch.softmax(logits, dim=1)

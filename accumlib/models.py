@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._checks import check_choice, check_int
 from .data import PAD_ID
 
 
@@ -36,9 +37,8 @@ def _norm(kind: str | None, channels: int) -> nn.Module:
     if kind == "group":
         # GroupNorm normalizes within each sample, so micro-batching cannot change it.
         return nn.GroupNorm(4, channels)
-    if kind is None or kind == "none":
-        return nn.Identity()
-    raise ValueError(f"norm must be 'batch', 'group' or None (got {kind!r})")
+    check_choice("norm", kind, ("batch", "group", "none", None))
+    return nn.Identity()
 
 
 class SmallCNN(nn.Module):
@@ -89,8 +89,7 @@ class TinyLM(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
-        if t > self.max_len:
-            raise ValueError(f"sequence length must be <= max_len={self.max_len} (got {t})")
+        check_int("sequence length", t, high=self.max_len, why="TinyLM's max_len, its positions")
         h = self.tok(ids) + self.pos(torch.arange(t, device=ids.device))
         mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), diagonal=1)
         a = self.ln1(h)

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import data as _data
 from ._batch import cat_batches, count_items
+from ._checks import check_choice
 from .models import MLP, SmallCNN, TinyLM
 
 
@@ -148,12 +149,9 @@ def get_task(name: str) -> Task:
     (('token-counts',), 4)
     >>> get_task("mnist")
     Traceback (most recent call last):
-    ValueError: task must be one of ['cnn-batchnorm', 'cnn-groupnorm', 'lm-tokens', 'mlp-digits'] (got 'mnist')
+    ValueError: task must be one of 'cnn-batchnorm', 'cnn-groupnorm', 'lm-tokens', 'mlp-digits' (got 'mnist')
     """
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise ValueError(f"task must be one of {sorted(TASKS)} (got {name!r})") from None
+    return TASKS[check_choice("task", name, sorted(TASKS))]
 
 
 __all__ = ["TASKS", "Task", "classification_losses", "get_task", "token_losses"]

@@ -375,7 +375,7 @@ def test_the_loop_refuses_an_unknown_no_sync_and_a_wrong_item_count(ranks):
     for rank, s in enumerate(seen):
         assert (
             s.get("no_sync")
-            == "no_sync must be one of ('forward+backward', 'backward', 'never') (got 'sometimes')"
+            == "no_sync must be one of 'forward+backward', 'backward', 'never' (got 'sometimes')"
         )
         assert (
             s.get("count")

@@ -211,7 +211,7 @@ def test_load_reads_the_installed_version_and_names_the_versions_it_has():
     ):
         survey.load("sequence-classification", version="4.0.0")
     with pytest.raises(
-        ValueError, match=r"task must be one of causal-lm, sequence-classification \(got 'vision'\)"
+        ValueError, match=r"task must be one of 'causal-lm', 'sequence-classification' \(got 'vision'\)"
     ):
         survey.load("vision")
     with pytest.raises(ValueError, match=r"version must be a transformers version string .* \(got 5\.23\)"):

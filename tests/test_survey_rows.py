@@ -68,11 +68,11 @@ def test_unknown_names_are_refused_each_by_name():
 
 def test_an_unknown_task_is_refused_by_name():
     with pytest.raises(
-        ValueError, match=r"task must be one of causal-lm, sequence-classification \(got 'masked-lm'\)"
+        ValueError, match=r"task must be one of 'causal-lm', 'sequence-classification' \(got 'masked-lm'\)"
     ):
         survey.resolve(None, "masked-lm")
     with pytest.raises(
-        ValueError, match=r"task must be one of causal-lm, sequence-classification \(got 'masked-lm'\)"
+        ValueError, match=r"task must be one of 'causal-lm', 'sequence-classification' \(got 'masked-lm'\)"
     ):
         survey.tiny_model("gpt2", "masked-lm")
 

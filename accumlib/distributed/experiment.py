@@ -25,12 +25,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .._batch import Recording, to_device
-from .._checks import check_int
+from .._checks import check_choice, check_int
 from ..compare import compare
 from ..oracle import grads_of, true_gradient
 from ..tasks import Task, get_task
 from .comm import count_allreduce
-from .launch import check_world_size, launch
+from .launch import launch
 from .loop import ddp_accumulate
 
 # What each variant passes to ddp_accumulate: the reference, then the three public mistakes.
@@ -65,10 +65,10 @@ class RunSpec:
     oracle: bool = True  # False: count communication only (no per-step oracle; rel_errors stay empty)
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {sorted(VARIANTS)} (got {self.variant!r})")
+        check_choice("variant", self.variant, tuple(VARIANTS))
         get_task(self.task)
         check_int("accum_steps", self.accum_steps, low=1)
+        check_int("batch_size", self.batch_size, low=1, optional=True)
 
 
 @dataclass
@@ -245,7 +245,7 @@ def run_specs(
     specs: Sequence[RunSpec], *, world_size: int = 2, timeout: float = 120.0, port: int | None = None
 ) -> list[RunResult]:
     """Run ``specs`` in ONE spawned group of ``world_size`` processes on loopback; return rank 0's records."""
-    world_size = check_world_size(world_size)
+    world_size = check_int("world_size", world_size, low=1)
     with tempfile.TemporaryDirectory(prefix="accumlib-ddp-") as tmp:
         out = os.path.join(tmp, "results.json")
         launch(worker, ([asdict(s) for s in specs], out), world_size=world_size, timeout=timeout, port=port)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import numbers
 import os
 import socket
 import sys
@@ -32,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from .._checks import check_float, check_int
 
 HOST = "127.0.0.1"
 # How long a rank may wait inside one collective before gloo gives up on its peers:
@@ -64,16 +65,6 @@ def max_world_size() -> int:
     return limit
 
 
-def check_world_size(world_size: object) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
-        raise ValueError(
-            f"world_size must be an integer >= 1 (got {world_size!r} of type {type(world_size).__name__})"
-        )
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1 (got {world_size})")
-    return int(world_size)
-
-
 def free_port(host: str = HOST) -> int:
     """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -83,16 +74,15 @@ def free_port(host: str = HOST) -> int:
 
 def check_port(port: object, host: str = HOST) -> int:
     """``port`` must be an integer in 1..65535 that can be bound on ``host`` now."""
-    if isinstance(port, bool) or not isinstance(port, numbers.Integral) or not 1 <= port <= 65535:
-        raise ValueError(f"port must be an integer between 1 and 65535 (got {port!r})")
+    port = check_int("port", port, low=1, high=65535)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind((host, int(port)))
+            s.bind((host, port))
         except OSError as err:
             raise ValueError(
                 f"port must be free on {host} for the rendezvous (got {port}, in use: {err.strerror})"
             ) from None
-    return int(port)
+    return port
 
 
 def _check_importable(fn: Callable[..., Any]) -> None:
@@ -245,15 +235,14 @@ def launch(
     >>> from accumlib.distributed import launch, free_port   # doctest: +SKIP
     >>> launch(accumlib.distributed.experiment.worker, (spec, out), world_size=2)  # doctest: +SKIP
     """
-    world_size = check_world_size(world_size)
+    world_size = check_int("world_size", world_size, low=1)
     if world_size > (most := max_world_size()):
         raise ValueError(
             f"world_size must be <= {most} on this machine ({RANKS_PER_CORE} ranks per usable core, "
             f"{RANK_MEMORY_BYTES // 2**20} MiB of available memory per rank) (got {world_size})"
         )
     port = free_port(host) if port is None else check_port(port, host)
-    if not (isinstance(timeout, numbers.Real) and timeout > 0):
-        raise ValueError(f"timeout must be a number of seconds > 0 (got {timeout!r})")
+    timeout = check_float("timeout", timeout, low=0, low_open=True)  # seconds
     _check_importable(fn)
     backend = backend or default_backend()
     if backend == "nccl" and torch.cuda.device_count() < world_size:

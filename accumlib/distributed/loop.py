@@ -41,24 +41,13 @@ from .._batch import (
     windows,
 )
 from .._batch import count_items as _rows
-from .._checks import check_device, check_int
+from .._checks import check_choice, check_device, check_int
 
 NO_SYNC = ("forward+backward", "backward", "never")
 
 
 def _no_sync(model: DDP, enabled: bool) -> contextlib.AbstractContextManager:
     return model.no_sync() if enabled else contextlib.nullcontext()
-
-
-def _check_args(model: object, no_sync: object) -> None:
-    if not isinstance(model, DDP):
-        raise TypeError(f"model must be wrapped in DistributedDataParallel (got {type(model).__name__})")
-    if not dist.is_initialized():
-        raise ValueError(
-            "the default process group must be initialized before the loop (got none; use launch() or torchrun)"
-        )
-    if no_sync not in NO_SYNC:
-        raise ValueError(f"no_sync must be one of {NO_SYNC} (got {no_sync!r})")
 
 
 def _same_length_everywhere(loader, device: torch.device) -> None:
@@ -98,7 +87,13 @@ def ddp_accumulate(
     [3.83..., 3.62...]
     """
     accum_steps = check_int("accum_steps", accum_steps, low=1)
-    _check_args(model, no_sync)
+    if not isinstance(model, DDP):
+        raise TypeError(f"model must be wrapped in DistributedDataParallel (got {type(model).__name__})")
+    if not dist.is_initialized():
+        raise ValueError(
+            "the default process group must be initialized before the loop (got none; use launch() or torchrun)"
+        )
+    check_choice("no_sync", no_sync, NO_SYNC)
     world = dist.get_world_size()
     where = next(model.parameters()).device  # collectives run where the parameters live (NCCL: the GPU)
     device = check_device(device, model)  # None: the model's own device, as in every loop

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
+
 PAD = 0  # token id 0 is padding; sequences draw ids from 1..vocab-1
 IGNORE_INDEX = -100  # the label transformers' losses skip
 
@@ -23,8 +25,8 @@ def token_sequences(
     >>> [len(s) for s in token_sequences()][:6]
     [11, 12, 14, 9, 10, 18]
     """
-    if not 2 <= min_len <= max_len:
-        raise ValueError(f"min_len must be >= 2 and <= max_len (got min_len={min_len}, max_len={max_len})")
+    check_int("max_len", max_len, low=2)
+    check_int("min_len", min_len, low=2, high=max_len, why="at most max_len")
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
     return [torch.randint(1, vocab, (length,), generator=g) for length in lengths]

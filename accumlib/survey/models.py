@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .._batch import ItemLosses
+from .._checks import check_choice
 from ..examples.data import IGNORE_INDEX, classify_collate, collate, labelled_sequences, token_sequences
 
 VOCAB = 64
@@ -174,9 +175,7 @@ TASKS = {
 
 
 def _task(task: str) -> Task:
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {', '.join(TASKS)} (got {task!r})")
-    return TASKS[task]
+    return TASKS[check_choice("task", task, tuple(TASKS))]
 
 
 def _mapping(task: str) -> dict[str, str]:
