@@ -106,7 +106,8 @@ def test_adding_a_loop_is_one_file(tmp_path, monkeypatch):
         "from accumlib.loops.naive import naive as _naive\n"
         "from accumlib.loops._contract import Contract, WRONG\n"
         "def halved(*args, **kwargs):\n    return _naive(*args, **kwargs)\n"
-        "CONTRACT = Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=9)\n"
+        "CONTRACT = Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG,"
+        " order=9)\n"
     )
     monkeypatch.setattr(loops, "__path__", [*loops.__path__, str(tmp_path)])
     monkeypatch.delitem(sys.modules, "accumlib.loops.halved", raising=False)
@@ -150,20 +151,19 @@ def test_a_new_loop_file_is_exported_as_its_function(tmp_path):
     package = Path(accumlib.__file__).parent
     shutil.copytree(package, tmp_path / "accumlib", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "accumlib" / "loops" / "global_count.py").write_text(SCRATCH_LOOP)
-    code = textwrap.dedent(
+    code = f"COPY = {str(tmp_path)!r}\n" + textwrap.dedent(
         """
         import inspect
         import accumlib.loops.global_count
         from accumlib.loops import ALL, CONTRACTS, LOOPS, global_count
         import accumlib
-        assert accumlib.__file__.startswith(%r), accumlib.__file__  # the copy, not the repository
+        assert accumlib.__file__.startswith(COPY), accumlib.__file__  # the copy, not the repository
         assert inspect.isfunction(global_count), global_count
         assert global_count is ALL["global_count"] is accumlib.global_count
         assert list(LOOPS)[-1] == "global_count" and CONTRACTS["global_count"].order == 9
         assert "global_count" in accumlib.loops.__all__ and "global_count" in accumlib.__all__
         print("ok")
         """
-        % str(tmp_path)
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 from accumlib import (
-    LOOPS,
     amp,
     compare,
     get_task,
@@ -34,13 +33,13 @@ from accumlib.data import (
     pad_collate,
     synthetic_classification,
 )
+from accumlib.loops import ALL, CONTRACTS
 from accumlib.models import MLP, TinyLM
 from accumlib.tasks import classification_losses, token_losses
+from accumlib.tolerances import FLOAT32_RTOL as F32_RTOL
 
-# float32: the loops and the oracle sum the same few hundred terms in different orders;
-# each addition rounds by <= 2^-24 relative, so the sums agree to ~1e-6. 1e-4 is 100x that,
-# and 5000x below the smallest bug we must see (a partial window of 1 of 2 micro-batches: 0.5).
-F32_RTOL = 1e-4
+# float32 (F32_RTOL, imported): the loops and the oracle sum the same few hundred terms in different
+# orders; the sums agree to ~1e-6, 5000x below the smallest bug we must see (a 1-of-2 tail: 0.5).
 # float64: the same argument with 2^-53 rounding gives ~1e-15; 1e-12 has a 1000x margin.
 F64_RTOL = 1e-12
 
@@ -106,7 +105,7 @@ def test_ragged_matches_large_batch_float32(case):
     n_batches = math.ceil(n / b)
     assert len(rec.steps) == math.ceil(n_batches / k)  # every window stepped, the tail included
     assert sum(len(w) for w, _, _ in rec.steps) == n_batches  # every micro-batch used once
-    for window, seen, oracle in rec.steps:
+    for _window, seen, oracle in rec.steps:
         assert compare(seen, oracle).rel_error <= F32_RTOL
     assert len(logged) == len(rec.steps)
 
@@ -131,7 +130,7 @@ def test_ragged_matches_large_batch_on_token_counts(n, b, k, max_len):
     rec, logged = run(
         ragged, model, loader, k, merge=LM_MERGE, item_losses=token_losses, count_items=count_tokens
     )
-    for window, seen, oracle in rec.steps:
+    for _window, seen, oracle in rec.steps:
         assert compare(seen, oracle).rel_error <= F32_RTOL
     # logged loss is the window's true token mean, not a mean of per-micro-batch means
     assert logged == pytest.approx(rec.window_means, rel=1e-5)
@@ -210,7 +209,7 @@ def test_amp_bf16_is_close_and_clips_unscaled_gradient(max_norm):
     # relative error on the gradient, so 0.1 separates rounding from a bug (>= 0.25).
     model, loader = mlp_setup(90, 8)
     rec, _ = run(amp, model, loader, 4, max_norm=max_norm)
-    for window, seen, oracle in rec.steps:
+    for _window, seen, oracle in rec.steps:
         if max_norm is None:
             assert compare(seen, oracle).rel_error < 0.1
         else:
@@ -229,10 +228,10 @@ def test_amp_with_float32_autocast_disabled_matches_ragged_exactly():
         assert compare(seen, oracle).rel_error <= F32_RTOL
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("loop", sorted(ALL))
 def test_parameters_do_not_move_inside_a_window(loop):
     model, loader = mlp_setup(40, 4)
-    rec, _ = run(LOOPS[loop], model, loader, 3)
+    rec, _ = run(ALL[loop], model, loader, 3)
     i = 0
     for window, _, _ in rec.steps:
         first = rec.params_at_draw[i]
@@ -245,18 +244,19 @@ def test_parameters_do_not_move_inside_a_window(loop):
         i += len(window)
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("loop", sorted(ALL))
 def test_logged_loss_is_the_true_window_mean(loop):
     model, loader = mlp_setup(30, 4)  # windows of 12, 12, 6 items: the last mean is not a /k value
-    rec, logged = run(LOOPS[loop], model, loader, 3)
-    tol = 2e-2 if loop == "amp" else 1e-5  # amp computes its losses in bfloat16 (eps ~4e-3)
+    rec, logged = run(ALL[loop], model, loader, 3)
+    # a loop under autocast computes its losses in bfloat16 (eps ~4e-3)
+    tol = 2e-2 if CONTRACTS[loop].low_precision else 1e-5
     assert logged == pytest.approx(rec.window_means, rel=tol)
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("loop", sorted(ALL))
 def test_does_not_drop_the_tail(loop):
     model, loader = mlp_setup(110, 8)  # 14 micro-batches, k=4: windows of 4, 4, 4, 2
-    rec, logged = run(LOOPS[loop], model, loader, 4)
+    rec, logged = run(ALL[loop], model, loader, 4)
     assert [len(w) for w, _, _ in rec.steps] == [4, 4, 4, 2]
     assert len(logged) == 4
 
@@ -268,7 +268,7 @@ def test_grad_divided_equals_normalized_and_shares_its_tail_bug():
         model, loader = mlp_setup(110, 8)  # windows of 4, 4, 4 and a tail of 2 micro-batches (8 + 6 items)
         rec, _ = run(loop, model, loader, 4)
         grads[loop] = [(s, o) for _, s, o in rec.steps]
-    for (s_n, o), (s_g, _) in zip(grads[normalized], grads[grad_divided]):
+    for (s_n, _o), (s_g, _) in zip(grads[normalized], grads[grad_divided]):
         # the same arithmetic in another order: equal to float32 rounding
         assert compare(s_g, s_n).rel_error <= F32_RTOL
     for s, o in grads[grad_divided][:3]:

@@ -11,6 +11,8 @@ import io
 import re
 from pathlib import Path
 
+from accumlib import TASKS
+from accumlib.loops import ALL, LOOPS
 from accumlib.reference import check_reference_loops
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -57,10 +59,10 @@ def test_reference_table_matches_a_fresh_run():
     rows = {}
     for line in shown.splitlines():
         cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) >= 9 and cells[0] in {"naive", "normalized", "ragged", "amp", "large_batch"}:
+        if len(cells) >= 9 and cells[0] in ALL:
             rows[cells[0], cells[1]] = cells
     table = check_reference_loops()
-    assert len(rows) == len(table.rows) == 20
+    assert len(rows) == len(table.rows) == len(LOOPS) * len(TASKS)  # every tabulated loop on every task
     for r in table.rows:
         loop, task, k, err, cos, steps, items, verdict, expected = rows[r.loop, r.task][:9]
         assert (int(k), steps, items) == (
@@ -79,8 +81,21 @@ def test_reference_table_matches_a_fresh_run():
     assert f"{len(table.rows)}/{len(table.rows)} verdicts hold" in shown
 
 
+def test_every_registered_loop_has_a_row_in_the_readmes_loop_table():
+    """The hand-written table of "The idea in one table" is the registry told in prose: a loop file
+    without its row there (or a row without its file) fails here, by name."""
+    section = _section("## The idea in one table").split("```", 1)[0]
+    rows = [m.group(1) for line in section.splitlines() if (m := re.match(r"\|\s*`([a-z_0-9]+)`\s*\|", line))]
+    assert rows, "no loop table found under '## The idea in one table'"
+    missing = [name for name in ALL if name not in rows]
+    assert not missing, f"README.md's loop table has no row for {missing}"
+    assert sorted(rows) == sorted(ALL), f"rows for loops that are not registered: {set(rows) - set(ALL)}"
+    assert [r for r in rows if r in LOOPS] == list(LOOPS)  # in the registry's order
+
+
 def test_every_finding_code_is_in_the_readme_with_its_kind():
-    """The README's table of codes is the one table (accumlib.CODES) told in prose: none missing, kinds equal."""
+    """The README's table of codes is the one table (accumlib.CODES) told in prose: none missing, kinds
+    equal."""
     from accumlib import CODES
 
     section = README.split("## Verify your own loop", 1)[1].split("\n## ", 1)[0]

@@ -7,6 +7,7 @@ findings), the executed notebook, the JSON numbers and the command's stderr (no 
 """
 
 import ast
+import dataclasses
 import html
 import json
 import logging
@@ -19,8 +20,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from accumlib import _style
-from accumlib.lessons import report
+from accumlib import _style, get_task, report
+from accumlib.loops import CONTRACTS, EXACT, LOOPS, OFF_BY_K, WRONG, Contract
+from accumlib.report import figures
 from accumlib.tolerances import FLOAT32_RTOL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +42,8 @@ PARAMS = dict(
     seed=0,
 )
 N_BATCHES = 28
+# The report's row labels, read from the registry: a low-precision loop runs in the report's precision.
+LABELS = [f"{n} ({PARAMS['precision']})" if CONTRACTS[n].low_precision else n for n in LOOPS]
 MAKE_VARS = dict(
     TASK="mlp-digits", ACCUM="1 2 4", BATCH="4", NORM="batch", PRECISION="bfloat16", DEVICE="cpu", SEED="0"
 )
@@ -109,11 +113,7 @@ def test_report_records_the_parameters_it_was_given(executed):
 def test_report_results_are_the_known_verdicts(executed):
     _, _, s = executed
     cells = {(c["loop"], c["k"]): c for c in s["loops"]}
-    assert set(cells) == {
-        (loop, k)
-        for loop in ("naive", "normalized", "ragged", "large_batch", "amp (bfloat16)")
-        for k in (1, 2, 4)
-    }
+    assert set(cells) == {(loop, k) for loop in LABELS for k in (1, 2, 4)}
     for c in cells.values():
         assert (
             c["steps"]
@@ -333,7 +333,9 @@ def test_the_figures_titles_agree_with_the_computed_numbers(executed):
     for c in s["loops"]:
         verdicts.setdefault(c["loop"], set()).add(c["verdict"])
     exact = [loop for loop, v in verdicts.items() if v == {"exact"}]
-    assert exact == ["ragged", "large_batch"]
+    tags = get_task(PARAMS["task"]).tags
+    assert exact == [n for n in LOOPS if CONTRACTS[n].expected(tags) == EXACT]  # as the contracts promise
+    assert exact == ["ragged", "large_batch"]  # and as this task's ragged tail decides today
     assert _alt(body, "Each loop's worst step").startswith(
         f"Each loop's worst step against the large batch (mlp-digits), exact at every k: {', '.join(exact)}."
     )
@@ -585,3 +587,33 @@ def test_run_writes_no_file_without_results_path(result, tmp_path, monkeypatch):
     assert result.summary()["accum_steps"] == [1, 2, 4]
     report.run(**dict(PARAMS, accum_steps=[1]))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_each_loops_style_comes_from_its_contract_and_keeps_todays_looks():
+    """The roles the figures had when they were written by hand, now read from the verdicts."""
+    assert {n: figures.role_of(c) for n, c in CONTRACTS.items()} == {
+        "naive": "buggy",
+        "normalized": "other",
+        "grad_divided": "other",
+        "ragged": "correct",
+        "amp": "alternative",
+        "large_batch": "oracle",
+    }
+    looks = figures.styles(LABELS)
+    assert looks["amp (bfloat16)"] == _style.ROLE["alternative"]  # a run label finds its loop's contract
+    assert all(looks[n] == _style.ROLE[figures.role_of(CONTRACTS[n])] for n in LABELS if n in CONTRACTS)
+
+
+def test_a_new_loop_gets_a_style_of_its_own_without_an_edit(monkeypatch):
+    """A scratch loop exact everywhere but BatchNorm shares ragged's role, so its colour, with a marker
+    of its own: no two lines of one axes look alike, and no new role is written by hand."""
+    scratch = Contract(full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=WRONG, order=9)
+    monkeypatch.setitem(CONTRACTS, "global_count", scratch)
+    labels = [*LABELS, "global_count"]
+    looks = figures.styles(labels)
+    assert looks["global_count"]["color"] == _style.ROLE["correct"]["color"]
+    shapes = [(s["marker"], str(s["linestyle"])) for s in looks.values()]
+    assert len(set(shapes)) == len(shapes)
+    assert looks["ragged"] == _style.ROLE["correct"]  # the loop already there keeps its look
+    off = dataclasses.replace(scratch, full_windows=OFF_BY_K, ragged_tail=OFF_BY_K, token_counts=OFF_BY_K)
+    assert figures.role_of(off) == "buggy"

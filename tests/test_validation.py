@@ -4,9 +4,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from accumlib import LOOPS, compare, get_task, resolve_device, true_gradient
+from accumlib import compare, get_task, resolve_device, true_gradient
 from accumlib.data import TokenSequences, digits, synthetic_classification
+from accumlib.loops import ALL, CONTRACTS
 from accumlib.models import MLP
+
+# Every registered loop is validated, the table's variants included (ALL, not LOOPS): the checks below
+# are the common ones, read from a loop's signature and its CONTRACT.takes, so a new loop file needs no
+# line here. A task field no case below knows fails test_every_task_field_a_loop_takes_is_validated.
+LOOP_NAMES = sorted(ALL)
 
 
 def setup():
@@ -20,33 +26,33 @@ def ce(model, batch):
     return torch.nn.functional.cross_entropy(model(x), y, reduction="none")
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("loop", LOOP_NAMES)
 @pytest.mark.parametrize("bad", [0, -1, 2.0, 2.5, "4", True, None])
 def test_accum_steps_must_be_a_positive_integer(loop, bad):
     model, opt, loader = setup()
     with pytest.raises(
         ValueError, match=r"accum_steps must be .*" + (r"\(got " if not isinstance(bad, str) else "")
     ):
-        LOOPS[loop](model, opt, loader, ce, accum_steps=bad)
+        ALL[loop](model, opt, loader, ce, accum_steps=bad)
 
 
 def test_accum_steps_message_names_the_value():
     model, opt, loader = setup()
     with pytest.raises(ValueError, match=r"accum_steps must be an integer >= 1 \(got 0\)"):
-        LOOPS["ragged"](model, opt, loader, ce, accum_steps=0)
+        ALL["ragged"](model, opt, loader, ce, accum_steps=0)
     with pytest.raises(ValueError, match=r"accum_steps must be an integer >= 1 \(got 2.5 of type float\)"):
-        LOOPS["ragged"](model, opt, loader, ce, accum_steps=2.5)
+        ALL["ragged"](model, opt, loader, ce, accum_steps=2.5)
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("loop", LOOP_NAMES)
 def test_empty_loader_is_an_error(loop):
     model, opt, _ = setup()
     empty = DataLoader(TensorDataset(torch.zeros(0, 6), torch.zeros(0, dtype=torch.long)), batch_size=4)
     with pytest.raises(ValueError, match="loader must yield at least one micro-batch"):
-        LOOPS[loop](model, opt, empty, ce, accum_steps=2)
+        ALL[loop](model, opt, empty, ce, accum_steps=2)
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("loop", LOOP_NAMES)
 @pytest.mark.parametrize(
     "bad_fn, message",
     [
@@ -61,33 +67,61 @@ def test_item_losses_contract_is_enforced(loop, bad_fn, message):
     model, opt, loader = setup()
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(ValueError, match="item_losses " + message):
-        LOOPS[loop](model, opt, loader, bad_fn, accum_steps=2)
+        ALL[loop](model, opt, loader, bad_fn, accum_steps=2)
     # refused before any step: the model is untouched
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
 
-def test_count_items_must_agree_with_item_losses():
-    model, opt, loader = setup()
-    with pytest.raises(ValueError, match="count_items said 5 items, item_losses returned 4"):
-        LOOPS["ragged"](model, opt, loader, ce, accum_steps=2, count_items=lambda b: 5)
+# The bad values of each task field a loop may take (Contract.takes), with the error each must raise.
+BAD_TAKES = {
+    "count_items": [
+        (lambda b: 5, ValueError, "count_items said 5 items, item_losses returned 4"),
+        (lambda b: 0, ValueError, "at least one item .*got 0 items in 2 micro-batches"),
+        (4, TypeError, r"count_items must be callable as count_items\(batch\) -> int \(got 4 of type int\)"),
+    ],
+    "merge": [
+        (
+            "cat",
+            TypeError,
+            r"merge must be callable as merge\(micro_batches\) -> batch \(got 'cat' of type str\)",
+        )
+    ],
+}
+TAKES_CASES = [
+    pytest.param(loop, field, bad, error, message, id=f"{loop}-{field}-{i}")
+    for loop in LOOP_NAMES
+    for field in CONTRACTS[loop].takes
+    for i, (bad, error, message) in enumerate(BAD_TAKES.get(field, []))
+]
 
 
-def test_window_without_items_is_an_error():
+def test_every_task_field_a_loop_takes_is_validated():
+    unknown = {loop: f for loop in LOOP_NAMES for f in CONTRACTS[loop].takes if f not in BAD_TAKES}
+    assert not unknown, f"no bad cases in BAD_TAKES for the task fields these loops take: {unknown}"
+    assert TAKES_CASES  # the negative: the loops that take a field are really exercised
+
+
+@pytest.mark.parametrize("loop,field,bad,error,message", TAKES_CASES)
+def test_a_bad_task_field_is_refused_before_any_step(loop, field, bad, error, message):
     model, opt, loader = setup()
-    with pytest.raises(ValueError, match="at least one item .*got 0 items in 2 micro-batches"):
-        LOOPS["ragged"](model, opt, loader, ce, accum_steps=2, count_items=lambda b: 0)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(error, match=message):
+        ALL[loop](model, opt, loader, ce, accum_steps=2, **{field: bad})
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
 
 def test_amp_max_norm_must_be_positive():
     model, opt, loader = setup()
-    with pytest.raises(ValueError, match=r"max_norm must be > 0 or None \(got -1\)"):
-        LOOPS["amp"](model, opt, loader, ce, accum_steps=2, max_norm=-1)
+    with pytest.raises(ValueError, match=r"max_norm must be None or a number > 0 \(got -1\)"):
+        ALL["amp"](model, opt, loader, ce, accum_steps=2, max_norm=-1)
+    with pytest.raises(ValueError, match=r"max_norm must be None or a number > 0 \(got nan\)"):
+        ALL["amp"](model, opt, loader, ce, accum_steps=2, max_norm=float("nan"))
 
 
 def test_progress_must_be_a_bar_or_bool():
     model, opt, loader = setup()
     with pytest.raises(ValueError, match="progress must be True, False or a tqdm bar"):
-        LOOPS["ragged"](model, opt, loader, ce, accum_steps=2, progress="yes")
+        ALL["ragged"](model, opt, loader, ce, accum_steps=2, progress="yes")
 
 
 def test_unknown_task_lists_the_names():
@@ -127,11 +161,11 @@ def test_oracle_refuses_empty_window_and_padding_without_pad_values():
         true_gradient(model, batches, task.item_losses)  # default merge cannot re-pad
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("loop", LOOP_NAMES)
 def test_loops_do_not_touch_the_data(loop):
     model, opt, loader = setup()
     x0 = loader.dataset.tensors[0].clone()
-    LOOPS[loop](model, opt, loader, ce, accum_steps=3)
+    ALL[loop](model, opt, loader, ce, accum_steps=3)
     assert torch.equal(loader.dataset.tensors[0], x0)
 
 
@@ -145,12 +179,9 @@ def test_oracle_refuses_a_ddp_wrapper():
 # --- the loops refuse what torch would only answer with its own error ----------------------------
 
 
-@pytest.mark.parametrize("loop", ["naive", "normalized", "ragged", "amp", "large_batch", "grad_divided"])
+@pytest.mark.parametrize("loop", LOOP_NAMES)
 def test_loops_name_the_argument_for_models_devices_and_detached_losses(loop):
-    import accumlib
-    from accumlib import get_task
-
-    fn = getattr(accumlib, loop) if hasattr(accumlib, loop) else getattr(accumlib.loops, loop)
+    fn = ALL[loop]
     task = get_task("mlp-digits")
     model = task.make_model(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -31,7 +31,7 @@ from .._batch import (
     windows,
 )
 from .._batch import count_items as _rows
-from .._checks import check_device, check_int, check_model
+from .._checks import check_callable, check_device, check_float, check_int, check_model
 from ._contract import CLOSE, WRONG, Contract
 
 
@@ -68,10 +68,10 @@ def amp(
     'close (bf16)'
     """
     accum_steps = check_int("accum_steps", accum_steps, low=1)
+    count_items = check_callable("count_items", count_items, "count_items(batch) -> int")
+    max_norm = check_float("max_norm", max_norm, low=0, low_open=True, optional=True)
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device
-    if max_norm is not None and not max_norm > 0:
-        raise ValueError(f"max_norm must be > 0 or None (got {max_norm!r})")
     dtype = dtype or (torch.float16 if device.type == "cuda" else torch.bfloat16)
     scaler = scaler or torch.amp.GradScaler(device.type)
     bar = progress_bar(progress, loader, "amp")

@@ -24,7 +24,7 @@ from .._batch import (
     to_device,
     windows,
 )
-from .._checks import check_device, check_int, check_model
+from .._checks import check_callable, check_device, check_int, check_model
 from ._contract import EXACT, Contract
 
 
@@ -50,6 +50,7 @@ def large_batch(
     'exact'
     """
     accum_steps = check_int("accum_steps", accum_steps, low=1)
+    merge = check_callable("merge", merge, "merge(micro_batches) -> batch")
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "large_batch")

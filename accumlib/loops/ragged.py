@@ -30,7 +30,7 @@ from .._batch import (
     windows,
 )
 from .._batch import count_items as _rows
-from .._checks import check_device, check_int, check_model
+from .._checks import check_callable, check_device, check_int, check_model
 from ._contract import EXACT, WRONG, Contract
 
 
@@ -57,6 +57,7 @@ def ragged(
     'exact'
     """
     accum_steps = check_int("accum_steps", accum_steps, low=1)
+    count_items = check_callable("count_items", count_items, "count_items(batch) -> int")
     model = check_model(model)
     device = check_device(device, model)  # None: the model's own device
     bar = progress_bar(progress, loader, "ragged")

@@ -9,17 +9,57 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from .. import _style
+from ..loops import CLOSE, CONTRACTS, EXACT, OFF_BY_K, Contract
+from ..loops._contract import KINDS
 from ..tolerances import FLOAT32_RTOL
 from .compute import Cell, ReportResult
 
 # A bit-exact 0 on a log axis is drawn here and labelled "0": float32 rounding (~1e-7) stays visibly above it.
 ZERO = 1e-10
-# amp: "alternative"
-ROLES = {"naive": "buggy", "normalized": "other", "ragged": "correct", "large_batch": "oracle"}
+# Extra markers for a loop whose role another loop of the same figure already has: same colour (its
+# role), its own marker, so no two lines of an axes differ by nothing.
+_SPARE_MARKERS = ("v", "P", "X", "*", "<", ">", "h", "p")
 
 
-def _role(name: str) -> dict[str, Any]:
-    return _style.ROLE[ROLES.get(name, "alternative")]
+def role_of(contract: Contract) -> str:
+    """A loop's style role, read from its contract's verdicts, so a new loop file is styled without an
+    edit here: exact even with BatchNorm is the large batch itself ("oracle"); exact on every other kind
+    of task "correct"; close to low-precision rounding "alternative"; off by ~k on full windows
+    "buggy"; anything else (exact only on full windows) "other".
+
+    >>> from accumlib.loops import CONTRACTS
+    >>> {name: role_of(c) for name, c in CONTRACTS.items()}  # doctest: +NORMALIZE_WHITESPACE
+    {'amp': 'alternative', 'grad_divided': 'other', 'large_batch': 'oracle', 'naive': 'buggy',
+     'normalized': 'other', 'ragged': 'correct'}
+    """
+    verdicts = [getattr(contract, kind.replace("-", "_")) for kind in KINDS]
+    if all(v == EXACT for v in verdicts):
+        return "oracle"
+    if all(v == EXACT for kind, v in zip(KINDS, verdicts) if kind != "batchnorm"):
+        return "correct"
+    if contract.low_precision or contract.full_windows == CLOSE:
+        return "alternative"
+    return "buggy" if contract.full_windows == OFF_BY_K else "other"
+
+
+def _contract(label: str) -> Contract | None:
+    """The contract behind a figure's label: a loop's name, or "<name> (<dtype>)" for a low-precision run."""
+    return CONTRACTS.get(label) or CONTRACTS.get(label.split(" (", 1)[0])
+
+
+def styles(labels: list[str]) -> dict[str, dict[str, Any]]:
+    """Each label's line style: its role's, or a spare marker in that colour where the role is taken."""
+    out: dict[str, dict[str, Any]] = {}
+    taken: set[tuple[str, str]] = set()
+    spare = iter(_SPARE_MARKERS)
+    for label in labels:
+        contract = _contract(label)
+        style = dict(_style.ROLE[role_of(contract) if contract else "other"])
+        while (style["marker"], str(style["linestyle"])) in taken:
+            style["marker"] = next(spare)
+        taken.add((style["marker"], str(style["linestyle"])))
+        out[label] = style
+    return out
 
 
 def _zero(value: float) -> float:
@@ -103,10 +143,11 @@ def plot_errors(result: ReportResult) -> Figure:
     """Each loop's worst step: relative gradient error against the large batch vs k (log axis, 0 drawn as "0")."""
     fig, ax = _style.figure(width=9, height=6.5, title=title_errors(result))
     values = []
+    style = styles(result.loops)
     for name in result.loops:
         ys = [result.cells[(name, k)].max_rel_error for k in result.ks]
         values += ys
-        ax.plot(result.ks, [_zero(y) for y in ys], label=name, **_role(name))
+        ax.plot(result.ks, [_zero(y) for y in ys], label=name, **style[name])
     _tolerance_band(ax)
     _log_axis_with_zero(ax, values)
     _k_axis(ax, result.ks)
@@ -160,11 +201,12 @@ def plot_steps(result: ReportResult, k: int | None = None) -> Figure:
     )
     steps = list(range(1, ref.steps + 1))
     values = []
+    style = styles(result.loops)
     for name in result.loops:
         cell = result.cells[(name, k)]
         values += cell.rel_errors
-        ax.plot(steps, [_zero(e) for e in cell.rel_errors], label=name, **_role(name))
-        bx.plot(steps, [a - b for a, b in zip(cell.logged, ref.logged)], label=name, **_role(name))
+        ax.plot(steps, [_zero(e) for e in cell.rel_errors], label=name, **style[name])
+        bx.plot(steps, [a - b for a, b in zip(cell.logged, ref.logged)], label=name, **style[name])
     _tolerance_band(ax)
     _log_axis_with_zero(ax, values)
     ax.set_title("Gradient error of each step")
