@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import numbers
 import random
 import tempfile
 import warnings
@@ -28,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ._batch import ItemLosses
+from ._checks import check_callable, check_int
 from ._verify import Report, verify
 
 # Trainer arguments verify_fit sets itself (a user's values are replaced): none changes how
@@ -90,14 +90,9 @@ def _check(
             "train_dataloaders must batch with batch_size, not a batch_sampler of its own "
             f"(got batch_size=None, batch_sampler={type(train_dataloaders.batch_sampler).__name__})"
         )
-    if not callable(item_losses):
-        raise TypeError(
-            f"item_losses must be callable as item_losses(module, batch) (got {type(item_losses).__name__})"
-        )
-    if max_steps is not None and (
-        isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1
-    ):
-        raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
+    check_callable("item_losses", item_losses, "item_losses(module, batch)")
+    check_int("max_steps", max_steps, low=1, optional=True)
+    check_int("accumulate_grad_batches", trainer_kwargs.get("accumulate_grad_batches", 1), low=1)
     devices = trainer_kwargs.get("devices", 1)
     if (
         not (devices in (1, "1") or (isinstance(devices, (list, tuple)) and len(devices) == 1))
@@ -158,7 +153,7 @@ def verify_fit(
     """
     pl = _check(module, train_dataloaders, item_losses, max_steps, trainer_kwargs)
     user = train_dataloaders
-    k = int(trainer_kwargs.get("accumulate_grad_batches", 1))
+    k = trainer_kwargs.get("accumulate_grad_batches", 1)  # checked by _check
     sampler, generator = _sampler_copy(user)
 
     kwargs = {k: v for k, v in trainer_kwargs.items() if k not in OWN + ("callbacks",)}

@@ -436,7 +436,7 @@ def test_a_model_without_a_default_item_loss_needs_item_losses(tmp_path):
     [
         ({"trainer": object()}, TypeError, r"trainer must be a transformers.Trainer \(got object\)"),
         ({"max_steps": 0}, ValueError, r"max_steps must be None or an integer >= 1 \(got 0\)"),
-        ({"item_losses": "ce"}, TypeError, r"item_losses must be None or callable .*\(got str\)"),
+        ({"item_losses": "ce"}, TypeError, r"item_losses must be None or callable .*\(got 'ce' of type str\)"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(tmp_path, kwargs, error, message):

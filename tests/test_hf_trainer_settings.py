@@ -334,7 +334,7 @@ def test_an_optimizer_over_another_models_parameters_is_refused(untouched):
     "change, message",
     [
         ({"train_dataset": None}, r"trainer.train_dataset must be set: .*\(got None\)"),
-        ({"max_steps": True}, r"max_steps must be None or an integer >= 1 \(got True\)"),
+        ({"max_steps": True}, r"max_steps must be None or an integer >= 1 \(got True of type bool\)"),
         ({"max_steps": 0}, r"max_steps must be None or an integer >= 1 \(got 0\)"),
     ],
 )

@@ -134,7 +134,7 @@ def test_the_users_module_and_loader_are_untouched(tmp_path, monkeypatch):
         (
             lambda: verify_fit(Digits(), loader(), item_losses=None),
             TypeError,
-            r"item_losses must be callable .*\(got NoneType\)",
+            r"item_losses must be callable .*\(got None of type NoneType\)",
         ),
         (
             lambda: verify_fit(Digits(), loader(), item_losses=item_losses, devices=2),

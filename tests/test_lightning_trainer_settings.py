@@ -6,6 +6,8 @@ in micro-batches of 8 are 13 micro-batches of 8 and one of 6.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -145,5 +147,5 @@ def test_more_than_one_process_or_device_is_refused(settings):
 
 @pytest.mark.parametrize("max_steps", [0, True, 1.5, "2"])
 def test_max_steps_must_be_a_positive_integer(max_steps):
-    with pytest.raises(ValueError, match=rf"max_steps must be None or an integer >= 1 \(got {max_steps!r}\)"):
+    with pytest.raises(ValueError, match=re.escape(f"max_steps must be None or an integer >= 1 (got {max_steps!r}")):
         verify_fit(Digits(), loader(), item_losses=item_losses, max_steps=max_steps)

@@ -74,7 +74,7 @@ def test_report_rows_agree_with_true_gradient():
 
 def test_exact_loop_passes_with_tiny_error():
     report = run(exact)
-    assert report.ok and report.findings == []
+    assert report.ok and report.findings == ()
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
     assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2]
     assert (report.items_stepped, report.items_total) == (110, 110)

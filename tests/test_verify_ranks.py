@@ -252,7 +252,7 @@ def test_no_sampler_is_unsharded_data(job):
 
 def test_ranks_must_be_none_or_all():
     task = accumlib.get_task("mlp-digits")
-    with pytest.raises(ValueError, match=r"ranks must be None .* \(got 'every'\)"):
+    with pytest.raises(ValueError, match=r"ranks must be one of None, 'all'.* \(got 'every'\)"):
         accumlib.verify(
             lambda *a: None,
             model=task.make_model(0),

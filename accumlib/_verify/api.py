@@ -6,7 +6,6 @@ micro-batch boundary) -> ``StepNumbers`` per step -> ``diagnose`` (a pure functi
 
 from __future__ import annotations
 
-import math
 import numbers
 import traceback
 from collections.abc import Callable, Iterable
@@ -18,16 +17,22 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from .._batch import ItemLosses
-from .._checks import check_int
-from ..tolerances import LOGGED_RTOL
-from .codes import CODES
+from .._checks import check_callable, check_choice, check_int, check_model
 from .copying import copy_model
-from .diagnose import CAUSES, clip_norms, diagnose_run, like_for_like
+from .coverage import coverage, job_coverage, leftover
+from .diagnose_run import (
+    coverage_findings,
+    diagnose_run,
+    logged_findings,
+    run_notes,
+    step_findings,
+    step_rows,
+)
 from .job import judge_job
-from .numbers import StepNumbers
+from .patches import patched
 from .ranks import Ranks, in_group, sharded
 from .record import Recorder, StopRun
-from .report import Finding, Report, StepRow
+from .report import Finding, Report
 from .shadow import disable_dropout, first_layer, make_shadow
 from .sources import Tracked, TrackedIterable, tensors
 
@@ -67,32 +72,19 @@ def check_args(
     ranks: Any = None,
 ) -> None:
     """Refuse bad arguments to ``verify`` before anything runs, naming argument, rule and value."""
-    if ranks not in (None, "all"):
-        raise ValueError(
-            f"ranks must be None (one process) or 'all' (every rank of the process group) (got {ranks!r})"
-        )
+    check_choice(
+        "ranks", ranks, (None, "all"), "None judges one process, 'all' every rank of the process group"
+    )
     where = in_group()
     if ranks is None and where is not None and where[1] > 1:
         raise ValueError(
-            f"accumlib.verify judges one process's run unless told otherwise: called in a process group of world size "
-            f"{where[1]} (rank {where[0]}) without ranks='all', each rank's oracle would see only its own items and a "
-            "wrong multi-rank loop could read as OK. Call accumlib.verify(..., ranks='all') on every rank to judge the "
-            "whole job (or run verify in a single process)"
+            f"accumlib.verify judges one process's run unless told otherwise: called in a process group of world "
+            f"size {where[1]} (rank {where[0]}) without ranks='all', each rank's oracle would see only its own "
+            "items and a wrong multi-rank loop could read as OK. Call accumlib.verify(..., ranks='all') on every "
+            "rank to judge the whole job (or run verify in a single process)"
         )
-    if not callable(train_fn):
-        raise TypeError(
-            f"train_fn must be callable as train_fn(model, optimizer, loader) (got {type(train_fn).__name__})"
-        )
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(
-            f"model must have at least one parameter with requires_grad=True (got {type(model).__name__} with none)"
-        )
-    if any(p.is_meta for p in model.parameters()):
-        raise ValueError(
-            f"model must hold real parameters, not parameters on the meta device (got {type(model).__name__})"
-        )
+    check_callable("train_fn", train_fn, "train_fn(model, optimizer, loader)")
+    check_model(model)
     if isinstance(dataset, IterableDataset):
         pass  # no length: passes end where its iterator ends
     elif not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
@@ -102,29 +94,22 @@ def check_args(
         )
     elif len(dataset) == 0:
         raise ValueError(f"dataset must hold at least one item (got an empty {type(dataset).__name__})")
-    if not callable(item_losses):
-        raise TypeError(
-            f"item_losses must be callable as item_losses(model, batch) (got {type(item_losses).__name__})"
-        )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1 (got {batch_size!r})")
-    if max_steps is not None and (
-        isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1
-    ):
-        raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
+    check_callable("item_losses", item_losses, "item_losses(model, batch)")
+    check_int("batch_size", batch_size, low=1)
+    check_int("max_steps", max_steps, low=1, optional=True)
     # it holds the caller's parameters, which verify never steps
     if isinstance(optimizer, torch.optim.Optimizer):
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         kind = type(optimizer)
         where = "torch.optim" if kind.__module__.startswith("torch.optim") else kind.__module__
         raise TypeError(
-            "optimizer must be a factory that builds the optimizer over verify's copy of the model, not an optimizer "
-            f"(got a {kind.__name__} instance over your model's own parameters); write optimizer=lambda params: "
-            f"{where}.{kind.__name__}(params{f', lr={lr!r}' if isinstance(lr, float) else ''}) with the same settings"
+            "optimizer must be a factory that builds the optimizer over verify's copy of the model, not an "
+            f"optimizer (got a {kind.__name__} instance over your model's own parameters); write "
+            f"optimizer=lambda params: {where}.{kind.__name__}(params{f', lr={lr!r}' if isinstance(lr, float) else ''}) "
+            "with the same settings"
         )
-    for name, fn in (("optimizer", optimizer), ("collate_fn", collate_fn)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"{name} must be None or callable (got {type(fn).__name__})")
+    check_callable("optimizer", optimizer, optional=True)
+    check_callable("collate_fn", collate_fn, optional=True)
     if collate_fn is None and not isinstance(dataset, IterableDataset):
         _check_default_collate(dataset, batch_size)
 
@@ -211,7 +196,7 @@ def verify(
     ]
     returned, stopped = None, False
     try:
-        with rec.patched():
+        with patched(rec):
             returned = train_fn(net, opt, loader)
     except StopRun:
         stopped = True
@@ -233,32 +218,29 @@ def verify(
             h.remove()
         rec.unwatch()
     if job is None:
-        return _report(rec, k, batch_size, returned, dropout, stopped)
+        return _judge(rec, k, batch_size, _number(returned), dropout, stopped)
     # on every rank at once: FSDP2 gathers its parameters here
     rec.oracle.leaves, rec.counting = rec.sync(), True
     mine = dict(
         steps=len(rec.steps),
         used=sorted(rec.used_indices),
         drawn=job.drawn,
-        leftover=_leftover(rec),
+        leftover=leftover(rec),
         returned=returned if isinstance(returned, (numbers.Real, list, tuple)) else None,
         codes=[v.codes for v in diagnose_run(rec.steps, k=k)[0]],
         numbers=rec.steps,
     )
-    every = job.finish(mine)
-    return _report(rec, k, batch_size, returned, dropout, stopped, every)
+    return _judge(rec, k, batch_size, None, dropout, stopped, job.finish(mine))
 
 
-def _leftover(rec: Recorder) -> tuple[int, float]:
-    """Items and loss sum forwarded after the last step: the loop saw them, no step used them."""
-    out = (0, 0.0)
-    for mb in rec.leftovers():
-        n, loss = rec.count_and_loss(mb.batch)
-        out = (out[0] + n, out[1] + loss)
-    return out
+def _number(returned: Any) -> Any:
+    """A running loss kept as a one-element tensor is its value (read without torch's warning)."""
+    if isinstance(returned, torch.Tensor) and returned.numel() == 1:
+        return float(returned.detach())
+    return returned
 
 
-def _report(
+def _judge(
     rec: Recorder,
     k: int,
     batch_size: int,
@@ -267,284 +249,31 @@ def _report(
     stopped: bool,
     every: list[dict[str, Any]] | None = None,
 ) -> Report:
+    """The stages after the run, in order: diagnose every step and the run, count what no step used,
+    judge the job (``every``: what each rank handed in), and the report."""
     steps = rec.steps if every is None else every[0]["numbers"]  # a job: rank 0's rows, every rank's codes
-    verdicts, assumed = diagnose_run(steps, k=k)
-    for e in every or ():
-        for v, codes in zip(verdicts, e["codes"]):
-            v.codes += [c for c in codes if c not in v.codes]
-    converted = {t for t, v in enumerate(verdicts) if v.clip_assumed}
-    rows, by_code, details = [], {}, {}  # type: ignore[var-annotated]
-    for t, (s, v) in enumerate(zip(steps, verdicts)):
-        for c in v.codes:
-            by_code.setdefault(c, []).append(t)
-            details.setdefault(c, [])
-            if v.detail and v.detail not in details[c]:
-                details[c].append(v.detail)
-        clip_to = clip_norms(s) or ([assumed] if assumed else [])
-        ratio, rel = like_for_like(s, clip_to)
-        coef = s.scale if t in converted else s.unclip
-        reference = (
-            s.precision
-            + (" replay" if s.precision != "float32" else "")
-            + ("; BatchNorm: accumulated" if s.batchnorm else "")
-        )
-        ref_error = s.rel
-        # judged against the truth clipped to the assumed norm, so show that error, not the unclipped one
-        if t in converted:
-            reference, ref_error = f"float32 clipped to {assumed:.3g} (assumed)", rel
-        rows.append(
-            StepRow(
-                step=t,
-                micro_batches=s.micro_batches,
-                items=s.items,
-                lr=s.lr,
-                norm_ratio=ratio,
-                rel_error=rel,
-                codes=("skipped by GradScaler",) if s.skipped else tuple(v.codes),
-                reference=reference,
-                scale=s.scale / coef if t in converted else s.scale,
-                clip=coef,
-                ref_error=ref_error,
-            )
-        )
-    if "misscaled" in by_code:  # one line for all its steps: the range of c, and the causes it matches
-        cs = [verdicts[t].factor for t in by_code["misscaled"] if verdicts[t].factor is not None]
-        found = sorted({verdicts[t].cause for t in by_code["misscaled"] if verdicts[t].cause})
-        span = (
-            f"c = {min(cs):.4f}" + (f" to {max(cs):.4f}" if max(cs) - min(cs) >= 5e-5 else "") if cs else ""
-        )
-        divisor = next((s.items / v.factor for s, v in zip(steps, verdicts) if v.cause == "constant"), None)
-        span += f" (D = {divisor:.4g})" if divisor else ""
-        details["misscaled"] = [span + "".join(f"; {CAUSES[c][0]}" for c in found)]
-        masked = [t for t in by_code["misscaled"] if verdicts[t].masked]
-        if masked:
-            details["misscaled"].append(
-                f"masked by clipping at step(s) {', '.join(map(str, masked))}: clip_grad_norm_ cut both the loop's "
-                "gradient and the true one to max_norm, so the update there equals the correct one; the bug is real "
-                "and shows at any step where the clip does not act"
-            )
-    findings = [_finding(code, steps, details[code], k) for code, steps in by_code.items()]
-    if "misscaled" in by_code and found:  # the fix of the cause found, not the generic one
-        at = next(i for i, f in enumerate(findings) if f.code == "misscaled")
-        findings[at] = Finding(
-            "misscaled", findings[at].message, "; ".join(CAUSES[c][1] for c in found), findings[at].steps
-        )
-    limited = [
-        s.bn_gap for s, v in zip(steps, verdicts) if s.bn_gap is not None and (v.batchnorm_limit or v.codes)
-    ]
-    if limited:
-        worst = max(limited)
-        findings.append(
-            Finding(
-                "batchnorm",
-                CODES["batchnorm"].message + f"; a correct accumulation is off by up to {worst:.2e} "
-                "(relative) from the merged window's gradient, and the verdicts were judged against the "
-                "micro-batch accumulation instead",
-                CODES["batchnorm"].fix,
-            )
-        )
-    if assumed is not None:
-        findings.append(
-            Finding(
-                "clip-assumed",
-                CODES["clip-assumed"].message + f" (max_norm ~= {assumed:.4g})",
-                CODES["clip-assumed"].fix,
-            )
-        )
-    if dropout:
-        findings.append(
-            Finding(
-                "dropout",
-                f"{len(dropout)} dropout layer(s) (p={sorted(set(dropout))}): " + CODES["dropout"].message,
-                CODES["dropout"].fix,
-            )
-        )
+    verdicts, assumed = diagnose_run(steps, k=k, ranks_codes=[e["codes"] for e in every or ()])
+    rows = step_rows(steps, verdicts, assumed)
+    found = step_findings(steps, verdicts, k=k)
+    findings = found + run_notes(steps, verdicts, assumed, dropout=dropout, stopped=stopped)
     stepped = sum(s.items for s in steps)
-    if stopped:
-        findings.append(
-            Finding(
-                "partial-run", CODES["partial-run"].message.format(n=len(steps)), CODES["partial-run"].fix
-            )
-        )
+    if stopped or any(f.code == "untracked-data" for f in found):  # what the loop left out is unknown
         return Report(rows, findings, k, stepped, None)
-    if "untracked-data" in by_code:  # the loop drew data verify never saw: what it left out is unknown
-        return Report(rows, findings, k, stepped, None)
-    if every is not None:
-        return _job_report(rec, every, steps, rows, findings, k, batch_size, stepped, returned, by_code)
-    missing, total, seen_items, seen_loss, left_out = _coverage(rec, batch_size, stepped)
-    if missing:
-        what = "the loop never called optimizer.step(); " if not steps else ""
-        of = f" of {total}" if total is not None else ""
-        findings.append(
-            Finding(
-                "tail-dropped",
-                f"{what}{missing}{of} items reached no optimizer step",
-                CODES["tail-dropped"].fix,
-            )
-        )
-    passes = rec.data_passes
-    if left_out:
-        per = sorted(set(x for x in passes.left_out if x))
-        findings.append(
-            Finding(
-                "loader-left-out",
-                CODES["loader-left-out"].message.format(
-                    n=sum(passes.left_out),
-                    passes=len(passes.left_out),
-                    per=" or ".join(map(str, per)),
-                    held=passes.held,
-                    why=passes.left_out_by,
-                ),
-                CODES["loader-left-out"].fix,
-            )
-        )
-    if passes.duplicates:
-        findings.append(
-            Finding(
-                "duplicate-items",
-                CODES["duplicate-items"].message.format(n=passes.duplicates),
-                CODES["duplicate-items"].fix,
-            )
-        )
-    true_items = stepped + seen_items
-    true_loss = (sum(s.loss_sum for s in steps) + seen_loss) / true_items if true_items else None
-    logged = _logged(returned, steps, k, true_loss, findings)
-    return Report(rows, findings, k, stepped, total, logged, true_loss)
-
-
-def _job_report(
-    rec: Recorder,
-    every: list[dict[str, Any]],
-    steps: list[StepNumbers],
-    rows: list[StepRow],
-    findings: list[Finding],
-    k: int,
-    batch_size: int,
-    stepped: int,
-    returned: Any,
-    by_code: dict,
-) -> Report:
-    """The end of a multi-rank job's report: coverage, duplicates and sharding over every rank (``job``)."""
-    held = len(rec.dataset) if isinstance(rec.dataset, Tracked) else None
-    job = judge_job(every, steps, held)
-    findings += [f for f in job.findings if f.code not in by_code]
-    if sharded(rec.net):
-        size = sum(leaf.numel() * leaf.element_size() for leaf in rec.oracle.leaves) / 2**20
-        findings.append(
-            Finding(
-                "sharded-model",
-                CODES["sharded-model"].message.format(size=f"{size:.3g} MiB"),
-                CODES["sharded-model"].fix,
-            )
-        )
-    missing = 0
-    for s in range(0, len(job.missing), batch_size):
-        missing += rec.count_and_loss(
-            rec.collate([rec.dataset.dataset[i] for i in job.missing[s : s + batch_size]])
-        )[0]  # type: ignore[union-attr]
-    missing += job.leftover_items if held is None else 0  # indexed leftovers are among job.missing already
-    if missing:
-        what = "the job never called optimizer.step(); " if not steps else ""
-        findings.append(
-            Finding(
-                "tail-dropped",
-                f"{what}{missing}{f' of {stepped + missing}' if held is not None else ''} "
-                "items reached no optimizer step on any rank",
-                CODES["tail-dropped"].fix,
-            )
-        )
-    true_items = stepped + job.leftover_items
-    true_loss = (sum(s.loss_sum for s in steps) + job.leftover_loss) / true_items if true_items else None
-    # rank 0's, so every rank reports alike
-    logged = _logged(every[0]["returned"], steps, k, true_loss, findings)
-    return Report(
-        rows, findings, k, stepped, stepped + missing if held is not None else None, logged, true_loss
-    )
-
-
-def _finding(code: str, steps: list[int], details: list[str], k: int) -> Finding:
-    msg = CODES[code].message.format(k=k)
-    if details:
-        shown = " | ".join(details[:2]) + (f" | ... ({len(details) - 2} more)" if len(details) > 2 else "")
-        msg += f" ({shown})"
-    return Finding(code, msg, CODES[code].fix, tuple(steps))
-
-
-def _coverage(rec: Recorder, batch_size: int, stepped: int) -> tuple[int, int | None, int, float, bool]:
-    """(items never stepped, items in all, items forwarded but never stepped, their loss sum, whether
-    complete passes of the loop's loader left dataset items out by design: drop_last or its sampler)."""
-    seen_items, seen_loss = 0, 0.0
-    for mb in rec.leftovers():  # forwarded after the last step: the loop saw them, no step used them
-        n, loss = rec.count_and_loss(mb.batch)
-        seen_items, seen_loss = seen_items + n, seen_loss + loss
-    # no indices: what was drawn in a pass the loop trained on, never used
-    if not isinstance(rec.dataset, Tracked):
-        missing = seen_items + sum(
-            rec.count_and_loss(rec.mbs[b].batch)[0]
-            for b in rec.fresh
-            if rec.mbs[b].pass_id in rec.passes_used
-        )
-        return missing, stepped + missing, seen_items, seen_loss, 0
-    left = [i for i in range(len(rec.dataset)) if i not in rec.used_indices]  # never in a stepped window
-    passes = rec.data_passes
-    # every pass ran to its end: what it did not draw, it left out
-    left_out = passes.complete and any(passes.left_out)
-    if left_out:
-        left = [i for i in left if i in passes.seen]  # the rest was drawn: the loop's to step
-    missing = 0
-    for s in range(0, len(left), batch_size):
-        missing += rec.count_and_loss(
-            rec.collate([rec.dataset.dataset[i] for i in left[s : s + batch_size]])
-        )[0]
-    return missing, stepped + missing, seen_items, seen_loss, left_out
-
-
-def logged_loss_off(logged: float, true: float, k: int) -> bool:
-    """True when the reported loss is about k times (or 1/k times) the true mean item loss."""
-    if k < 2 or not math.isfinite(logged) or true == 0 or not math.isfinite(true):
-        return False
-    r = logged / true
-    near = lambda a, b: abs(a - b) <= LOGGED_RTOL * abs(b)  # noqa: E731
-    return not near(r, 1.0) and (near(r * k, 1.0) or near(r / k, 1.0))
-
-
-def _logged(
-    returned: Any, steps: list[StepNumbers], k: int, true_loss: float | None, findings: list[Finding]
-) -> float | None:
-    """A number is the epoch loss the loop reports; a list with one number per step, per-step losses."""
-    if isinstance(returned, torch.Tensor) and returned.numel() == 1:
-        returned = float(returned.detach())  # a running loss kept as a tensor: its value, without the warning
-    if isinstance(returned, numbers.Real) and not isinstance(returned, bool) and true_loss is not None:
-        if logged_loss_off(float(returned), true_loss, k):
-            findings.append(
-                Finding(
-                    "logged-loss-scaled",
-                    f"the loop reports a loss of {float(returned):.4g}, but the true mean item loss is {true_loss:.4g} "
-                    f"(off by about {k} = accum_steps)",
-                    CODES["logged-loss-scaled"].fix,
-                )
-            )
-        return float(returned)
-    if (
-        isinstance(returned, (list, tuple))
-        and len(returned) == len(steps)
-        and all(isinstance(x, numbers.Real) for x in returned)
-    ):
-        off = [
-            t
-            for t, (x, s) in enumerate(zip(returned, steps))
-            if s.items and logged_loss_off(float(x), s.loss_sum / s.items, k)
-        ]
-        if off:
-            findings.append(
-                Finding(
-                    "logged-loss-scaled",
-                    CODES["logged-loss-scaled"].message.format(k=k),
-                    CODES["logged-loss-scaled"].fix,
-                    tuple(off),
-                )
-            )
-    return None
+    if every is None:
+        cov = coverage(rec, batch_size, stepped)
+    else:
+        job = judge_job(every, steps, len(rec.dataset) if isinstance(rec.dataset, Tracked) else None)
+        findings += [f for f in job.findings if f.code not in {g.code for g in found}]
+        if sharded(rec.net):
+            mib = sum(leaf.numel() * leaf.element_size() for leaf in rec.oracle.leaves) / 2**20
+            findings.append(Finding.of("sharded-model", mib=mib))
+        cov = job_coverage(rec, job, batch_size, stepped)
+        returned = every[0]["returned"]  # rank 0's, so every rank reports alike
+    findings += coverage_findings(cov, stepped=bool(steps), job=every is not None)
+    true_items = stepped + cov.seen_items
+    true_loss = (sum(s.loss_sum for s in steps) + cov.seen_loss) / true_items if true_items else None
+    logged, off = logged_findings(returned, steps, k=k, true_loss=true_loss)
+    return Report(rows, findings + off, k, stepped, cov.total, logged, true_loss)
 
 
 __all__ = ["VerifyError", "check_args", "verify"]

@@ -4,12 +4,15 @@ Kinds: ``bug`` (the loop is wrong), ``limit`` (no loop can match the oracle here
 could not judge), ``note`` (said for the record; the loop may well be right), ``cost`` (the
 gradient is right but the run pays for it: time or traffic it need not spend). ``Report.ok``
 is False when any finding is a bug or a limit. Messages are ``str.format`` templates; the
-report fills them from the step's numbers.
+report fills them from the run's numbers (``Finding.of``), and nothing else writes a finding's text.
+``said`` holds the other ways a finding of the code is worded where a run knows more (a count, a
+norm, the steps a clip masked), each a template of its own that may quote ``{message}``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class Code:
     kind: str
     message: str
     fix: str
+    said: Mapping[str, str] = field(default_factory=dict)  # form -> template (``Finding.of(code, form=...)``)
 
 
 CODES: dict[str, Code] = {
@@ -35,12 +39,29 @@ CODES: dict[str, Code] = {
         "at each of these steps every micro-batch's share of the gradient is scaled by one factor c != 1 "
         "(the c column gives each step's)",
         "divide the window's summed item losses by exactly the number of items item_losses counts (N), nothing else",
+        said={
+            # a detail: the update equals the correct one at these steps, though the gradient was off
+            "masked": "masked by clipping at step(s) {at}: clip_grad_norm_ cut both the loop's gradient and the "
+            "true one to max_norm, so the update there equals the correct one; the bug is real and shows at any "
+            "step where the clip does not act"
+        },
     ),
     "tail-dropped": Code(
         "bug",
         "items reached no optimizer step",
         "step the last, partial window too (`if (i + 1) % k == 0 or i + 1 == len(loader)`), dividing it by its own item "
         "count, not by k (accumlib.ragged does both)",
+        said={
+            "count": "{n} of {total} items reached no optimizer step",
+            "never": "the loop never called optimizer.step(); {n} of {total} items reached no optimizer step",
+            "job": "{n} of {total} items reached no optimizer step on any rank",
+            "job-never": "the job never called optimizer.step(); {n} of {total} items reached no optimizer step "
+            "on any rank",
+            # an IterableDataset: no length, so no total
+            "job-stream": "{n} items reached no optimizer step on any rank",
+            "job-stream-never": "the job never called optimizer.step(); {n} items reached no optimizer step on "
+            "any rank",
+        },
     ),
     "tail-misscaled": Code(
         "bug",
@@ -88,6 +109,10 @@ CODES: dict[str, Code] = {
         "bug",
         "the loss the loop reports is off by about {k} = accum_steps",
         "log the undivided loss (or multiply back by the divisor) when reporting",
+        said={
+            "epoch": "the loop reports a loss of {logged:.4g}, but the true mean item loss is {true:.4g} "
+            "(off by about {k} = accum_steps)"
+        },
     ),
     "unexplained": Code(
         "bug",
@@ -124,6 +149,7 @@ CODES: dict[str, Code] = {
         "every rank drew the same dataset items, so R ranks did the work of one: the job's large batch is R copies "
         "of one rank's window",
         "give each rank its own shard: DataLoader(loader.dataset, sampler=DistributedSampler(loader.dataset), ...)",
+        said={"draws": "{message} ({draws} draws on each of {ranks} ranks)"},
     ),
     "uneven-steps": Code(
         "bug",
@@ -131,6 +157,7 @@ CODES: dict[str, Code] = {
         "their own rank only",
         "give every rank the same number of micro-batches (DistributedSampler pads to equal length; with drop_last, "
         "all ranks drop alike), and step on the same micro-batch everywhere",
+        said={"per-rank": "{message} (steps per rank {counts})"},
     ),
     "sync-every-micro-batch": Code(
         "cost",
@@ -138,17 +165,22 @@ CODES: dict[str, Code] = {
         "the result is right, but it pays k all-reduces per step where one would do",
         "run the window's other backwards inside model.no_sync() (DDP; the forward as well: DDP decides at the "
         "forward), or set_requires_gradient_sync(False) (FSDP2); a Trainer and Accelerate's accumulate() do this",
+        said={"count": "{message} ({syncs} syncs in a window of {m} micro-batches)"},
     ),
     "sharded-model": Code(
         "note",
         "the model is sharded (FSDP2 fully_shard): to judge it, verify's oracle holds a whole copy of the parameters "
-        "on every rank and gathers each gradient whole at every step ({size} per rank, plus one gradient-sized buffer)",
+        "on every rank and gathers each gradient whole at every step ({mib:.3g} MiB per rank, plus one gradient-sized buffer)",
         "nothing to fix; on a model too large to hold whole on one device, verify a smaller configuration of it",
     ),
     "batchnorm": Code(
         "limit",
         "the model holds BatchNorm: per-micro-batch statistics differ from the large batch's, so no loop can match it",
         "replace BatchNorm with GroupNorm or LayerNorm, or accept per-micro-batch statistics",
+        said={
+            "gap": "{message}; a correct accumulation is off by up to {worst:.2e} (relative) from the merged "
+            "window's gradient, and the verdicts were judged against the micro-batch accumulation instead"
+        },
     ),
     "untracked-data": Code(
         "limit",
@@ -170,18 +202,27 @@ CODES: dict[str, Code] = {
         "padding): each copy weighs as one item, in the loop and in the large batch it is judged against",
         "nothing to fix if the sampler repeats items on purpose; a DistributedSampler pads ranks this way (with "
         "drop_last=False it repeats up to R-1 items per pass so every rank holds as many)",
+        said={"job": "{message} (counted over every rank's draws)"},
     ),
     "dropout": Code(
         "note",
         "dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns "
         "accumulation alone, not dropout noise",
         "nothing to fix for accumulation; dropout masks are random in any loop",
+        said={
+            "layers": "{layers} dropout layer(s) (p={ps}): {message}",
+            # accumlib.hf: float probabilities of a model's config (attention dropout, LayerDrop)
+            "randomness": "random training-mode probabilities ({names}) were set to 0 in verify's copy, so "
+            "every step is compared exactly",
+            "randomness-too": "random training-mode probabilities ({names}) were set to 0 too",
+        },
     ),
     "clip-assumed": Code(
         "note",
         "no clip_grad_norm_ call was seen, but the scaled steps all end at one norm: verify assumes the loop clips "
         "with a function of its own and compares those steps with the oracle clipped to that norm",
         "nothing to fix if the loop clips on purpose; clip with torch.nn.utils.clip_grad_norm_ to have it checked, not assumed",
+        said={"norm": "{message} (max_norm ~= {max_norm:.4g})"},
     ),
     "partial-run": Code(
         "note",

@@ -1,4 +1,5 @@
-"""The diagnose stage: name what went wrong at a step, from its numbers alone (a pure function).
+"""The diagnose stage: name what went wrong at a step, from its numbers alone (a pure function);
+the rules across a run's steps are ``diagnose_run``'s.
 
 The verdict is exact: a step is ok only when the gradient the optimizer saw, G (clipping it
 recorded undone), matches the reference within rounding: the float32 oracle, or, where the
@@ -21,15 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..tolerances import (
-    AUTOCAST_RTOL,
-    CLIP_NORM_RTOL,
-    COEF_RTOL,
-    FIT_RTOL,
-    FLOAT32_RTOL,
-    SAME_FACTOR_RTOL,
-    SCALED_CLIP_RATIO,
-)
+from ..tolerances import AUTOCAST_RTOL, COEF_RTOL, FIT_RTOL, FLOAT32_RTOL, SAME_FACTOR_RTOL, SCALED_CLIP_RATIO
 from .numbers import Clip, StepNumbers
 
 
@@ -49,7 +42,8 @@ def step_tol(precision: str) -> float:
     return FLOAT32_RTOL if precision == "float32" else AUTOCAST_RTOL
 
 
-def _near(a: float, b: float, rtol: float) -> bool:
+def near(a: float, b: float, rtol: float) -> bool:
+    """|a - b| within rtol of |b| (and of 1e-12, so b = 0 compares too)."""
     return abs(a - b) <= rtol * max(abs(b), 1e-12)
 
 
@@ -125,10 +119,10 @@ def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float,
         known += [("1/b", m / items)]  # by k x b in a full window, or by the window's own N
         known += [("1/b", m * m / (k * items))] if m < k else []  # a short tail divided by k x b: (m/k) (1/b)
     for key, value in known:
-        if _near(c, value, rtol):
+        if near(c, value, rtol):
             return key
     d = round(c) if c >= 1 else round(1 / c) if c > 0 else 0
-    if d >= 2 and _near(c, d if c >= 1 else 1 / d, rtol):  # a whole ratio no count explains: a reduction
+    if d >= 2 and near(c, d if c >= 1 else 1 / d, rtol):  # a whole ratio no count explains: a reduction
         return "reduction"
     return ""
 
@@ -239,10 +233,10 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
     elif n.per_rank_resid <= fit_tol:
         out.codes.append("per-rank-mean")
         out.factor = n.per_rank_scale
-        extra = "" if _near(n.per_rank_scale, 1.0, fit_tol) else f", times c = {n.per_rank_scale:.4f}"
+        extra = "" if near(n.per_rank_scale, 1.0, fit_tol) else f", times c = {n.per_rank_scale:.4f}"
         out.detail = f"items per rank {n.rank_items}{extra}"
     elif n.scale_resid <= fit_tol:
-        if m < k and _near(n.scale, m / k, fit_tol):
+        if m < k and near(n.scale, m / k, fit_tol):
             out.codes.append("tail-misscaled")
             return
         _misscaled(n, out, n.scale, m=m, k=k, tol=fit_tol)
@@ -270,24 +264,24 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
     unequal = len(set(sizes)) > 1
     # one factor on every micro-batch, or on every micro-batch's mean, however small: an over-division
     # (the mean divided by k x b, or by N), not a zeroing, which leaves the last micro-batch's weight whole
-    one_factor = w[0] != 0 and any(all(_near(x, y[0], SAME_FACTOR_RTOL) for x in y) for y in (w, v))
+    one_factor = w[0] != 0 and any(all(near(x, y[0], SAME_FACTOR_RTOL) for x in y) for y in (w, v))
     near0 = [abs(x) < COEF_RTOL for x in w]
     if any(near0) and not one_factor:
         if not all(near0):
             out.codes.append("zero-grad-inside-window")
             out.detail = f"micro-batches weighted {[round(x, 3) for x in w]} (1 is right)"
         return
-    if all(_near(x, 1.0, tol) for x in w) and "no-zero-grad" in out.codes:
+    if all(near(x, 1.0, tol) for x in w) and "no-zero-grad" in out.codes:
         return  # every micro-batch right: what is off is the leak named above
     out.detail = f"each micro-batch mean weighted {[round(x, 4) for x in v]}, items {sizes}"
-    if all(_near(x, v[0], tol) for x in v):
-        if _near(v[0], 1.0, tol) and m > 1:
+    if all(near(x, v[0], tol) for x in v):
+        if near(v[0], 1.0, tol) and m > 1:
             out.codes.append("unscaled-sum")
             return
-        if m < k and _near(v[0] * k, 1.0, tol):
+        if m < k and near(v[0] * k, 1.0, tol):
             out.codes += ["tail-misscaled"] + (["mean-of-means"] if unequal else [])
             return
-        if unequal and _near(v[0] * m, 1.0, tol):
+        if unequal and near(v[0] * m, 1.0, tol):
             out.codes.append("mean-of-means")
             return
         if unequal and v[0] > 0:  # weighted per micro-batch, and the mean of means off by one factor c = v m
@@ -296,10 +290,10 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
             _misscaled(n, out, v[0] * m, m=m, k=k, tol=tol)
             out.detail = detail
             return
-    if m < k and all(_near(x, m / k, tol) for x in w):
+    if m < k and all(near(x, m / k, tol) for x in w):
         out.codes.append("tail-misscaled")
         return
-    if not n.leak and all(_near(x, w[0], SAME_FACTOR_RTOL) for x in w):
+    if not n.leak and all(near(x, w[0], SAME_FACTOR_RTOL) for x in w):
         _misscaled(n, out, sum(w) / len(w), m=m, k=k, tol=tol)
 
 
@@ -322,86 +316,4 @@ def compensated_clip(c: Clip, g_norm: float) -> bool:
     return ratio > SCALED_CLIP_RATIO and c.max_norm > c.total_norm / math.sqrt(ratio)
 
 
-def clip_norms(n: StepNumbers) -> list[float]:
-    """The max_norm each complete-window clip applied to the true (unscaled) gradient: a compensated
-    clip of S g at M S is a clip of g at M; any other as recorded."""
-    g_norm = math.sqrt(n.gg) / n.unclip
-    return [
-        c.max_norm * g_norm / c.total_norm if g_norm > 0 and compensated_clip(c, g_norm) else c.max_norm
-        for c in n.clips
-        if c.seen >= n.micro_batches
-    ]
-
-
-def like_for_like(n: StepNumbers, clip_to: list[float]) -> tuple[float, float]:
-    """(|G|/|t'|, |G - t'|/|t'|) with t' the float32 truth clipped as the loop clipped: each
-    ``max_norm`` in ``clip_to`` scales it by min(1, max_norm / (norm + 1e-6)), as torch does."""
-    if n.tt <= 0:
-        return math.nan, math.nan
-    lam = 1.0
-    for max_norm in clip_to:
-        lam *= min(1.0, max_norm / (lam * math.sqrt(n.tt) + 1e-6))
-    ref = lam * math.sqrt(n.tt)
-    diff2 = n.gg - 2 * lam * n.gt + lam * lam * n.tt
-    return math.sqrt(n.gg) / ref, math.sqrt(max(diff2, 0.0)) / ref
-
-
-def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float | None:
-    """A clip by norm verify did not see (fairseq's, DeepSpeed's own), or None.
-
-    The hypothesis "the loop is right and clips at C" predicts G = min(1, C/|g*|) g* at every
-    step, and it stands only where it predicts every step it is used for:
-      - a clip only shrinks: every step scaled by one factor has c < 1 (one with c >= 1 refutes it);
-      - every scaled step ends at the one norm C (a factor leaves norms that vary with the data);
-      - every step judged ok has a norm of at most C (a clip at C would have acted on it);
-      - at least two scaled steps land on C: one step alone cannot tell a clip from a factor
-        (a loss divided by 2N on a one-window run), so it stays ``misscaled``.
-    """
-    scaled = [(s, v) for s, v in zip(numbers, verdicts) if v.codes == ["misscaled"] and not s.clips]
-    if len(scaled) < 2 or any(v.factor is None or v.factor >= 1 for _, v in scaled):
-        return None
-    norms = [math.sqrt(s.gg) for s, _ in scaled]
-    c = max(norms)
-    fine = [math.sqrt(s.gg) for s, v in zip(numbers, verdicts) if not v.codes and s.items]
-    if all(_near(x, c, CLIP_NORM_RTOL) for x in norms) and all(x <= c * (1 + CLIP_NORM_RTOL) for x in fine):
-        return c
-    return None
-
-
-def diagnose_run(numbers: list[StepNumbers], *, k: int) -> tuple[list[StepVerdict], float | None]:
-    """Every step's verdict, with the run-level rules applied: a clip verify did not see is
-    assumed only where it explains every step (``infer_clip``), and a misscale that a recorded
-    clip hid from the update is marked ``masked``. Returns the verdicts and the assumed max_norm."""
-    verdicts = [diagnose(s, k=k) for s in numbers]
-    assumed = infer_clip(numbers, verdicts)
-    scaled = [
-        (s, v) for s, v in zip(numbers, verdicts) if "misscaled" in v.codes and v.factor and not v.cause
-    ]
-    if assumed is None and len({s.items for s, _ in scaled}) > 1:  # a run-level cause: c_t N_t-proportional
-        divisors = [s.items / v.factor for s, v in scaled]
-        if all(_near(d, divisors[0], SAME_FACTOR_RTOL) for d in divisors):
-            for _, v in scaled:
-                v.cause = "constant"
-    for s, v in zip(numbers, verdicts):
-        if assumed is not None and v.codes == ["misscaled"] and not s.clips:
-            v.codes, v.factor, v.cause, v.clip_assumed = [], None, "", True
-        elif "misscaled" in v.codes and s.clips:
-            # clip_grad_norm_ acted on the loop's c g* and would have on g* too: both end at max_norm,
-            # so the update equals the correct one; the bug is real and shows wherever the clip does not act
-            done = [c.max_norm for c in s.clips if c.seen >= s.micro_batches]
-            v.masked = like_for_like(s, done)[1] <= step_tol(s.precision)
-    return verdicts, assumed
-
-
-__all__ = [
-    "CAUSES",
-    "StepVerdict",
-    "causes",
-    "clip_norms",
-    "compensated_clip",
-    "diagnose",
-    "diagnose_run",
-    "infer_clip",
-    "like_for_like",
-    "step_tol",
-]
+__all__ = ["CAUSES", "StepVerdict", "causes", "compensated_clip", "diagnose", "near", "step_tol"]

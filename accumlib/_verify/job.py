@@ -17,7 +17,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codes import CODES
 from .numbers import StepNumbers
 from .report import Finding
 
@@ -41,25 +40,13 @@ def judge_job(every: list[dict[str, Any]], steps: list[StepNumbers], held: int |
     job = Job()
     counts = [e["steps"] for e in every]
     if len(set(counts)) > 1:
-        job.findings.append(
-            Finding(
-                "uneven-steps",
-                CODES["uneven-steps"].message + f" (steps per rank {counts})",
-                CODES["uneven-steps"].fix,
-            )
-        )
+        job.findings.append(Finding.of("uneven-steps", form="per-rank", counts=counts))
     job.leftover_items = sum(e["leftover"][0] for e in every)
     job.leftover_loss = sum(e["leftover"][1] for e in every)
     drawn = [sorted(i for _, idx in e["drawn"] for i in idx) for e in every]
     job.unsharded = len(every) > 1 and bool(drawn[0]) and all(d == drawn[0] for d in drawn)
     if job.unsharded:
-        job.findings.append(
-            Finding(
-                "unsharded-data",
-                CODES["unsharded-data"].message + f" ({len(drawn[0])} draws on each of {len(every)} ranks)",
-                CODES["unsharded-data"].fix,
-            )
-        )
+        job.findings.append(Finding.of("unsharded-data", form="draws", draws=len(drawn[0]), ranks=len(every)))
     else:
         per_pass: dict[int, Counter[int]] = {}
         for e in every:
@@ -67,25 +54,19 @@ def judge_job(every: list[dict[str, Any]], steps: list[StepNumbers], held: int |
                 per_pass.setdefault(p, Counter()).update(idx)
         repeated = sum(c - 1 for counter in per_pass.values() for c in counter.values())
         if repeated:
-            job.findings.append(
-                Finding(
-                    "duplicate-items",
-                    CODES["duplicate-items"].message.format(n=repeated)
-                    + " (counted over every rank's draws)",
-                    CODES["duplicate-items"].fix,
-                )
-            )
+            job.findings.append(Finding.of("duplicate-items", form="job", n=repeated))
         synced = [
             t for t, s in enumerate(steps) if s.micro_batches > 1 and s.syncs > 1 and s.syncs == len(s.fits)
         ]
         if synced:
+            first = steps[synced[0]]
             job.findings.append(
-                Finding(
+                Finding.of(
                     "sync-every-micro-batch",
-                    CODES["sync-every-micro-batch"].message
-                    + f" ({steps[synced[0]].syncs} syncs in a window of {steps[synced[0]].micro_batches} micro-batches)",
-                    CODES["sync-every-micro-batch"].fix,
-                    tuple(synced),
+                    form="count",
+                    steps=synced,
+                    syncs=first.syncs,
+                    m=first.micro_batches,
                 )
             )
     if held is not None:

@@ -79,4 +79,21 @@ class StepNumbers:
     all_ranks: bool = True
 
 
-__all__ = ["Clip", "MicroBatch", "StepNumbers"]
+@dataclass(frozen=True)
+class Coverage:
+    """What the run's data came to at its end, counted at the last parameters: the items no step used, and
+    how the loop's loader drew (a job's: over every rank; ``left_out`` and ``duplicates`` are single-process)."""
+
+    missing: int  # items in no stepped window: never drawn in a pass the loop trained on, or forwarded after its last step
+    total: int | None  # items in all (None: an IterableDataset in a job, no length to say)
+    seen_items: int = 0  # forwarded after the last step: the loop saw them, no step used them
+    seen_loss: float = 0.0  # their loss sum, for the true mean item loss of the epoch
+    left_out: tuple[
+        int, ...
+    ] = ()  # per complete pass: dataset items its loader left out by design (drop_last, sampler)
+    held: int = 0  # items a pass holds
+    left_out_by: str = ""  # what left them out
+    duplicates: int = 0  # draws that repeated an item already drawn in the same pass
+
+
+__all__ = ["Clip", "Coverage", "MicroBatch", "StepNumbers"]

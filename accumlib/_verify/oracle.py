@@ -279,6 +279,12 @@ class WindowOracle:
             for i, g in enumerate(grads):
                 self._remember(i, g)
 
+    def keep_accumulation(self) -> None:
+        """P := O: the micro-batch accumulation kept, before ``redo`` puts another reference (the merged
+        window, under BatchNorm) into O."""
+        for i, x in enumerate(self.O()):
+            self._remember(i, x)
+
     def _remember(self, i: int, g: torch.Tensor | None) -> None:
         """P_i := g (.grad at this boundary); a buffer only once there is something to hold."""
         assert self.P is not None

@@ -5,129 +5,137 @@ over the data ends).
 
 Patched at the class or module level, because frameworks call them from their own code
 (Accelerate's and Lightning's clipping, the Trainer's scheduler); a call for another model's
-parameters (a GAN's other half) is ignored.
+parameters (a GAN's other half) is ignored. Each patch writes what it sees into the ``Recorder``
+it is given (``patched(rec)``): clips, scale, skipped steps, ``lr_changed``, where a pass began.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .numbers import Clip, StepNumbers
+
+if TYPE_CHECKING:
+    from .record import Recorder
 
 
 def _lrs(opt: Any) -> tuple[float, ...]:
     return tuple(float(g["lr"]) for g in opt.param_groups) if opt is not None else ()
 
 
-def _lr(opt: torch.optim.Optimizer) -> float:
+def current_lr(opt: torch.optim.Optimizer) -> float:
+    """The learning rate of the optimizer's first parameter group (NaN without groups)."""
     return float(opt.param_groups[0]["lr"]) if opt.param_groups else float("nan")
 
 
-class Patches:
-    """Mixed into ``Recorder``: reads its window, parameters and steps, writes clips, scale, lr_changed."""
+@contextlib.contextmanager
+def patched(rec: Recorder) -> Iterator[None]:
+    """Every patch, recording into ``rec``, for as long as the loop runs."""
+    with _clipping(rec), _scaler(rec), _schedulers(rec), _loaders(rec):
+        yield
 
-    @contextlib.contextmanager
-    def patched(self) -> Iterator[None]:
-        with self._clipping(), self._scaler(), self._schedulers(), self._loaders():
-            yield
 
-    @contextlib.contextmanager
-    def _loaders(self) -> Iterator[None]:
-        """Every DataLoader iteration over verify's dataset (its own loader, the loop's, a framework's
-        re-created one): where a pass ends, drop_last and the sampler included."""
-        from torch.utils.data import DataLoader
+@contextlib.contextmanager
+def _loaders(rec: Recorder) -> Iterator[None]:
+    """Every DataLoader iteration over verify's dataset (its own loader, the loop's, a framework's
+    re-created one): where a pass ends, drop_last and the sampler included."""
+    from torch.utils.data import DataLoader
 
-        original = DataLoader.__iter__
+    original = DataLoader.__iter__
 
-        def iterate(loader: Any) -> Any:
-            it = original(loader)
-            if loader.dataset is self.dataset:
-                self.iteration_began(loader)
-            return it
+    def iterate(loader: Any) -> Any:
+        it = original(loader)
+        if loader.dataset is rec.dataset:
+            rec.iteration_began(loader)
+        return it
 
-        DataLoader.__iter__ = iterate  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            DataLoader.__iter__ = original  # type: ignore[method-assign]
-            self.data_passes.run_ended()
+    DataLoader.__iter__ = iterate  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DataLoader.__iter__ = original  # type: ignore[method-assign]
+        rec.data_passes.run_ended()
 
-    @contextlib.contextmanager
-    def _clipping(self) -> Iterator[None]:
-        import torch.nn.utils as nn_utils
-        import torch.nn.utils.clip_grad as clip_mod
 
-        original = clip_mod.clip_grad_norm_
+@contextlib.contextmanager
+def _clipping(rec: Recorder) -> Iterator[None]:
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_mod
 
-        def recorded(parameters: Any, max_norm: float, *a: Any, **kw: Any) -> torch.Tensor:
-            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            total = original(params, max_norm, *a, **kw)
-            if any(id(p) in self.param_ids for p in params):  # not another model's clip (a GAN's other half)
-                self.clips.append(Clip(len(self.window), float(max_norm), float(total)))
-            return total
+    original = clip_mod.clip_grad_norm_
 
-        nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = recorded  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = original  # type: ignore[assignment]
+    def recorded(parameters: Any, max_norm: float, *a: Any, **kw: Any) -> torch.Tensor:
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        total = original(params, max_norm, *a, **kw)
+        if any(id(p) in rec.param_ids for p in params):  # not another model's clip (a GAN's other half)
+            rec.clips.append(Clip(len(rec.window), float(max_norm), float(total)))
+        return total
 
-    @contextlib.contextmanager
-    def _scaler(self) -> Iterator[None]:
-        """GradScaler: the scale a window's losses were multiplied by (the replay uses it, so float16
-        underflows alike), and windows it skipped on inf/nan, closed so they are not merged into the next."""
-        step, scale = torch.amp.GradScaler.step, torch.amp.GradScaler.scale
+    nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = recorded  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = original  # type: ignore[assignment]
 
-        def scaled(scaler: Any, outputs: Any) -> Any:
-            # first, so the scale exists (GradScaler makes it lazily, on its first call)
-            out = scale(scaler, outputs)
-            if scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
-                self.scale = (
-                    float(scaler._scale.item())
-                    if isinstance(scaler._scale, torch.Tensor)
-                    else float(scaler._scale)
-                )
-            return out
 
-        def stepped(scaler: Any, optimizer: Any, *a: Any, **kw: Any) -> Any:
-            before = len(self.steps)
-            out = step(scaler, optimizer, *a, **kw)
-            if (
-                len(self.steps) == before
-                and self.window
-                and any(id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"])
-            ):
-                self._finish(StepNumbers(len(self.window), _lr(optimizer), skipped=True))
-            return out
+@contextlib.contextmanager
+def _scaler(rec: Recorder) -> Iterator[None]:
+    """GradScaler: the scale a window's losses were multiplied by (the replay uses it, so float16
+    underflows alike), and windows it skipped on inf/nan, closed so they are not merged into the next."""
+    step, scale = torch.amp.GradScaler.step, torch.amp.GradScaler.scale
 
-        torch.amp.GradScaler.step, torch.amp.GradScaler.scale = stepped, scaled  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]
-
-    @contextlib.contextmanager
-    def _schedulers(self) -> Iterator[None]:
-        """A scheduler that changes the rate while a window is open changed it between micro-batches."""
-        original = torch.optim.lr_scheduler.LRScheduler.step
-
-        def step(sched: Any, *a: Any, **kw: Any) -> Any:
-            opt = getattr(sched, "optimizer", None)
-            before = _lrs(opt)
-            out = original(sched, *a, **kw)
-            ours = opt is not None and any(
-                id(p) in self.param_ids for g in opt.param_groups for p in g["params"]
+    def scaled(scaler: Any, outputs: Any) -> Any:
+        # first, so the scale exists (GradScaler makes it lazily, on its first call)
+        out = scale(scaler, outputs)
+        if scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
+            rec.scale = (
+                float(scaler._scale.item())
+                if isinstance(scaler._scale, torch.Tensor)
+                else float(scaler._scale)
             )
-            if ours and self.window and _lrs(opt) != before:
-                self.lr_changed = True
-            return out
+        return out
 
-        torch.optim.lr_scheduler.LRScheduler.step = step  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            torch.optim.lr_scheduler.LRScheduler.step = original  # type: ignore[method-assign]
+    def stepped(scaler: Any, optimizer: Any, *a: Any, **kw: Any) -> Any:
+        before = len(rec.steps)
+        out = step(scaler, optimizer, *a, **kw)
+        if (
+            len(rec.steps) == before
+            and rec.window
+            and any(id(p) in rec.param_ids for g in optimizer.param_groups for p in g["params"])
+        ):
+            rec.finish_step(StepNumbers(len(rec.window), current_lr(optimizer), skipped=True))
+        return out
+
+    torch.amp.GradScaler.step, torch.amp.GradScaler.scale = stepped, scaled  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _schedulers(rec: Recorder) -> Iterator[None]:
+    """A scheduler that changes the rate while a window is open changed it between micro-batches."""
+    original = torch.optim.lr_scheduler.LRScheduler.step
+
+    def step(sched: Any, *a: Any, **kw: Any) -> Any:
+        opt = getattr(sched, "optimizer", None)
+        before = _lrs(opt)
+        out = original(sched, *a, **kw)
+        ours = opt is not None and any(id(p) in rec.param_ids for g in opt.param_groups for p in g["params"])
+        if ours and rec.window and _lrs(opt) != before:
+            rec.lr_changed = True
+        return out
+
+    torch.optim.lr_scheduler.LRScheduler.step = step  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.optim.lr_scheduler.LRScheduler.step = original  # type: ignore[method-assign]
+
+
+__all__ = ["current_lr", "patched"]

@@ -31,9 +31,10 @@ import torch
 from torch.utils.data import get_worker_info
 
 from .._batch import ItemLosses, cat_batches, checked_losses, to_device
+from .measure import measure
 from .numbers import Clip, MicroBatch, StepNumbers
-from .oracle import Replay, WindowOracle, clipped, exact, gram
-from .patches import Patches, _lr
+from .oracle import Replay, WindowOracle, clipped, exact
+from .patches import current_lr
 from .ranks import Ranks, full, sharded
 from .shadow import sync_shadow
 from .sources import WORKERS, Passes, Tracked, TrackedIterable, tensors
@@ -47,7 +48,7 @@ class StopRun(BaseException):
 
 
 @dataclass
-class Recorder(Patches):
+class Recorder:
     net: torch.nn.Module
     shadow: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -308,12 +309,12 @@ class Recorder(Patches):
     # -- the step ---------------------------------------------------------------------------
     def capture(self, optimizer: torch.optim.Optimizer) -> None:
         m = len(self.window)
-        numbers = StepNumbers(m, _lr(optimizer), untracked=self.untracked)
+        numbers = StepNumbers(m, current_lr(optimizer), untracked=self.untracked)
         if m == 0:
             # the other ranks' windows may hold items: this rank joins the exchange
             if self.ranks is not None:
                 self.ranks.step(numbers, self.oracle, self.grads(), self.params)
-            self._finish(numbers)
+            self.finish_step(numbers)
             return
         complete = [c for c in self.clips if c.seen >= m]
         numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
@@ -332,56 +333,20 @@ class Recorder(Patches):
         numbers.frozen_changed = self.frozen_changed
         grads = self.grads()
         if self.ranks is not None and not self.ranks.step(numbers, o, grads, self.params):
-            self._finish(numbers)  # another rank's run had ended: nothing to judge this step against
+            self.finish_step(numbers)  # another rank's run had ended: nothing to judge this step against
             return
         if o.finite and o.items > 0:
-            self._judge(numbers, grads)
-        self._finish(numbers)
-
-    def _judge(self, numbers: StepNumbers, grads: list[torch.Tensor | None]) -> None:
-        """The step's numbers from one Gram matrix of (G, O) and, where the truth the user reads differs
-        from the verdict's reference, of (G, truth): float64 dot products, precise to ~1e-8 relative."""
-        o, n, u = self.oracle, self.oracle.items, numbers.unclip
-        assert o.P is not None
-        numbers.weights, numbers.leak_coef = o.weights()
-        numbers.precision = (
-            str(self.how.autocast[1]).replace("torch.", "") if self.how.autocast else "float32"
-        )
-        # G unclipped, r = O / N: the verdict's reference
-        g = gram([grads, o.O()], scales=[1.0 / u, 1.0 / n], scratch=o.scratch)
-        gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
-        numbers.rel = _dist(gg, gr, rr, 1.0) / math.sqrt(rr) if rr > 0 else math.inf
-        if rr > 0:
-            numbers.scale = gr / rr
-            numbers.scale_resid = _dist(gg, gr, rr, numbers.scale) / max(math.sqrt(gg), 1e-300)
-        batches = [self.mbs[b].batch for b in self.window]
-        numbers.batchnorm = any(isinstance(mod, BN_TYPES) and mod.training for mod in self.net.modules())
-        # a job: no second replay (each would need its own exchange); its reference is the figure
-        if self.ranks is not None:
-            numbers.weights, numbers.leak_coef = [], 0.0  # fitted against this rank's share: not the job's
-            numbers.bn_gap = math.nan if numbers.batchnorm else None
-        # the large batch differs: the merged window, in float32, into O; the accumulation kept in P
-        elif numbers.batchnorm:
-            for i, x in enumerate(o.O()):
-                o._remember(i, x)
-            o.redo([self._merged(self.window)], Replay())
-            t = gram([grads, o.O(), o.P], scales=[1.0 / u, 1.0 / n, 1.0 / n], scratch=o.scratch)
-            mm, pp, pm = float(t[1, 1]), float(t[2, 2]), float(t[1, 2])
-            numbers.bn_gap = _dist(pp, pm, mm, 1.0) / math.sqrt(mm) if mm > 0 else math.nan
-            numbers.rel_merged = (
-                _dist(float(t[0, 0]), float(t[0, 1]), mm, 1.0) / math.sqrt(mm) if mm > 0 else math.inf
+            measure(
+                numbers,
+                o,
+                grads,
+                batches=[self.mbs[b].batch for b in self.window],
+                autocast=self.how.autocast,
+                batchnorm=any(isinstance(mod, BN_TYPES) and mod.training for mod in self.net.modules()),
+                job=self.ranks is not None,
+                merged=lambda: self._merged(self.window),
             )
-        elif self.how.autocast is not None:  # the float32 figure the user reads
-            o.redo(batches, Replay())
-        if self.ranks is None and (numbers.batchnorm or self.how.autocast is not None):
-            g = gram([grads, o.O()], scales=[1.0, 1.0 / n], scratch=o.scratch)
-        else:
-            g = (
-                g
-                * torch.tensor([u, 1.0], dtype=torch.float64)[:, None]
-                * torch.tensor([u, 1.0], dtype=torch.float64)[None, :]
-            )
-        numbers.gg, numbers.gt, numbers.tt = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
+        self.finish_step(numbers)
 
     def _merged(self, ids: list[int]) -> Any:
         """The window as one large batch: re-collated from its items when known (padding as a k*B
@@ -390,7 +355,7 @@ class Recorder(Patches):
             return self.collate([self.dataset.dataset[i] for b in ids for i in self.mbs[b].indices])  # type: ignore[union-attr]
         return cat_batches([self.mbs[b].batch for b in ids])
 
-    def _finish(self, numbers: StepNumbers) -> None:
+    def finish_step(self, numbers: StepNumbers) -> None:
         numbers.lr_changed = numbers.lr_changed or self.lr_changed
         numbers.clips = list(self.clips)
         self.steps.append(numbers)
@@ -416,11 +381,6 @@ class Recorder(Patches):
         if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
             checked_losses(lambda m, b: losses, self.shadow, batch)  # raises the contract's own error
         return losses.numel(), float(losses.double().sum())
-
-
-def _dist(aa: float, ab: float, bb: float, c: float) -> float:
-    """||a - c b|| from <a,a>, <a,b>, <b,b> (float64: ~1e-8 of ||a|| is the floor)."""
-    return math.sqrt(max(aa - 2 * c * ab + c * c * bb, 0.0))
 
 
 __all__ = ["BN_TYPES", "Recorder", "StopRun"]

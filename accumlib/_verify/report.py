@@ -13,7 +13,8 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .._text import text_table
@@ -33,14 +34,46 @@ EXIT_STATUS = {"ok": 0, "bug": 1, "usage": 2, "raised": 3, "cannot-judge": 4}
 class Finding:
     """One named problem: ``code`` (a key of ``CODES``), what was seen, how to fix it, and where.
 
-    >>> f = Finding("tail-misscaled", "the last window was divided by 4, it held 2 micro-batches", "divide by its items", (3,))
-    >>> f.code in CODES, f.steps
-    (True, (3,))"""
+    Built with ``Finding.of``, which words it from the codes table; the constructor takes the text as it is
+    (a report read back, a test).
+
+    >>> f = Finding.of("tail-misscaled", steps=(3,), k=4)
+    >>> f.code in CODES, f.steps, f.message
+    (True, (3,), 'the last, partial window was divided as if it held all 4 micro-batches')"""
 
     code: str
     message: str
     fix: str
     steps: tuple[int, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        code: str,
+        *,
+        form: str = "",
+        steps: Iterable[int] = (),
+        details: Iterable[str] = (),
+        fix: str = "",
+        **fields: Any,
+    ) -> Finding:
+        """The finding of ``code`` worded by ``CODES``: its message (or its ``said[form]``) filled from
+        ``fields``, the first two ``details`` of the run in parentheses, its fix (``fix``: a known cause's own,
+        from ``diagnose.CAUSES``).
+
+        >>> Finding.of("clip-assumed", form="norm", max_norm=0.1).message.endswith("(max_norm ~= 0.1)")
+        True
+        """
+        entry = CODES[code]
+        template = entry.said[form] if form else "{message}"
+        message = template.format(
+            message=entry.message.format(**fields) if "{message}" in template else "", **fields
+        )
+        details = list(details)
+        if details:
+            more = f" | ... ({len(details) - 2} more)" if len(details) > 2 else ""
+            message += f" ({' | '.join(details[:2])}{more})"
+        return cls(code, message, fix or entry.fix, tuple(steps))
 
     @property
     def severity(self) -> str:
@@ -76,22 +109,45 @@ class StepRow:
     ref_error: float = math.nan  # ||G (clip undone) - reference|| / ||reference||: what the verdict read
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
-    """The verdict of ``verify``: per-step rows, findings, and the run's totals.
+    """The verdict of ``verify``: per-step rows, findings, and the run's totals. Immutable: an adapter
+    that knows more (``accumlib.hf``) adds it with ``with_finding``, which returns a new report.
 
     >>> r = Report(steps=[], findings=[], accum_steps=4, items_stepped=0, items_total=0)
-    >>> r.ok
-    True
+    >>> r.ok, r.findings
+    (True, ())
+    >>> r.with_finding(Finding.of("dropout")).codes
+    {'dropout'}
     """
 
-    steps: list[StepRow]
-    findings: list[Finding]
+    steps: tuple[StepRow, ...]
+    findings: tuple[Finding, ...]
     accum_steps: int
     items_stepped: int
     items_total: int | None
     logged_loss: float | None = None
     true_loss: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(self.steps))  # lists are taken, tuples kept
+        object.__setattr__(self, "findings", tuple(self.findings))
+
+    def with_finding(self, finding: Finding) -> Report:
+        """This report with ``finding`` added; where a finding of its code is there already, one finding
+        says both (its message, then the new one after "; ", the steps of both).
+
+        >>> r = Report([], [Finding.of("dropout", form="layers", layers=1, ps=[0.1])], 4, 0, 0)
+        >>> r.with_finding(Finding.of("dropout", form="randomness-too", names="attn_pdrop=0.1")).findings[0].message
+        "1 dropout layer(s) (p=[0.1]): dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns accumulation alone, not dropout noise; random training-mode probabilities (attn_pdrop=0.1) were set to 0 too"
+        """
+        at = next((i for i, f in enumerate(self.findings) if f.code == finding.code), None)
+        if at is None:
+            return replace(self, findings=self.findings + (finding,))
+        old = self.findings[at]
+        steps = tuple(sorted(set(old.steps) | set(finding.steps)))
+        merged = replace(old, message=f"{old.message}; {finding.message}", steps=steps)
+        return replace(self, findings=self.findings[:at] + (merged,) + self.findings[at + 1 :])
 
     @property
     def ok(self) -> bool:

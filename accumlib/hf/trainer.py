@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import functools
 import inspect
-import numbers
 import random
 import tempfile
 from collections.abc import Callable, Iterator
@@ -22,7 +21,8 @@ from typing import Any
 import torch
 
 from .._batch import ItemLosses
-from .._verify import CODES, Finding, Report, verify
+from .._checks import check_callable, check_int
+from .._verify import Finding, Report, verify
 from .._verify.ranks import in_group
 from .losses import default_item_losses
 from .trl import check_trl, trl_changes, trl_kwargs
@@ -224,14 +224,8 @@ def _check_trainer(trainer: Any, max_steps: Any, item_losses: Any) -> str | None
         raise ValueError(
             "trainer.train_dataset must be set: verify_trainer runs the Trainer's training loop on it (got None)"
         )
-    if max_steps is not None and (
-        isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1
-    ):
-        raise ValueError(f"max_steps must be None or an integer >= 1 (got {max_steps!r})")
-    if item_losses is not None and not callable(item_losses):
-        raise TypeError(
-            f"item_losses must be None or callable as item_losses(model, batch) (got {type(item_losses).__name__})"
-        )
+    check_int("max_steps", max_steps, low=1, optional=True)
+    check_callable("item_losses", item_losses, "item_losses(model, batch)", optional=True)
     args = trainer.args
     # Accelerate's: a data-parallel replica is fine, a shard is not
     pc = getattr(args, "parallelism_config", None)
@@ -364,23 +358,9 @@ def verify_trainer(
             ranks=ranks,
         )
     if switched_off:  # said beside verify's own dropout note (nn.Dropout layers), or as one
-        said = (
-            "random training-mode probabilities ("
-            + ", ".join(f"{n}={v:g}" for n, v in switched_off)
-            + ") were set to 0"
-        )
-        at = next((i for i, f in enumerate(report.findings) if f.code == "dropout"), None)
-        if at is None:
-            report.findings.append(
-                Finding(
-                    "dropout",
-                    said + " in verify's copy, so every step is compared exactly",
-                    CODES["dropout"].fix,
-                )
-            )
-        else:
-            f = report.findings[at]
-            report.findings[at] = Finding("dropout", f"{f.message}; {said} too", f.fix, f.steps)
+        names = ", ".join(f"{n}={v:g}" for n, v in switched_off)
+        form = "randomness-too" if "dropout" in report.codes else "randomness"
+        report = report.with_finding(Finding.of("dropout", form=form, names=names))
     return report
 
 
