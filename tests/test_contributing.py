@@ -1,0 +1,205 @@
+"""CONTRIBUTING.md's map, proven: a new loop and a new finding code, each added to a scratch copy of the
+repository by touching only the files its row of the "Where to make a change" table names, pass the
+suite's checks, and fail them while a named file is still missing its part.
+
+The scratch copy is every tracked file; its tests run in a subprocess with the copy first on the path
+(ahead of the editable install), so they read the copy's registry, codes table and README.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK_TIMEOUT_S = 420  # a few test files on a loaded 2-core machine; they take about a minute alone
+
+pytestmark = pytest.mark.slow
+
+
+def _row(what: str) -> str:
+    """The table row of CONTRIBUTING.md that starts with ``| <what> |``."""
+    rows = [
+        line for line in (ROOT / "CONTRIBUTING.md").read_text().splitlines() if line.startswith(f"| {what} |")
+    ]
+    assert len(rows) == 1, f"CONTRIBUTING.md must have one row for {what!r} (found {len(rows)})"
+    return rows[0]
+
+
+def _named_files(row: str, name: str) -> set[str]:
+    """The repository files a row names: every backticked path (``<name>`` filled in)."""
+    paths = set()
+    for token in re.findall(r"`([^`\s]+)`", row):
+        token = token.replace("<name>", name)
+        if re.fullmatch(r"[\w./-]+\.(py|md|ipynb|toml|txt)", token) and (ROOT / token).parent.is_dir():
+            paths.add(token)
+    return paths
+
+
+class Scratch:
+    """A copy of the tracked files in which every write is checked against the files a row names."""
+
+    def __init__(self, tmp: Path, named: set[str]):
+        self.root, self.named, self.touched = tmp / "repo", named, set()
+        files = (
+            subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+            .stdout.decode()
+            .split("\0")
+        )
+        for rel in filter(None, files):
+            if (ROOT / rel).is_file():
+                (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / rel, self.root / rel)
+
+    def read(self, rel: str) -> str:
+        return (self.root / rel).read_text()
+
+    def write(self, rel: str, text: str) -> None:
+        assert rel in self.named, f"{rel} is not among the files CONTRIBUTING.md names: {sorted(self.named)}"
+        self.touched.add(rel)
+        (self.root / rel).write_text(text)
+
+    def replace(self, rel: str, old: str, new: str) -> None:
+        text = self.read(rel)
+        assert text.count(old) == 1, f"{old!r} must occur once in {rel}"
+        self.write(rel, text.replace(old, new))
+
+    def pytest(self, *args: str) -> subprocess.CompletedProcess:
+        env = dict(os.environ, PYTHONPATH=str(self.root), ACCUMLIB_SCRATCH="1")
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-x",
+                "-o",
+                "addopts=--doctest-modules",
+                *args,
+            ],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+        )
+
+
+# --- a reference loop ------------------------------------------------------------------------------------
+
+LOOP = "global_count"
+# What a contributor runs after adding a loop: the checks that read the registry, and the loop's own test.
+LOOP_CHECKS = (
+    "tests/test_api.py",
+    "tests/test_contracts.py",
+    "tests/test_validation.py",
+    "tests/test_readme.py",
+    "tests/test_loops.py",
+    f"accumlib/loops/{LOOP}.py",
+)
+LOOP_TEST = f'''
+
+def test_{LOOP}_matches_the_true_gradient_on_every_window():
+    """The scratch loop of tests/test_contributing.py: every step, the last partial window too, is exact."""
+    from accumlib.harness import classify, trace_loop
+    from accumlib.loops import {LOOP}
+
+    assert classify(trace_loop({LOOP}, get_task("lm-tokens"))) == "exact"
+    assert classify(trace_loop({LOOP}, get_task("mlp-digits"))) == "exact"
+'''
+
+
+def _add_loop(scratch: Scratch) -> None:
+    """A loop added by the book: its file (here ragged's identity under a new name, kept out of the
+    reference table), its row in the README's table of loops, and its test."""
+    source = re.sub(r"\bragged\b(?![-_])", LOOP, (ROOT / "accumlib/loops/ragged.py").read_text())
+    source = re.sub(r"order=\d+", "order=None", source)
+    scratch.write(f"accumlib/loops/{LOOP}.py", source)
+    tests = scratch.read("tests/test_loops.py")
+    if "get_task" not in tests.split("\ndef ", 1)[0]:
+        tests += "\nfrom accumlib import get_task\n"
+    scratch.write("tests/test_loops.py", tests + LOOP_TEST)
+
+
+def _add_loop_to_readme(scratch: Scratch) -> None:
+    row = next(line for line in scratch.read("README.md").splitlines() if line.startswith("| `ragged` |"))
+    scratch.replace(
+        "README.md", row, row + f"\n| `{LOOP}` | as `ragged` (a scratch loop) | always (no BatchNorm) |"
+    )
+
+
+def test_a_new_loop_touches_only_the_files_the_map_names_and_passes(tmp_path):
+    named = _named_files(_row("a reference loop"), LOOP)
+    scratch = Scratch(tmp_path, named)
+    _add_loop(scratch)
+
+    # The negative first: the README's table of loops still lacks the new one, and the suite says so.
+    missing = scratch.pytest("tests/test_readme.py")
+    assert missing.returncode == 1 and LOOP in missing.stdout, missing.stdout[-3000:]
+
+    _add_loop_to_readme(scratch)
+    done = scratch.pytest(*LOOP_CHECKS)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert scratch.touched <= named, scratch.touched - named
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import accumlib.loops as L; from accumlib.loops import {LOOP}; "
+            f"print(callable({LOOP}), {LOOP} is L.ALL['{LOOP}'], '{LOOP}' in L.__all__)",
+        ],
+        cwd=scratch.root,
+        env=dict(os.environ, PYTHONPATH=str(scratch.root)),
+        capture_output=True,
+        text=True,
+    )
+    assert probe.stdout.split() == ["True", "True", "True"], probe.stdout + probe.stderr
+
+
+# --- a notebook re-run after a change ---------------------------------------------------------------------
+
+
+def _make_dry(*args: str) -> subprocess.CompletedProcess:
+    # -n: print the recipe, run nothing; the stamp is taken as made so no install starts
+    return subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed-stamp", "notebooks", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _executed(run: subprocess.CompletedProcess) -> list[str]:
+    """The notebooks the nbconvert command of the recipe executes."""
+    return re.findall(r"notebooks/\S+\.ipynb", run.stdout.split("nbconvert", 1)[1])
+
+
+def test_make_notebooks_reruns_the_notebooks_a_prefix_names():
+    one = _make_dry("NB=07")
+    assert one.returncode == 0, one.stderr
+    assert _executed(one) == ["notebooks/07_verify_your_loop.ipynb"]
+    assert "--execute --inplace" in one.stdout
+    two = _executed(_make_dry("NB=02 07"))
+    assert [Path(p).name[:2] for p in two] == ["02", "07"]
+    every = _executed(_make_dry())
+    assert sorted(every) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_make_notebooks_refuses_a_prefix_that_names_no_notebook():
+    none = subprocess.run(
+        ["make", "-o", ".venv/.installed-stamp", "notebooks", "NB=99"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert none.returncode != 0 and "no notebook in notebooks/ starts with NB=99" in none.stderr
