@@ -55,7 +55,8 @@ def _lightning_for(module: Any) -> Any:
         if isinstance(module, pl.LightningModule):
             return pl
     raise TypeError(
-        f"module must be a LightningModule (lightning.pytorch or pytorch_lightning) (got {type(module).__name__})"
+        "module must be a LightningModule (lightning.pytorch or pytorch_lightning) (got "
+        f"{type(module).__name__})"
     )
 
 
@@ -148,7 +149,8 @@ def verify_fit(
     sampler's generator included) are left as they were.
 
     >>> report = verify_fit(module, loader, item_losses=losses, accumulate_grad_batches=4)  # doctest: +SKIP
-    >>> sorted(report.codes)  # 110 items, batches of 8: the last window of 2 is divided by 4  # doctest: +SKIP
+    >>> # 110 items, batches of 8: the last window of 2 is divided by 4
+    >>> sorted(report.codes)  # doctest: +SKIP
     ['mean-of-means', 'tail-misscaled']
     """
     pl = _check(module, train_dataloaders, item_losses, max_steps, trainer_kwargs)

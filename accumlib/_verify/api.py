@@ -47,7 +47,8 @@ class VerifyError(RuntimeError):
     handle), not in the user's code. The command line exits 4 on it, not 3 ("your code raised").
 
     >>> import accumlib
-    >>> issubclass(accumlib.VerifyError, RuntimeError)  # an exception from the loop itself propagates as it is
+    >>> # an exception from the loop itself propagates as it is
+    >>> issubclass(accumlib.VerifyError, RuntimeError)
     True
     """
 
@@ -78,9 +79,12 @@ def check_args(
     where = in_group()
     if ranks is None and where is not None and where[1] > 1:
         raise ValueError(
-            f"accumlib.verify judges one process's run unless told otherwise: called in a process group of world "
-            f"size {where[1]} (rank {where[0]}) without ranks='all', each rank's oracle would see only its own "
-            "items and a wrong multi-rank loop could read as OK. Call accumlib.verify(..., ranks='all') on every "
+            "accumlib.verify judges one process's run unless told otherwise: called in a process group of "
+            "world "
+            f"size {where[1]} (rank {where[0]}) without ranks='all', each rank's oracle would see only its "
+            "own "
+            "items and a wrong multi-rank loop could read as OK. Call accumlib.verify(..., ranks='all') on "
+            "every "
             "rank to judge the whole job (or run verify in a single process)"
         )
     check_callable("train_fn", train_fn, "train_fn(model, optimizer, loader)")
@@ -105,7 +109,8 @@ def check_args(
         raise TypeError(
             "optimizer must be a factory that builds the optimizer over verify's copy of the model, not an "
             f"optimizer (got a {kind.__name__} instance over your model's own parameters); write "
-            f"optimizer=lambda params: {where}.{kind.__name__}(params{f', lr={lr!r}' if isinstance(lr, float) else ''}) "
+            "optimizer=lambda params: "
+            f"{where}.{kind.__name__}(params{f', lr={lr!r}' if isinstance(lr, float) else ''}) "
             "with the same settings"
         )
     check_callable("optimizer", optimizer, optional=True)
@@ -123,9 +128,12 @@ def _check_default_collate(dataset: Any, batch_size: int) -> None:
     except RuntimeError as err:
         shapes = [tuple(t.shape) for t in tensors(items[0])], [tuple(t.shape) for t in tensors(items[-1])]
         raise ValueError(
-            "collate_fn must be given when items differ in size: without one, verify's loader stacks them, which "
-            f"fails (got item shapes {shapes[0]} and {shapes[1]} in the first micro-batch: {err}). Pad them, e.g. "
-            "collate_fn=lambda items: torch.nn.utils.rnn.pad_sequence(items, batch_first=True, padding_value=PAD), "
+            "collate_fn must be given when items differ in size: without one, verify's loader stacks them, "
+            "which "
+            f"fails (got item shapes {shapes[0]} and {shapes[1]} in the first micro-batch: {err}). Pad them, "
+            "e.g. "
+            "collate_fn=lambda items: torch.nn.utils.rnn.pad_sequence(items, batch_first=True, "
+            "padding_value=PAD), "
             "and let item_losses skip the padding (accumlib.data.pad_collate is one such collate_fn)"
         ) from None
 
@@ -179,7 +187,8 @@ def verify(
     opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(
-            f"optimizer must return a torch.optim.Optimizer when called with the parameters (got {type(opt).__name__})"
+            "optimizer must return a torch.optim.Optimizer when called with the parameters (got "
+            f"{type(opt).__name__})"
         )
     tracked = TrackedIterable(dataset) if isinstance(dataset, IterableDataset) else Tracked(dataset)
     rec = Recorder(

@@ -114,7 +114,8 @@ def run_target(args: argparse.Namespace) -> int:
             raise UsageError("--loop selects reference loops; it cannot be combined with a target")
         if args.device != "cpu":
             raise UsageError(
-                f"--device applies to the reference table; with a target, make_model places the model (got {args.device!r})"
+                "--device applies to the reference table; with a target, make_model places the model (got "
+                f"{args.device!r})"
             )
         module, fn = _load(args.target)
         kw = _task(args, module)
@@ -180,7 +181,8 @@ def _run_ranks(args: argparse.Namespace) -> int:
             print(err, file=sys.stderr)
             cannot = "VerifyError" in str(err)
             print(
-                f"accumlib verify: {'cannot judge' if cannot else 'the loop raised on a rank (exit 3); nothing was judged'}",
+                "accumlib verify: "
+                f"{'cannot judge' if cannot else 'the loop raised on a rank (exit 3); nothing was judged'}",
                 file=sys.stderr,
             )
             return EXIT_STATUS["cannot-judge" if cannot else "raised"]

@@ -26,8 +26,10 @@ class Code:
 CODES: dict[str, Code] = {
     "unscaled-sum": Code(
         "bug",
-        "the step's gradient is the sum of its m micro-batch means, about m x the true gradient: the loss was never divided",
-        "divide each micro-batch's loss so the window's items weigh 1/N each: (losses.sum() / n_items_in_window).backward()",
+        "the step's gradient is the sum of its m micro-batch means, about m x the true gradient: the loss "
+        "was never divided",
+        "divide each micro-batch's loss so the window's items weigh 1/N each: (losses.sum() / "
+        "n_items_in_window).backward()",
     ),
     "mean-of-means": Code(
         "bug",
@@ -38,28 +40,34 @@ CODES: dict[str, Code] = {
         "bug",
         "at each of these steps every micro-batch's share of the gradient is scaled by one factor c != 1 "
         "(the c column gives each step's)",
-        "divide the window's summed item losses by exactly the number of items item_losses counts (N), nothing else",
+        "divide the window's summed item losses by exactly the number of items item_losses counts (N), "
+        "nothing else",
         said={
             # a detail: the update equals the correct one at these steps, though the gradient was off
-            "masked": "masked by clipping at step(s) {at}: clip_grad_norm_ cut both the loop's gradient and the "
-            "true one to max_norm, so the update there equals the correct one; the bug is real and shows at any "
+            "masked": "masked by clipping at step(s) {at}: clip_grad_norm_ cut both the loop's gradient and "
+            "the "
+            "true one to max_norm, so the update there equals the correct one; the bug is real and shows at "
+            "any "
             "step where the clip does not act"
         },
     ),
     "tail-dropped": Code(
         "bug",
         "items reached no optimizer step",
-        "step the last, partial window too (`if (i + 1) % k == 0 or i + 1 == len(loader)`), dividing it by its own item "
+        "step the last, partial window too (`if (i + 1) % k == 0 or i + 1 == len(loader)`), dividing it by "
+        "its own item "
         "count, not by k (accumlib.ragged does both)",
         said={
             "count": "{n} of {total} items reached no optimizer step",
             "never": "the loop never called optimizer.step(); {n} of {total} items reached no optimizer step",
             "job": "{n} of {total} items reached no optimizer step on any rank",
-            "job-never": "the job never called optimizer.step(); {n} of {total} items reached no optimizer step "
+            "job-never": "the job never called optimizer.step(); {n} of {total} items reached no optimizer "
+            "step "
             "on any rank",
             # an IterableDataset: no length, so no total
             "job-stream": "{n} items reached no optimizer step on any rank",
-            "job-stream-never": "the job never called optimizer.step(); {n} items reached no optimizer step on "
+            "job-stream-never": "the job never called optimizer.step(); {n} items reached no optimizer step "
+            "on "
             "any rank",
         },
     ),
@@ -70,9 +78,11 @@ CODES: dict[str, Code] = {
     ),
     "zero-grad-inside-window": Code(
         "bug",
-        "earlier micro-batches of a window (almost) never reached the step: .grad was zeroed, or shrunk again "
+        "earlier micro-batches of a window (almost) never reached the step: .grad was zeroed, or shrunk "
+        "again "
         "(divided inside the loop), between micro-batches of one window",
-        "call optimizer.zero_grad() only right after optimizer.step(), and divide .grad (if at all) once, after the last micro-batch",
+        "call optimizer.zero_grad() only right after optimizer.step(), and divide .grad (if at all) once, "
+        "after the last micro-batch",
     ),
     "no-zero-grad": Code(
         "bug",
@@ -91,9 +101,11 @@ CODES: dict[str, Code] = {
     ),
     "frozen-inside-window": Code(
         "bug",
-        "a parameter was frozen or unfrozen (requires_grad) between micro-batches of one window, so its gradient "
+        "a parameter was frozen or unfrozen (requires_grad) between micro-batches of one window, so its "
+        "gradient "
         "covers only part of the window's items while the rest of the model's covers all of them",
-        "change requires_grad only between optimizer steps (right after optimizer.zero_grad()), never inside a window",
+        "change requires_grad only between optimizer steps (right after optimizer.zero_grad()), never inside "
+        "a window",
     ),
     "clip-per-micro-batch": Code(
         "bug",
@@ -117,7 +129,8 @@ CODES: dict[str, Code] = {
     "unexplained": Code(
         "bug",
         "the step's gradient differs from the true large-batch gradient in a way no known bug explains",
-        "first check that item_losses computes the loop's own loss (same reduction, masking, label shift, extra terms); "
+        "first check that item_losses computes the loop's own loss (same reduction, masking, label shift, "
+        "extra terms); "
         "then compare the loop with accumlib.ragged line by line",
     ),
     "non-finite": Code(
@@ -132,30 +145,36 @@ CODES: dict[str, Code] = {
     ),
     "per-rank-mean": Code(
         "bug",
-        "each rank divided its window's loss by its own item count N_r, so the job's gradient is the mean of the "
+        "each rank divided its window's loss by its own item count N_r, so the job's gradient is the mean of "
+        "the "
         "ranks' means, G = (1/R) sum_r O_r / N_r: the items of a rank holding fewer weigh more",
-        "count the window's items on every rank and all-reduce the count (N = sum_r N_r); backward losses.sum() * R / N "
+        "count the window's items on every rank and all-reduce the count (N = sum_r N_r); backward "
+        "losses.sum() * R / N "
         "under DDP's average (with a transformers Trainer: average_tokens_across_devices=True)",
     ),
     "ranks-diverged": Code(
         "bug",
-        "the ranks applied different gradients, or held different parameters, at these steps: the gradient was "
+        "the ranks applied different gradients, or held different parameters, at these steps: the gradient "
+        "was "
         "never synchronized across ranks",
         "let the window's last backward synchronize: run it outside model.no_sync() (DDP), or with "
         "set_requires_gradient_sync(True) (FSDP2)",
     ),
     "unsharded-data": Code(
         "bug",
-        "every rank drew the same dataset items, so R ranks did the work of one: the job's large batch is R copies "
+        "every rank drew the same dataset items, so R ranks did the work of one: the job's large batch is R "
+        "copies "
         "of one rank's window",
-        "give each rank its own shard: DataLoader(loader.dataset, sampler=DistributedSampler(loader.dataset), ...)",
+        "give each rank its own shard: DataLoader(loader.dataset, "
+        "sampler=DistributedSampler(loader.dataset), ...)",
         said={"draws": "{message} ({draws} draws on each of {ranks} ranks)"},
     ),
     "uneven-steps": Code(
         "bug",
         "the ranks stepped a different number of times: steps some ranks took alone were judged on "
         "their own rank only",
-        "give every rank the same number of micro-batches (DistributedSampler pads to equal length; with drop_last, "
+        "give every rank the same number of micro-batches (DistributedSampler pads to equal length; with "
+        "drop_last, "
         "all ranks drop alike), and step on the same micro-batch everywhere",
         said={"per-rank": "{message} (steps per rank {counts})"},
     ),
@@ -163,19 +182,25 @@ CODES: dict[str, Code] = {
         "cost",
         "the gradient was synchronized across ranks after every micro-batch, not once per window: "
         "the result is right, but it pays k all-reduces per step where one would do",
-        "run the window's other backwards inside model.no_sync() (DDP; the forward as well: DDP decides at the "
-        "forward), or set_requires_gradient_sync(False) (FSDP2); a Trainer and Accelerate's accumulate() do this",
+        "run the window's other backwards inside model.no_sync() (DDP; the forward as well: DDP decides at "
+        "the "
+        "forward), or set_requires_gradient_sync(False) (FSDP2); a Trainer and Accelerate's accumulate() do "
+        "this",
         said={"count": "{message} ({syncs} syncs in a window of {m} micro-batches)"},
     ),
     "sharded-model": Code(
         "note",
-        "the model is sharded (FSDP2 fully_shard): to judge it, verify's oracle holds a whole copy of the parameters "
-        "on every rank and gathers each gradient whole at every step ({mib:.3g} MiB per rank, plus one gradient-sized buffer)",
-        "nothing to fix; on a model too large to hold whole on one device, verify a smaller configuration of it",
+        "the model is sharded (FSDP2 fully_shard): to judge it, verify's oracle holds a whole copy of the "
+        "parameters "
+        "on every rank and gathers each gradient whole at every step ({mib:.3g} MiB per rank, plus one "
+        "gradient-sized buffer)",
+        "nothing to fix; on a model too large to hold whole on one device, verify a smaller configuration of "
+        "it",
     ),
     "batchnorm": Code(
         "limit",
-        "the model holds BatchNorm: per-micro-batch statistics differ from the large batch's, so no loop can match it",
+        "the model holds BatchNorm: per-micro-batch statistics differ from the large batch's, so no loop can "
+        "match it",
         "replace BatchNorm with GroupNorm or LayerNorm, or accept per-micro-batch statistics",
         said={
             "gap": "{message}; a correct accumulation is off by up to {worst:.2e} (relative) from the merged "
@@ -186,12 +211,14 @@ CODES: dict[str, Code] = {
         "limit",
         "the loop's forwards ran on data that did not come from the loader verify handed it, so those steps "
         "could not be judged",
-        "iterate the `loader` argument (or a DataLoader over loader.dataset with loader.collate_fn) inside train_fn",
+        "iterate the `loader` argument (or a DataLoader over loader.dataset with loader.collate_fn) inside "
+        "train_fn",
     ),
     "loader-left-out": Code(
         "note",
         "the loop's DataLoader handed out fewer items than the dataset holds, by its own design ({why}): "
-        "{n} dataset item(s) left out over {passes} pass(es) ({per} of {held} per pass), so no step could use them; "
+        "{n} dataset item(s) left out over {passes} pass(es) ({per} of {held} per pass), so no step could "
+        "use them; "
         "every step was judged on the items it drew",
         "nothing to fix if dropping them is intended; with drop_last=False (the default) the last, partial "
         "micro-batch is drawn and must be stepped, divided by its own item count",
@@ -200,13 +227,15 @@ CODES: dict[str, Code] = {
         "note",
         "{n} draw(s) repeated a dataset item already drawn in the same pass (a sampler with replacement, or "
         "padding): each copy weighs as one item, in the loop and in the large batch it is judged against",
-        "nothing to fix if the sampler repeats items on purpose; a DistributedSampler pads ranks this way (with "
+        "nothing to fix if the sampler repeats items on purpose; a DistributedSampler pads ranks this way "
+        "(with "
         "drop_last=False it repeats up to R-1 items per pass so every rank holds as many)",
         said={"job": "{message} (counted over every rank's draws)"},
     ),
     "dropout": Code(
         "note",
-        "dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns "
+        "dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict "
+        "concerns "
         "accumulation alone, not dropout noise",
         "nothing to fix for accumulation; dropout masks are random in any loop",
         said={
@@ -219,14 +248,17 @@ CODES: dict[str, Code] = {
     ),
     "clip-assumed": Code(
         "note",
-        "no clip_grad_norm_ call was seen, but the scaled steps all end at one norm: verify assumes the loop clips "
+        "no clip_grad_norm_ call was seen, but the scaled steps all end at one norm: verify assumes the loop "
+        "clips "
         "with a function of its own and compares those steps with the oracle clipped to that norm",
-        "nothing to fix if the loop clips on purpose; clip with torch.nn.utils.clip_grad_norm_ to have it checked, not assumed",
+        "nothing to fix if the loop clips on purpose; clip with torch.nn.utils.clip_grad_norm_ to have it "
+        "checked, not assumed",
         said={"norm": "{message} (max_norm ~= {max_norm:.4g})"},
     ),
     "partial-run": Code(
         "note",
-        "verify judged the first {n} optimizer steps and then ended the loop (max_steps); the rest of the run "
+        "verify judged the first {n} optimizer steps and then ended the loop (max_steps); the rest of the "
+        "run "
         "(its last window, items never stepped, the epoch loss) was not judged",
         "nothing to fix; run without max_steps to judge the whole run",
     ),

@@ -51,10 +51,13 @@ def near(a: float, b: float, rtol: float) -> bool:
 # exact, so a match is tight; the explanation names the quantities, the table shows each step's c.
 CAUSES = {
     "shift": (
-        "c = N/(N+S) at every step (N items, S sequences): one item too many per sequence, i.e. a causal LM's "
+        "c = N/(N+S) at every step (N items, S sequences): one item too many per sequence, i.e. a causal "
+        "LM's "
         "labels were counted before the shift",
-        "count labels[:, 1:] != -100, after the shift; with a transformers Trainer whose model has loss_type None "
-        "(GPT2LMHeadModel among others), set model.loss_type = 'ForCausalLM' (docs/transformers-label-count.md)",
+        "count labels[:, 1:] != -100, after the shift; with a transformers Trainer whose model has loss_type "
+        "None "
+        "(GPT2LMHeadModel among others), set model.loss_type = 'ForCausalLM' "
+        "(docs/transformers-label-count.md)",
     ),
     "virtual-tokens": (
         "c = N/(N-S) at every step (N items, S sequences): one item too few per sequence, i.e. a PEFT "
@@ -69,7 +72,8 @@ CAUSES = {
         "or divide by each window's share N / R, not by R again",
     ),
     "R": (
-        "c = R (R ranks): the ranks' gradients were summed where DDP averages, or the loss was multiplied by R twice",
+        "c = R (R ranks): the ranks' gradients were summed where DDP averages, or the loss was multiplied by "
+        "R twice",
         "scale each rank's summed loss by R / N once (DDP's mean over ranks divides by R)",
     ),
     "1/k": (
@@ -87,10 +91,12 @@ CAUSES = {
     "constant": (
         "c = N/D at every step with one divisor D for the whole run: the loss was divided by a constant "
         "(a fixed token budget, a max length times the batch), not by each window's own item count N",
-        "divide each window's summed item losses by that window's own item count N (count it before the backward)",
+        "divide each window's summed item losses by that window's own item count N (count it before the "
+        "backward)",
     ),
     "reduction": (
-        "c = d or 1/d for a whole number d, matching no count of the window: item_losses may reduce each item "
+        "c = d or 1/d for a whole number d, matching no count of the window: item_losses may reduce each "
+        "item "
         "differently from the loop (a mean over an item's d outputs or terms where the loop sums them, or "
         "the reverse), in which case item_losses, not the loop, is what to fix",
         "first check that item_losses(model, batch) returns, per item, exactly the term the loop's loss adds "
@@ -98,9 +104,11 @@ CAUSES = {
         "losses by the window's item count N",
     ),
     "1/b": (
-        "c = m/N = 1/b (a short last window divided by k x b: (m/k)/b): each micro-batch's mean was divided by its "
+        "c = m/N = 1/b (a short last window divided by k x b: (m/k)/b): each micro-batch's mean was divided "
+        "by its "
         "item count b again (and by k, or by the window's N), as if it were a sum",
-        "a mean is already divided by its b items: divide the mean by k, or the sum by N, not the mean by k x b",
+        "a mean is already divided by its b items: divide the mean by k, or the sum by N, not the mean by k "
+        "x b",
     ),
 }
 
@@ -208,7 +216,8 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
         out.detail = (
             f"{weights}; {fitted} (fit residual {worst:.2e}); "
             f"|G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, cosine {cos:.6f}. "
-            "Is item_losses the loss the loop minimizes (same reduction, masking, label shift, no extra terms)?"
+            "Is item_losses the loss the loop minimizes (same reduction, masking, label shift, no extra "
+            "terms)?"
         ).lstrip("; ")
     return out
 
@@ -244,7 +253,8 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
         out.codes.append("unexplained")
         cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
         out.detail = (
-            f"window items per rank {n.rank_items}; |G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, "
+            f"window items per rank {n.rank_items}; |G|/|g*| = "
+            f"{math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, "
             f"cosine {cos:.6f}; no per-rank or common factor reproduces the gradient"
         )
 

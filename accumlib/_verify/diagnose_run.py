@@ -1,12 +1,13 @@
 """The diagnose stage across a run: the rules no single step shows, pure functions of the numbers the
 record and compute stages handed forward (``StepNumbers`` per step, ``Coverage`` for the run).
 
-- a clip verify did not see is assumed only where it explains every step (``infer_clip``), a misscale a
-  recorded clip hid from the update is marked masked, one divisor for the whole run is named (``diagnose_run``);
-- each step's row of the report, compared like for like with the truth clipped as the loop clipped (``step_rows``);
-- one finding per code over the steps that have it, the misscale's range of c and known causes (``step_findings``);
-- notes of the run: BatchNorm's own gap, the clip assumed, dropout switched off, ``max_steps`` (``run_notes``);
-- coverage: items no step used, a loader that leaves items out by design, repeated draws (``coverage_findings``);
+- ``diagnose_run``: a clip verify did not see is assumed only where it explains every step
+  (``infer_clip``), a misscale a recorded clip hid from the update is marked masked, one divisor for
+  the whole run is named;
+- ``step_rows``: each step's row, compared like for like with the truth clipped as the loop clipped;
+- ``step_findings``: one finding per code over the steps that have it, a misscale's range of c and causes;
+- ``run_notes``: BatchNorm's own gap, the clip assumed, dropout switched off, ``max_steps``;
+- ``coverage_findings``: items no step used, a loader that leaves items out by design, repeated draws;
 - the loss the loop reports, off by about k (``logged_loss_off``, ``logged_findings``).
 
 Every finding is worded by the codes table (``Finding.of``); these rules pick its code, steps and numbers.

@@ -81,10 +81,12 @@ class StepNumbers:
 
 @dataclass(frozen=True)
 class Coverage:
-    """What the run's data came to at its end, counted at the last parameters: the items no step used, and
-    how the loop's loader drew (a job's: over every rank; ``left_out`` and ``duplicates`` are single-process)."""
+    """What the run's data came to at its end, counted at the last parameters: the items no step used,
+    and how the loop's loader drew (a job's: over every rank; ``left_out``, ``duplicates``: one process)."""
 
-    missing: int  # items in no stepped window: never drawn in a pass the loop trained on, or forwarded after its last step
+    missing: (
+        int  # items in no stepped window: never drawn in a pass trained on, or forwarded after the last step
+    )
     total: int | None  # items in all (None: an IterableDataset in a job, no length to say)
     seen_items: int = 0  # forwarded after the last step: the loop saw them, no step used them
     seen_loss: float = 0.0  # their loss sum, for the true mean item loss of the epoch

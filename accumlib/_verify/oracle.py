@@ -297,8 +297,8 @@ class WindowOracle:
         else:
             p.copy_(g)
 
-    def O(self) -> Vec:
-        """The oracle's sum, sum_j s_j (read fresh: holding it would make autograd stop accumulating in place)."""
+    def O(self) -> Vec:  # noqa: E743 - the O of the module docstring's algebra
+        """The oracle's sum, sum_j s_j (read fresh: holding it would stop autograd accumulating in place)."""
         return [leaf.grad for leaf in self.leaves]
 
     def weights(self) -> tuple[list[float], float]:

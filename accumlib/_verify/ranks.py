@@ -46,7 +46,7 @@ def _dist() -> Any:
 
 
 def in_group() -> tuple[int, int] | None:
-    """(rank, world size) of the process group this process is in, or None (never imports torch.distributed)."""
+    """(rank, world size) of the process group this process is in, or None (imports no torch.distributed)."""
     import sys
 
     dist = sys.modules.get("torch.distributed")
@@ -99,8 +99,10 @@ class Ranks:
         if other is not None:
             differ = next((a, b) for a, b in zip(shapes + [None], every[other] + [None]) if a != b)  # type: ignore[operator]
             raise ValueError(
-                f"ranks='all' judges data-parallel jobs, where every rank holds the same model: rank {me.rank} and rank "
-                f"{other} hold different parameters ({differ[0]} against {differ[1]}). Pipeline and tensor parallel groups "
+                "ranks='all' judges data-parallel jobs, where every rank holds the same model: rank "
+                f"{me.rank} and rank "
+                f"{other} hold different parameters ({differ[0]} against {differ[1]}). Pipeline and tensor "
+                "parallel groups "
                 "are not supported; wrap the whole model in DDP or fully_shard on every rank"
             )
         return me

@@ -98,7 +98,7 @@ class Recorder:
             self.dataset.on_end = self._pass_ended
 
     def watch_grads(self) -> None:
-        """Count backwards on every parameter that requires grad now (a hook cannot sit on one that does not)."""
+        """Count backwards on every parameter that requires grad now (no hook sits on one that does not)."""
         for p in self.params:
             if p.requires_grad and id(p) not in self.grad_hooks:
                 self.grad_hooks[id(p)] = p.register_post_accumulate_grad_hook(self.on_backward)

@@ -58,8 +58,8 @@ class Finding:
         **fields: Any,
     ) -> Finding:
         """The finding of ``code`` worded by ``CODES``: its message (or its ``said[form]``) filled from
-        ``fields``, the first two ``details`` of the run in parentheses, its fix (``fix``: a known cause's own,
-        from ``diagnose.CAUSES``).
+        ``fields``, the first two ``details`` of the run in parentheses, its fix (``fix``: a known cause's
+        own, from ``diagnose.CAUSES``).
 
         >>> Finding.of("clip-assumed", form="norm", max_norm=0.1).message.endswith("(max_norm ~= 0.1)")
         True
@@ -92,8 +92,8 @@ class StepRow:
     ``norm_ratio`` and ``rel_error`` compare like with like: the gradient the optimizer saw with
     the float32 large-batch gradient, clipped as the loop clipped (recorded or assumed).
     ``scale`` is the factor c of the best fit G ~= c g* (1 for a correct step; clipping undone),
-    ``reference`` names what the verdict was judged against (``ref_error``: how far off), and ``clip`` is the factor the loop's
-    clip scaled the window's gradient by (1.0 when no clip acted).
+    ``reference`` names what the verdict was judged against (``ref_error``: how far off), and ``clip``
+    is the factor the loop's clip scaled the window's gradient by (1.0 when no clip acted).
     """
 
     step: int
@@ -138,8 +138,9 @@ class Report:
         says both (its message, then the new one after "; ", the steps of both).
 
         >>> r = Report([], [Finding.of("dropout", form="layers", layers=1, ps=[0.1])], 4, 0, 0)
-        >>> r.with_finding(Finding.of("dropout", form="randomness-too", names="attn_pdrop=0.1")).findings[0].message
-        "1 dropout layer(s) (p=[0.1]): dropout layers were set to p=0 in verify's copy, so every step is compared exactly; the verdict concerns accumulation alone, not dropout noise; random training-mode probabilities (attn_pdrop=0.1) were set to 0 too"
+        >>> more = r.with_finding(Finding.of("dropout", form="randomness-too", names="attn_pdrop=0.1"))
+        >>> len(more.findings), more.findings[0].message.endswith("(attn_pdrop=0.1) were set to 0 too")
+        (1, True)
         """
         at = next((i for i, f in enumerate(self.findings) if f.code == finding.code), None)
         if at is None:
@@ -217,7 +218,10 @@ class Report:
     def _verdict(self) -> str:
         if self.status == "cannot-judge":
             limits = sorted({f.code for f in self.findings if f.severity == "limit"})
-            return f"CANNOT JUDGE ({', '.join(limits)}): no bug found, but the run could not be judged in full (see below)"
+            return (
+                f"CANNOT JUDGE ({', '.join(limits)}): no bug found, but the run could not be judged in full "
+                "(see below)"
+            )
         if not self.ok:
             return "NOT OK"
         return "OK, every judged step saw the true large-batch gradient" + (
@@ -245,14 +249,17 @@ class Report:
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
         )
         found = "".join(
-            f"<li><code>{html.escape(f.code)}</code> ({f.severity}) {html.escape(f.message)}<br><i>fix:</i> {html.escape(f.fix)}</li>"
+            f"<li><code>{html.escape(f.code)}</code> ({f.severity}) {html.escape(f.message)}<br><i>fix:</i> "
+            f"{html.escape(f.fix)}</li>"
             for f in self.findings
         )
         verdict = ("✓ " if self.ok else "✗ ") + self._verdict()
         total = "?" if self.items_total is None else str(self.items_total)
         return (
-            f"<p><b>{html.escape(verdict)}</b>: {self.items_stepped}/{total} items reached an optimizer step</p>"
-            f"<table><tr>{''.join(f'<th>{html.escape(c)}</th>' for c in head)}</tr>{rows}</table><ul>{found}</ul>"
+            f"<p><b>{html.escape(verdict)}</b>: {self.items_stepped}/{total} items reached an optimizer "
+            "step</p>"
+            f"<table><tr>{''.join(f'<th>{html.escape(c)}</th>' for c in head)}</tr>{rows}</table>"
+            f"<ul>{found}</ul>"
         )
 
 

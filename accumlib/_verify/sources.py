@@ -17,7 +17,8 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 WORKERS = (
     "accumlib.verify records each micro-batch in the main process, as it arrives; the loop iterates its data "
-    "in a DataLoader worker process (num_workers > 0), which cannot report back. Use num_workers=0 under verify: "
+    "in a DataLoader worker process (num_workers > 0), which cannot report back. Use num_workers=0 under "
+    "verify: "
     "the verdict does not depend on it"
 )
 
@@ -103,7 +104,8 @@ class Passes:
             self.batches = len(loader)
         except TypeError:  # a sampler without a length
             self.batches = None
-        # a DataLoader built with a batch_sampler (Accelerate's, the Trainer's) keeps drop_last and batch_size there
+        # a DataLoader built with a batch_sampler (Accelerate's, the Trainer's) keeps drop_last and
+        # batch_size there
         batches = getattr(loader, "batch_sampler", None)
         drop = getattr(loader, "drop_last", False) or getattr(batches, "drop_last", False)
         size = loader.batch_size or getattr(batches, "batch_size", None) or 1

@@ -222,7 +222,8 @@ def _check_trainer(trainer: Any, max_steps: Any, item_losses: Any) -> str | None
         raise TypeError(f"trainer must be a transformers.Trainer (got {type(trainer).__name__})")
     if trainer.train_dataset is None:
         raise ValueError(
-            "trainer.train_dataset must be set: verify_trainer runs the Trainer's training loop on it (got None)"
+            "trainer.train_dataset must be set: verify_trainer runs the Trainer's training loop on it (got "
+            "None)"
         )
     check_int("max_steps", max_steps, low=1, optional=True)
     check_callable("item_losses", item_losses, "item_losses(model, batch)", optional=True)
@@ -253,8 +254,10 @@ def _check_trainer(trainer: Any, max_steps: Any, item_losses: Any) -> str | None
         )
     if args.n_gpu > 1:
         raise ValueError(
-            f"trainer.args.n_gpu must be 1: verify_trainer does not judge torch.nn.DataParallel (several GPUs "
-            f"in one process) (got n_gpu={args.n_gpu}); set CUDA_VISIBLE_DEVICES to one GPU, or run one process "
+            "trainer.args.n_gpu must be 1: verify_trainer does not judge torch.nn.DataParallel (several "
+            "GPUs "
+            f"in one process) (got n_gpu={args.n_gpu}); set CUDA_VISIBLE_DEVICES to one GPU, or run one "
+            "process "
             "per GPU with torchrun"
         )
     where = in_group()
@@ -286,7 +289,8 @@ def verify_trainer(
     (``verify(..., ranks="all")``), and every rank gets the same report. DeepSpeed, FSDP, tensor or
     context parallelism and DataParallel (``n_gpu`` > 1) are refused before anything runs.
 
-    >>> trainer = transformers.Trainer(model=gpt2, args=args, train_dataset=data, data_collator=collate)  # doctest: +SKIP
+    >>> trainer = transformers.Trainer(model=gpt2, args=args, train_dataset=data,  # doctest: +SKIP
+    ...                                data_collator=collate)
     >>> accumlib.hf.verify_trainer(trainer).codes  # doctest: +SKIP
     {'misscaled'}
     """
@@ -364,4 +368,4 @@ def verify_trainer(
     return report
 
 
-__all__ = ["causal_lm_losses", "default_item_losses", "sequence_classification_losses", "verify_trainer"]
+__all__ = ["verify_trainer"]
