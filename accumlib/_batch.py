@@ -136,7 +136,8 @@ def window_items(window: Sequence[Batch], counter: Callable[[Batch], int]) -> in
     n = sum(counter(b) for b in window)
     if n <= 0:
         raise ValueError(
-            f"a window must hold at least one item to normalize by (got {n} items in {len(window)} micro-batches)"
+            "a window must hold at least one item to normalize by "
+            f"(got {n} items in {len(window)} micro-batches)"
         )
     return n
 
@@ -168,7 +169,8 @@ def _cat(tensors: list[torch.Tensor], pad: float | None) -> torch.Tensor:
         if pad is None:
             shapes = sorted({tuple(t.shape) for t in tensors})
             raise ValueError(
-                f"micro-batches have different trailing shapes {shapes}; pass pad_values= (or merge=) to pad them"
+                f"micro-batches have different trailing shapes {shapes}; "
+                "pass pad_values= (or merge=) to pad them"
             )
         longest = max(t.shape[1] for t in tensors)
         tensors = [

@@ -27,7 +27,8 @@ def _verify(args: argparse.Namespace) -> int:
         return run_target(args)
     if args.accum_steps is not None or args.batch_size is not None or args.max_steps is not None:
         print(
-            "accumlib verify: error: --accum-steps, --batch-size and --max-steps need a target FILE.py:FUNCTION",
+            "accumlib verify: error: --accum-steps, --batch-size and --max-steps need a target "
+            "FILE.py:FUNCTION",
             file=sys.stderr,
         )
         return 2
@@ -79,12 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser(
         "verify",
         help="check the reference loops, or your own loop (FILE.py:FUNCTION), against the large batch",
-        description="Without a target: run every reference loop on every built-in task, compare each optimizer step "
-        "with the true large-batch gradient, and check the verdict each loop's contract promises. With a target "
-        "FILE.py:FUNCTION: run FUNCTION(model, optimizer, loader) once on --task NAME, or on a task the file defines "
-        "(item_losses, make_model, make_dataset or dataset; optional collate_fn, make_optimizer, ACCUM_STEPS, "
-        "BATCH_SIZE), and name what is wrong with its accumulation. Exit 0: correct; 1: a bug was found; 2: usage "
-        "error; 3: the loop raised; 4: verify could not judge (a limit such as data it did not hand out).",
+        description="Without a target: run every reference loop on every built-in task, compare each "
+        "optimizer step with the true large-batch gradient, and check the verdict each loop's contract "
+        "promises. With a target FILE.py:FUNCTION: run FUNCTION(model, optimizer, loader) once on "
+        "--task NAME, or on a task the file defines (item_losses, make_model, make_dataset or dataset; "
+        "optional collate_fn, make_optimizer, ACCUM_STEPS, BATCH_SIZE), and name what is wrong with its "
+        "accumulation. Exit 0: correct; 1: a bug was found; 2: usage error; 3: the loop raised; 4: verify "
+        "could not judge (a limit such as data it did not hand out).",
     )
     v.add_argument("target", nargs="?", metavar="FILE.py:FUNCTION", help="your training loop (optional)")
     v.add_argument(
@@ -126,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "ddp",
-        help="DDP accumulation on local processes: error vs the large batch, all-reduce counts, per-rank counts",
+        help="DDP accumulation on local processes: error vs the large batch, all-reduce counts, "
+        "per-rank counts",
         description=ddp_cli.DESCRIPTION,
     )
     ddp_cli.add_arguments(d)
@@ -134,11 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "survey",
         help="which causal-LM classes of transformers accumulate exactly under its own Trainer",
-        description="Build every causal-LM class (or, with --task sequence-classification, every sequence classifier) "
-        "of the installed transformers tiny from its config (offline), train one "
-        "Trainer epoch with gradient_accumulation_steps=4 on variable-length data ending in a ragged window, and judge "
-        "every optimizer step with accumlib.hf.verify_trainer. Prints a markdown table (or JSON); --out DIR also writes "
-        "DIR/transformers-VERSION[-TASK].md and .json. Exit 0 when the survey ran, 2 on bad usage.",
+        description="Build every causal-LM class (or, with --task sequence-classification, every sequence "
+        "classifier) of the installed transformers tiny from its config (offline), train one "
+        "Trainer epoch with gradient_accumulation_steps=4 on variable-length data ending in a ragged window, "
+        "and judge every optimizer step with accumlib.hf.verify_trainer. Prints a markdown table (or JSON); "
+        "--out DIR also writes DIR/transformers-VERSION[-TASK].md and .json. Exit 0 when the survey ran, "
+        "2 on bad usage.",
     )
     s.add_argument("library", choices=["transformers"], help="the library to survey")
     s.add_argument(

@@ -105,9 +105,8 @@ def compare(a: Grads, b: Grads) -> Comparison:
             "a and b must hold at least one gradient tensor (got none: nothing to compare is not a match)"
         )
     if set(da) != set(db):
-        raise ValueError(
-            f"a and b must name the same parameters (only in a: {sorted(set(da) - set(db))}, only in b: {sorted(set(db) - set(da))})"
-        )
+        only_a, only_b = sorted(set(da) - set(db)), sorted(set(db) - set(da))
+        raise ValueError(f"a and b must name the same parameters (only in a: {only_a}, only in b: {only_b})")
     per_param: dict[str, float] = {}
     diff2 = ref2 = a2 = dot = 0.0
     max_abs = 0.0

@@ -135,7 +135,8 @@ def _all_digits(seed: int) -> Any:
 
 
 def digits_subset(n: int | None = None, seed: int = 0) -> Any:
-    """``accumlib.data.digits(n, seed=seed)`` (the same items in the same order), read from disk once per seed."""
+    """``accumlib.data.digits(n, seed=seed)`` (the same items in the same order), read from disk once
+    per seed."""
     data = _all_digits(seed)
     if n is None:
         return data

@@ -56,7 +56,8 @@ def true_gradient(
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         # its forward would arm an all-reduce that no other rank joins
         raise TypeError(
-            "model must be the plain module, not DistributedDataParallel (got a DDP wrapper; pass model.module)"
+            "model must be the plain module, not DistributedDataParallel "
+            "(got a DDP wrapper; pass model.module)"
         )
     net = copy.deepcopy(model).to(dtype) if dtype is not None else model
     saved = {k: v.clone() for k, v in net.named_buffers()} if net is model else {}

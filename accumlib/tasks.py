@@ -38,7 +38,8 @@ def token_losses(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor
 
     >>> from accumlib.data import pad_collate
     >>> from accumlib.models import TinyLM
-    >>> token_losses(TinyLM(), pad_collate([torch.tensor([5, 6, 7]), torch.tensor([8, 9])])).shape  # 2 + 1 targets
+    >>> batch = pad_collate([torch.tensor([5, 6, 7]), torch.tensor([8, 9])])
+    >>> token_losses(TinyLM(), batch).shape  # 2 + 1 targets
     torch.Size([3])
     """
     inputs, targets = batch

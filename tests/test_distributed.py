@@ -303,7 +303,8 @@ def _spread_of_a_drifted_rank(rank, seen):
         return loop(ddp, *args, **kwargs)
 
     g = torch.Generator().manual_seed(0)
-    # 32 digit-shaped rows stand in for the digits (whose loading imports scikit-learn: 10 s a rank under load)
+    # 32 digit-shaped rows stand in for the digits (whose loading imports scikit-learn: 10 s a rank
+    # under load)
     rows = torch.utils.data.TensorDataset(
         torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
     )
@@ -378,8 +379,8 @@ def test_the_loop_refuses_an_unknown_no_sync_and_a_wrong_item_count(ranks):
             == "no_sync must be one of 'forward+backward', 'backward', 'never' (got 'sometimes')"
         )
         assert (
-            s.get("count")
-            == f"count_items must agree with item_losses: count_items said 3 items, item_losses returned {2 - rank}"
+            s.get("count") == "count_items must agree with item_losses: count_items said 3 items, "
+            f"item_losses returned {2 - rank}"
         )
 
 

@@ -199,7 +199,8 @@ def test_functions_from_a_closure_are_refused():
 def test_a_port_must_be_an_integer_in_range(port):
     with pytest.raises(
         ValueError,
-        match=rf"port must be an integer between 1 and 65535 \(got {port!r}( of type {type(port).__name__})?\)",
+        match=rf"port must be an integer between 1 and 65535 \(got {port!r}"
+        rf"( of type {type(port).__name__})?\)",
     ):
         check_port(port)
 
@@ -256,7 +257,10 @@ def machine(monkeypatch):
 
 
 def meminfo(available_kb: int) -> str:
-    return f"MemTotal:       {64 * GIB_KB} kB\nMemFree:        {64 * GIB_KB} kB\nMemAvailable:   {available_kb} kB\n"
+    return (
+        f"MemTotal:       {64 * GIB_KB} kB\nMemFree:        {64 * GIB_KB} kB\n"
+        f"MemAvailable:   {available_kb} kB\n"
+    )
 
 
 def test_ranks_are_bounded_by_available_memory(machine):

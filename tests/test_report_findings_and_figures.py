@@ -27,7 +27,8 @@ N_ITEMS, N_BATCHES = 110, 10
 
 @pytest.fixture(scope="module")
 def run_in_folder(tmp_path_factory):
-    """The report run from a folder with a bare ``results_path`` (no folder part): (result, the JSON it wrote, folder)."""
+    """The report run from a folder with a bare ``results_path`` (no folder part): (result, the JSON it
+    wrote, folder)."""
     folder = tmp_path_factory.mktemp("bare")
     here = os.getcwd()
     os.chdir(folder)
@@ -327,11 +328,12 @@ def test_the_norm_title_says_what_accumulation_cannot_fix_only_where_the_numbers
     assert [k for k, e in result.norm_errors.items() if e > FLOAT32_RTOL] == [2, 3] == result.norm_inexact_ks
     m, big = result.memory[3]
     batch = report.title_memory_and_norm(result)
-    assert (
-        batch
-        == f"What accumulation saves: {big / m:.1f}x less activation memory at k = 3,\nand what it cannot fix: batch norm, off at k = 2, 3"
+    assert batch == (
+        f"What accumulation saves: {big / m:.1f}x less activation memory at k = 3,\n"
+        "and what it cannot fix: batch norm, off at k = 2, 3"
     )
-    # group norm normalizes each sample alone: exact at every k, and the title says so (it once said "cannot fix")
+    # group norm normalizes each sample alone: exact at every k, and the title says so (it once said
+    # "cannot fix")
     assert max(group_norm.norm_errors.values()) <= FLOAT32_RTOL and group_norm.norm_inexact_ks == []
     group = report.title_memory_and_norm(group_norm)
     assert group.endswith("and what it keeps exact: group norm, at every k") and "cannot fix" not in group
@@ -372,14 +374,13 @@ def test_the_error_title_names_the_loops_exact_at_every_k(result, summary, wrong
     ]
     assert exact == result.exact_loops == ["ragged", "large_batch"]  # naive and normalized miss at k >= 2
     title = report.title_errors(result)
-    assert (
-        title
-        == "Each loop's worst step against the large batch (mlp-digits),\nexact at every k: ragged, large_batch"
+    assert title == (
+        "Each loop's worst step against the large batch (mlp-digits),\nexact at every k: ragged, large_batch"
     )
     assert report.plot_errors(result).get_suptitle() == title
     assert report.alt_errors(result).startswith(title.replace(",\n", ", ") + ". Line chart")
-    # at k = 1 alone, normalized is exact too; the doubled amp loop is not, nor the naive loop that forgets the last
-    # micro-batch, although each step it takes is exact (its verdict): 2 items reach no step
+    # at k = 1 alone, normalized is exact too; the doubled amp loop is not, nor the naive loop that forgets
+    # the last micro-batch, although each step it takes is exact (its verdict): 2 items reach no step
     assert wrong_loops.cells[("naive", 1)].verdict == "exact"
     assert report.title_errors(wrong_loops).endswith("exact at every k: normalized, ragged, large_batch")
 

@@ -1,10 +1,11 @@
 """accumlib survey transformers: the committed tables (surveys/) and a subset re-run in CI.
 
 The committed JSON also ships inside the package (accumlib/survey/tables/), where ``survey.load`` reads
-it by transformers version. The subset runs the command itself (`accumlib survey transformers --models ... --out ... --json`)
-on four causal-LM classes, one per outcome the full survey found (GPT-2: labels counted before
-the shift; Llama and Qwen2: exact; BART's causal LM: a mean loss the Trainer never divides), and
-on one sequence classifier, and checks each row against the committed JSON.
+it by transformers version. The subset runs the command itself
+(`accumlib survey transformers --models ... --out ... --json`) on four causal-LM classes, one per
+outcome the full survey found (GPT-2: labels counted before the shift; Llama and Qwen2: exact; BART's
+causal LM: a mean loss the Trainer never divides), and on one sequence classifier, and checks each row
+against the committed JSON.
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ def test_a_class_over_its_time_limit_is_a_row_with_the_reason(monkeypatch):
 
 
 def test_the_task_picks_the_classes_built_and_the_setup_stated(monkeypatch):
-    """Every class refused as not tiny (a limit of 1,000 parameters): the rows are still the task's own classes."""
+    """Every class refused as not tiny (a limit of 1,000 parameters): the rows are still the task's own
+    classes."""
     monkeypatch.setattr(survey.models, "MAX_PARAMS", 1000)
     s = survey.run(["bert", "GPT2ForSequenceClassification"], "sequence-classification")
     assert s.task == "sequence-classification" and "one of 3 labels each" in s.setup

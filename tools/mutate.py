@@ -10,7 +10,7 @@ denominator). The score per group is killed / (total - equivalent).
 
     .venv/bin/python tools/mutate.py                 # every group
     .venv/bin/python tools/mutate.py hf lightning    # some groups
-    .venv/bin/python tools/mutate.py hf --only 'num_items'   # mutants whose name contains a string (not recorded)
+    .venv/bin/python tools/mutate.py hf --only 'num_items'   # mutants whose name contains it (not recorded)
     .venv/bin/python tools/mutate.py --list          # check the catalogue, nothing run
 
 A whole group's run replaces that group's entry in ``tools/mutation.json`` and redraws
@@ -245,22 +245,22 @@ def render(record: dict) -> str:
     lines = [
         "# Mutation score",
         "",
-        "Written by `tools/mutate.py` from `tools/mutation.json` (each group's latest whole run). A mutant is",
+        "Written by `tools/mutate.py` from `tools/mutation.json` (each group's latest whole run). "
+        "A mutant is",
         "killed when the tests that cover its module fail; *equivalent* mutants (argued in their catalogue,",
         "`tools/mutants/`) leave the score, which is killed / non-equivalent.",
         "",
         "| module | mutants | killed | timeout | survived | equivalent | score |",
         "|---|---|---|---|---|---|---|",
     ]
-    for mod, rs in sorted(by_module.items()):
+
+    def row(name: str, rs: list) -> str:
         c = tally(rs)
-        lines.append(
-            f"| `{mod}` | {len(rs)} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['equivalent']} | {score(c)} |"
-        )
-    c = tally(rows)
-    lines.append(
-        f"| all | {len(rows)} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['equivalent']} | {score(c)} |"
-    )
+        counts = " | ".join(str(c[k]) for k in ("killed", "timeout", "survived", "equivalent"))
+        return f"| {name} | {len(rs)} | {counts} | {score(c)} |"
+
+    lines += [row(f"`{mod}`", rs) for mod, rs in sorted(by_module.items())]
+    lines.append(row("all", rows))
     lines += ["", "| group | tests run per mutant | baseline |", "|---|---|---|"]
     lines += [f"| {g} | {' '.join(v['tests'])} | {v['baseline_s']} s |" for g, v in record.items()]
     rest = [r for r in rows if r["status"] != "killed"]

@@ -34,8 +34,9 @@ def add_arguments(d: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 DESCRIPTION = (
     "Spawn --world-size processes on 127.0.0.1 (gloo on CPU), accumulate with DistributedDataParallel "
-    "and compare every step with the large-batch gradient over all ranks' windows; count all-reduce calls and bytes "
-    "with and without no_sync. Under torchrun it joins torchrun's process group instead."
+    "and compare every step with the large-batch gradient over all ranks' windows; "
+    "count all-reduce calls and bytes with and without no_sync. "
+    "Under torchrun it joins torchrun's process group instead."
 )
 
 

@@ -114,7 +114,8 @@ class RunResult:
 def shard_loader(
     task: Task, rank: int, world_size: int, batch_size: int | None = None, dataset=None
 ) -> DataLoader:
-    """This rank's loader: DistributedSampler's interleaved shard (padded so every rank gets as many items)."""
+    """This rank's loader: DistributedSampler's interleaved shard (padded so every rank gets as many
+    items)."""
     dataset = task.make_dataset() if dataset is None else dataset
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
     return DataLoader(
@@ -125,7 +126,8 @@ def shard_loader(
 def _against_oracle(
     model: torch.nn.Module, window: list, task: Task, device: torch.device
 ) -> tuple[float, float, float]:
-    """This rank's ``.grad`` against the oracle over every rank's window, and against the mean of rank means."""
+    """This rank's ``.grad`` against the oracle over every rank's window, and against the mean of rank
+    means."""
     world = dist.get_world_size()
     union: list[list] = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(union, window)  # every rank's window: the large batch of this step
@@ -296,12 +298,13 @@ class DDPReport:
     def __str__(self) -> str:
         s = self.summary()
         ref = self.results["no_sync"]
+        same = "yes" if s["max_param_spread_across_ranks"] == 0 else "NO"
         lines = [
-            f"DDP accumulation: task {self.task}, world size {self.world_size}, accum_steps {self.accum_steps}, "
-            f"{len(ref.window_batches)} optimizer steps",
+            f"DDP accumulation: task {self.task}, world size {self.world_size}, "
+            f"accum_steps {self.accum_steps}, {len(ref.window_batches)} optimizer steps",
             f"  relative error vs large batch (max over steps and ranks)  {s['rel_error_vs_large_batch']:.1e}"
             f"  (tolerance {FLOAT32_RTOL:.0e})",
-            f"  parameters identical on every rank after every step      {'yes' if s['max_param_spread_across_ranks'] == 0 else 'NO'}",
+            f"  parameters identical on every rank after every step      {same}",
             "  all-reduce per optimizer step (first window), from the DDP comm hook:",
         ]
         for v in COMM_VARIANTS:
@@ -310,9 +313,8 @@ class DDPReport:
         lines.append(
             "    (plus, in every variant, one all-reduce of the window's item count: 1 int64, 8 bytes)"
         )
-        lines.append(
-            f"  per-rank counts (local mean, then DDP's average) rel error  {s['per_rank_counts_rel_error']:.1e}"
-        )
+        per_rank = s["per_rank_counts_rel_error"]
+        lines.append(f"  per-rank counts (local mean, then DDP's average) rel error  {per_rank:.1e}")
         lines.append(f"verdict: {'ok' if s['ok'] else 'FAILED'}")
         return "\n".join(lines)
 

@@ -90,8 +90,8 @@ def _check_importable(fn: Callable[..., Any]) -> None:
     if module in (None, "__main__") or "<locals>" in qualname or "<lambda>" in qualname:
         raise ValueError(
             "fn must be a module-level function importable by spawned processes, e.g. "
-            f"accumlib.distributed.experiment.worker (got {module}.{qualname}; functions defined in a notebook, "
-            "a script's __main__, a lambda or a closure cannot be imported by the children)"
+            f"accumlib.distributed.experiment.worker (got {module}.{qualname}; functions defined in a "
+            "notebook, a script's __main__, a lambda or a closure cannot be imported by the children)"
         )
 
 
@@ -107,7 +107,8 @@ def init_from_env(backend: str | None = None, timeout: float = COLLECTIVE_TIMEOU
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise ValueError(
-            f"environment must set {missing} to join a process group; start this with torchrun (got none of them)"
+            f"environment must set {missing} to join a process group; start this with torchrun "
+            "(got none of them)"
         )
     backend = backend or default_backend()
     if backend == "nccl":
@@ -247,7 +248,8 @@ def launch(
     backend = backend or default_backend()
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(
-            f"world_size must be <= the number of GPUs for nccl (got {world_size}, {torch.cuda.device_count()} GPUs)"
+            "world_size must be <= the number of GPUs for nccl "
+            f"(got {world_size}, {torch.cuda.device_count()} GPUs)"
         )
     import torch.multiprocessing as mp
 
@@ -275,8 +277,8 @@ def launch(
             while not ctx.join(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
-                        f"distributed run did not finish within timeout={timeout} s (world_size={world_size}); "
-                        f"ranks stopped{_stderr_tails(log_dir, world_size)}"
+                        f"distributed run did not finish within timeout={timeout} s "
+                        f"(world_size={world_size}); ranks stopped{_stderr_tails(log_dir, world_size)}"
                     )
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
             _stop(ctx.processes)
@@ -312,7 +314,8 @@ def _stderr_tails(log_dir: str, world_size: int) -> str:
 
 
 def _every_failure(ctx: Any, err: Exception, tails: str = "") -> Exception:
-    """One rank's failure makes its peers fail too (a reset connection); report every rank, first failure first.
+    """One rank's failure makes its peers fail too (a reset connection); report every rank, first
+    failure first.
 
     torch's join() reports whichever failed rank it notices first, which may be a peer
     that only lost its connection; the earliest traceback written is the cause.

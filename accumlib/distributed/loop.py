@@ -58,7 +58,8 @@ def _same_length_everywhere(loader, device: torch.device) -> None:
     dist.all_reduce(n, op=dist.ReduceOp.MAX)
     if int(n[0]) != -int(n[1]):
         raise ValueError(
-            f"loader must yield the same number of micro-batches on every rank (got between {-int(n[1])} and {int(n[0])})"
+            "loader must yield the same number of micro-batches on every rank "
+            f"(got between {-int(n[1])} and {int(n[0])})"
         )
 
 
@@ -91,7 +92,8 @@ def ddp_accumulate(
         raise TypeError(f"model must be wrapped in DistributedDataParallel (got {type(model).__name__})")
     if not dist.is_initialized():
         raise ValueError(
-            "the default process group must be initialized before the loop (got none; use launch() or torchrun)"
+            "the default process group must be initialized before the loop "
+            "(got none; use launch() or torchrun)"
         )
     check_choice("no_sync", no_sync, NO_SYNC)
     world = dist.get_world_size()

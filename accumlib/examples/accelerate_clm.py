@@ -130,7 +130,8 @@ def train_counted(model: torch.nn.Module, optimizer: torch.optim.Optimizer, load
                     ignore_index=IGNORE_INDEX,
                     reduction="sum",
                 )
-                # sum / N for this process's share; x k x processes because backward divides by k, DDP averages
+                # sum / N for this process's share; x k x processes because backward divides by k and
+                # DDP averages
                 accelerator.backward(summed / n * K * accelerator.num_processes)
         optimizer.step()
         lr_scheduler.step()

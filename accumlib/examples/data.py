@@ -57,7 +57,8 @@ def labelled_sequences(n: int = 22, classes: int = 3, vocab: int = 64, seed: int
 
 
 def classify_collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Pad ``labelled_sequences`` items: ``input_ids``, ``attention_mask`` and one ``labels`` entry per sequence."""
+    """Pad ``labelled_sequences`` items: ``input_ids``, ``attention_mask`` and one ``labels`` entry per
+    sequence."""
     batch = collate([i["input_ids"] for i in items])
     return {
         "input_ids": batch["input_ids"],

@@ -132,7 +132,8 @@ def make_fsdp(**how: Any) -> Callable[[Any], Train]:
 
 
 def _uneven(task: Any) -> Train:
-    """A correct DDP run, then one more step on rank 1 alone (on the bare model: no collective of the loop's own)."""
+    """A correct DDP run, then one more step on rank 1 alone (on the bare model: no collective of the
+    loop's own)."""
 
     def train(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataLoader) -> None:
         make()(task)(model, opt, loader)
@@ -178,7 +179,8 @@ LOOPS = {
     "uneven-steps": _uneven,
 }
 
-# what verify names each loop on its task (a DistributedSampler's padding adds `duplicate-items` where len % R != 0)
+# what verify names each loop on its task (a DistributedSampler's padding adds `duplicate-items` where
+# len % R != 0)
 BUGS = {
     "correct": set(),
     "per-rank-mean": {"per-rank-mean"},

@@ -10,7 +10,8 @@ about half the true gradient, and its two micro-batches weighted alike.
     >>> from accumlib.examples.lightning_digits import Digits, item_losses
     >>> from accumlib.lightning import verify_fit
     >>> loader = torch.utils.data.DataLoader(accumlib.data.digits(110), batch_size=8)
-    >>> report = verify_fit(Digits(), loader, item_losses=item_losses, accumulate_grad_batches=4)  # doctest: +SKIP
+    >>> report = verify_fit(Digits(), loader, item_losses=item_losses,
+    ...                     accumulate_grad_batches=4)  # doctest: +SKIP
     >>> sorted(report.codes)  # doctest: +SKIP
     ['mean-of-means', 'tail-misscaled']
 """

@@ -48,23 +48,25 @@ BUGS = {
         "trl",
         "SFTTrainer on GPT-2 (full-sequence loss)",
         "c = N/(N+S)",
-        "trl/trainer/sft_trainer.py:1612-1618 divides N shifted token losses by the Trainer's num_items_in_batch, "
-        "which transformers/trainer.py:2298 counts unshifted (N + S labels) for a model whose loss_type is None "
-        "(_loss_shifts_labels, trainer.py:543)",
+        "trl/trainer/sft_trainer.py:1612-1618 divides N shifted token losses by the Trainer's "
+        "num_items_in_batch, which transformers/trainer.py:2298 counts unshifted (N + S labels) for a model "
+        "whose loss_type is None (_loss_shifts_labels, trainer.py:543)",
     ),
     "prompt-tuning": LibraryBug(
         "peft",
         "prompt tuning (and p-tuning) under the transformers Trainer",
         "c = N/(N-S)",
-        "peft/peft_model.py:2166-2167 prepends V labels of -100, so the last virtual token predicts each sequence's "
-        "first token and the loss sums N terms; transformers/trainer.py:2331 counts N - S labels after the shift",
+        "peft/peft_model.py:2166-2167 prepends V labels of -100, so the last virtual token predicts each "
+        "sequence's first token and the loss sums N terms; transformers/trainer.py:2331 counts N - S labels "
+        "after the shift",
     ),
     "dpo": LibraryBug(
         "trl",
         "DPOTrainer with a short last micro-batch",
         "mean of micro-batch means",
-        "trl/trainer/dpo_trainer.py:1528 returns each micro-batch's mean pair loss and ignores num_items_in_batch; "
-        "transformers/trainer.py:2111 divides it by the window's micro-batch count (trainer.py:1877)",
+        "trl/trainer/dpo_trainer.py:1528 returns each micro-batch's mean pair loss and ignores "
+        "num_items_in_batch; transformers/trainer.py:2111 divides it by the window's micro-batch count "
+        "(trainer.py:1877)",
     ),
 }
 
@@ -107,7 +109,8 @@ def _run_args() -> dict[str, Any]:
 
 
 def sft_gpt2(n_texts: int = 14) -> Any:
-    """TRL's ``SFTTrainer`` on a tiny GPT-2 over ``n_texts`` plain texts (windows of 4 and 3 micro-batches)."""
+    """TRL's ``SFTTrainer`` on a tiny GPT-2 over ``n_texts`` plain texts (windows of 4 and 3
+    micro-batches)."""
     import datasets
     import trl
 
@@ -124,8 +127,8 @@ def sft_gpt2(n_texts: int = 14) -> Any:
 
 
 def prompt_tuning(n_sequences: int = 22) -> Any:
-    """The transformers ``Trainer`` on a tiny Llama with PEFT prompt tuning (V virtual tokens), ``n_sequences``
-    token sequences (windows of 4, 4 and 3 micro-batches)."""
+    """The transformers ``Trainer`` on a tiny Llama with PEFT prompt tuning (V virtual tokens),
+    ``n_sequences`` token sequences (windows of 4, 4 and 3 micro-batches)."""
     import peft
     from transformers import Trainer, TrainingArguments
 

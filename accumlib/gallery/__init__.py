@@ -137,7 +137,8 @@ GALLERY: dict[str, GalleryLoop] = _Gallery(
         "bert-train-one-epoch": GalleryLoop(
             bert_style_epoch,
             _E({"tail-dropped", "logged-loss-scaled"}),
-            "How Gradient accumulation is implemented (BERT post): train_one_epoch; 110 items leave a 2-micro-batch tail it never steps",
+            "How Gradient accumulation is implemented (BERT post): train_one_epoch; 110 items leave a "
+            "2-micro-batch tail it never steps",
         ),
         "mindspore-accumulator": GalleryLoop(
             mindspore_accumulator,
@@ -147,7 +148,8 @@ GALLERY: dict[str, GalleryLoop] = _Gallery(
         "last-batch-step": GalleryLoop(
             last_batch_step,
             _E({"tail-misscaled", "mean-of-means"}),
-            "Gradient Accumulation explained (blog post): the extra step for the last batch divides a 2-batch tail (8 + 6 items) by K",
+            "Gradient Accumulation explained (blog post): the extra step for the last batch divides a "
+            "2-batch tail (8 + 6 items) by K",
         ),
         "gan-loss-divided": GalleryLoop(
             gan_loss_divided, _E(), "GAN article: loss / n_accumulation_steps", n_items=128

@@ -130,7 +130,8 @@ def correct_drop_last(model, optimizer, loader):
 
 
 def correct_with_replacement(model, optimizer, loader):
-    """Items sampled with replacement: some drawn twice in a pass, some never; each draw weighs as one item."""
+    """Items sampled with replacement: some drawn twice in a pass, some never; each draw weighs as one
+    item."""
     sampler = torch.utils.data.RandomSampler(
         loader.dataset, replacement=True, generator=torch.Generator().manual_seed(0)
     )

@@ -64,7 +64,8 @@ def bert_train_one_epoch(
 
 
 def bert_style_epoch(model, optimizer, loader):
-    """BERT-style epoch: divided loss, step on (step + 1) % K, scheduler per step, running_loss of the divided loss."""
+    """BERT-style epoch: divided loss, step on (step + 1) % K, scheduler per step, running_loss of the
+    divided loss."""
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + s))
     device = next(model.parameters()).device
     return bert_train_one_epoch(
@@ -126,7 +127,8 @@ def last_batch_step(model, optimizer, loader):
 
 
 def gan_loss_divided(model, optimizer, loader):
-    """The GAN article's first form: loss / n_accumulation_steps inside an inner loop that draws its samples."""
+    """The GAN article's first form: loss / n_accumulation_steps inside an inner loop that draws its
+    samples."""
     data = iter(loader)
     for _ in range(len(loader) // K):
         for _ in range(K):

@@ -19,7 +19,8 @@ from ._common import K
 
 
 def step_every_k(model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False) -> None:
-    """The question's first loop (the PyTorch docs' recipe): step when ``(i + 1) % k == 0``; the tail never steps."""
+    """The question's first loop (the PyTorch docs' recipe): step when ``(i + 1) % k == 0``; the tail
+    never steps."""
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     scaler = torch.amp.GradScaler(dev.type, enabled=amp)
     for i, batch in enumerate(loader):
@@ -51,7 +52,8 @@ def step_at_end(model, optimizer, loader, item_losses, *, accum_steps, device=No
 def divide_by_window_batches(
     model, optimizer, loader, item_losses, *, accum_steps, device=None, amp=False
 ) -> None:
-    """The accepted answer: an outer loop over windows, ``loss / (nbi - bi)``, the window's micro-batch count."""
+    """The accepted answer: an outer loop over windows, ``loss / (nbi - bi)``, the window's micro-batch
+    count."""
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     scaler = torch.amp.GradScaler(dev.type, enabled=amp)
     bi = 0

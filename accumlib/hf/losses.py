@@ -59,7 +59,8 @@ def causal_lm_losses(
     >>> class Uniform(torch.nn.Module):  # logits over 4 tokens, all equal
     ...     def forward(self, input_ids, attention_mask=None):
     ...         return {"logits": torch.zeros(*input_ids.shape, 4)}
-    >>> batch = {"input_ids": torch.tensor([[1, 2, 3], [1, 2, 0]]), "labels": torch.tensor([[1, 2, 3], [1, 2, -100]])}
+    >>> batch = {"input_ids": torch.tensor([[1, 2, 3], [1, 2, 0]]),
+    ...          "labels": torch.tensor([[1, 2, 3], [1, 2, -100]])}
     >>> causal_lm_losses(Uniform(), batch)  # 2 + 1 predicted tokens, each -log(1/4)
     tensor([1.3863, 1.3863, 1.3863])
     """
@@ -171,8 +172,8 @@ def default_item_losses(model: torch.nn.Module, label_smoothing: float = 0.0) ->
             return functools.partial(losses, label_smoothing=label_smoothing) if label_smoothing else losses
     raise ValueError(
         "item_losses must be given for a model that is neither a causal LM nor a sequence classifier "
-        f"(got {name}): item_losses(model, batch) returns one loss per item the Trainer's loss averages over, "
-        "e.g. accumlib.hf.causal_lm_losses"
+        f"(got {name}): item_losses(model, batch) returns one loss per item the Trainer's loss averages "
+        "over, e.g. accumlib.hf.causal_lm_losses"
     )
 
 

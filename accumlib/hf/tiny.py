@@ -24,7 +24,8 @@ WORDS = 58  # with the special tokens, a vocabulary of 64: the size accumlib's t
 # the assistant's turn, its end-of-turn token included, between generation markers: trained on
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<assistant> {% generation %}{{ m['content'] }} <eos>{% endgeneration %} "
+    "{% if m['role'] == 'assistant' %}<assistant> "
+    "{% generation %}{{ m['content'] }} <eos>{% endgeneration %} "
     "{% else %}<{{ m['role'] }}> {{ m['content'] }} {% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<assistant> {% endif %}"

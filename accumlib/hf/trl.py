@@ -21,16 +21,24 @@ JUDGED = ("SFTTrainer",)
 # why each other TRL trainer cannot be judged, and what to do instead
 REFUSED = {
     "DPOTrainer": (
-        "its loss is a mean over preference pairs of a margin against a reference model's log-probabilities, "
-        "which no per-token item loss recomputes, and verify cannot follow the reference model"
+        "its loss is a mean over preference pairs of a margin against a reference model's "
+        "log-probabilities, which no per-token item loss recomputes, and verify cannot follow the "
+        "reference model"
     ),
-    "KTOTrainer": "its loss compares each completion with a batch-level KL estimate against a reference model",
-    "GRPOTrainer": "it generates the completions it trains on during training, so no micro-batch can be replayed",
-    "RLOOTrainer": "it generates the completions it trains on during training, so no micro-batch can be replayed",
+    "KTOTrainer": (
+        "its loss compares each completion with a batch-level KL estimate against a reference model"
+    ),
+    "GRPOTrainer": (
+        "it generates the completions it trains on during training, so no micro-batch can be replayed"
+    ),
+    "RLOOTrainer": (
+        "it generates the completions it trains on during training, so no micro-batch can be replayed"
+    ),
 }
 INSTEAD = (
     "judge the loss with accumlib.verify: write the window loop yourself (or wrap the trainer's "
-    "compute_loss) and pass item_losses(model, batch) returning one loss per item, e.g. one per preference pair"
+    "compute_loss) and pass item_losses(model, batch) returning one loss per item, e.g. one per "
+    "preference pair"
 )
 
 

@@ -6,14 +6,17 @@ under ``make report``), so the HTML carries tables and figures, never raw JSON.
 
     make report ACCUM="1 2 4 8" TASK=mlp-digits BATCH=3 NORM=group PRECISION=float32 DEVICE=auto SEED=0
 
-One module per stage: ``params`` (defaults and checks), ``compute`` (the computation, ``run``), ``figures``
-(plots with titles computed from the findings, and alt text), ``render`` (``make report``: papermill, then the HTML
-page without code). Every k must give at least ``MIN_STEPS`` optimizer steps, or the per-step figures show one dot:
+One module per stage: ``params`` (defaults and checks), ``compute`` (the computation, ``run``; its
+result's classes in ``_compute_result``), ``figures`` (plots with titles computed from the findings, and alt
+text), ``render`` (``make report``: papermill, then the HTML page without code). Every k must give at least
+``MIN_STEPS`` optimizer steps, or the per-step figures show one dot, and the refusal says which k and
+batch sizes would:
 
->>> check_parameters(accum_steps="1 2 4 8", batch_size=16)
+>>> check_parameters(accum_steps="1 2 4 8", batch_size=16)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-ValueError: accum_steps and batch_size must give every k at least 3 optimizer steps, ceil(micro-batches / k) >= 3: task 'mlp-digits' has 110 examples, which batch_size=16 splits into 7 micro-batches, so k = 4, 8 give 2, 1 steps (got accum_steps='1 2 4 8', batch_size=16); use k <= 3, or batch_size <= 6
+ValueError: accum_steps and batch_size must give every k at least 3 optimizer steps, ... so k = 4, 8 \
+give 2, 1 steps (got accum_steps='1 2 4 8', batch_size=16); use k <= 3, or batch_size <= 6
 """
 
 from .compute import Cell, Findings, ReportResult, results_note, run

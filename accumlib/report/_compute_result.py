@@ -80,8 +80,9 @@ class ReportResult:
 
     @property
     def exact_loops(self) -> list[str]:
-        """The loops exact at every k (what the error figure's title names): every step they took "exact", and
-        every item stepped; a loop that drops its last micro-batch takes only exact steps, yet is not exact."""
+        """The loops exact at every k (what the error figure's title names): every step they took "exact",
+        and every item stepped; a loop that drops its last micro-batch takes only exact steps, yet is not
+        exact."""
 
         def exact(c: Cell) -> bool:
             return c.verdict == "exact" and c.items_used == c.items and c.steps == c.expected_steps
@@ -179,8 +180,8 @@ class ReportResult:
                 else ""
             )
             out.append(
-                f"{name}: {'; '.join(parts)} (worst step: relative error {fmt_error(cell.max_rel_error)} at k = {worst}{judged}, "
-                f"{cell.items_used}/{cell.items} items stepped)."
+                f"{name}: {'; '.join(parts)} (worst step: relative error {fmt_error(cell.max_rel_error)} "
+                f"at k = {worst}{judged}, {cell.items_used}/{cell.items} items stepped)."
             )
         dropped = [c for c in self.cells.values() if c.items_used < c.items]
         if dropped:
@@ -202,8 +203,8 @@ class ReportResult:
             + (
                 " (exact: per-sample normalization does not see the micro-batching)."
                 if not self.norm_inexact_ks
-                else f" (not exact at k = {', '.join(map(str, self.norm_inexact_ks))}: the layer's batch statistics "
-                f"differ between micro-batches and the large batch)."
+                else f" (not exact at k = {', '.join(map(str, self.norm_inexact_ks))}: the layer's batch "
+                "statistics differ between micro-batches and the large batch)."
             )
         )
         return out
@@ -213,7 +214,8 @@ class ReportResult:
         return Findings(tuple(self.findings()))
 
     def summary(self) -> dict[str, Any]:
-        """Everything the report states, as plain JSON: what ``make report`` writes and ``tests/test_report.py`` checks."""
+        """Everything the report states, as plain JSON: what ``make report`` writes and
+        ``tests/test_report.py`` checks."""
         return {
             "task": self.task,
             "accum_steps": list(self.ks),

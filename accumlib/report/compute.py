@@ -35,8 +35,9 @@ def _loops(precision: str) -> dict[str, tuple[Any, dict[str, Any]]]:
 def _autocast_verdict(
     loop: Any, t: Task, k: int, batch_size: int, precision: str, seed: int, dev: torch.device
 ) -> tuple[str, tuple[float, ...]]:
-    """A low-precision loop (amp) judged as ``accumlib.verify`` judges it: each step against a replay of its window in the
-    loop's own autocast dtype, not the float32 gradient, which bf16 rounding alone misses by 1e-2 to 1e-1."""
+    """A low-precision loop (amp) judged as ``accumlib.verify`` judges it: each step against a replay of
+    its window in the loop's own autocast dtype, not the float32 gradient, which bf16 rounding alone misses
+    by 1e-2 to 1e-1."""
     dtype = PRECISIONS[precision]
 
     def train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> Any:

@@ -124,8 +124,9 @@ def _check_steps(
     )
     fixes = ([f"k <= {k_max}"] if k_max >= 1 else []) + ([f"batch_size <= {b_max}"] if b_max else [])
     raise ValueError(
-        f"accum_steps and batch_size must give every k at least {MIN_STEPS} optimizer steps, ceil(micro-batches / k) >= {MIN_STEPS}: "
-        f"{data} has {n_examples} examples, which batch_size={batch_size} splits into {n_batches} micro-batches, "
+        f"accum_steps and batch_size must give every k at least {MIN_STEPS} optimizer steps, "
+        f"ceil(micro-batches / k) >= {MIN_STEPS}: {data} has {n_examples} examples, which "
+        f"batch_size={batch_size} splits into {n_batches} micro-batches, "
         f"so k = {', '.join(map(str, short))} {'give' if len(short) > 1 else 'gives'} "
         f"{', '.join(str(expected_steps(n_batches, k)) for k in short)} steps "
         f"(got accum_steps={accum_steps!r}, batch_size={batch_size!r})"

@@ -1,6 +1,7 @@
-"""``make report``: the report notebook run by papermill, then written by nbconvert as a page a person reads.
+"""``make report``: the report notebook run by papermill, then written by nbconvert as a page to read.
 
-    python -m accumlib.report.render notebooks/report.ipynb reports -p task mlp-digits -p accum_steps "1 2 4 8"
+    python -m accumlib.report.render notebooks/report.ipynb reports \\
+        -p task mlp-digits -p accum_steps "1 2 4 8"
 
 writes, in the output folder, ``report.ipynb`` (the executed notebook), ``report.json`` (every number,
 unless ``-p results_path`` says otherwise) and ``report.html``: the outputs only, with no code, no ``In []``
@@ -100,7 +101,8 @@ def _quiet_shutdown_manager() -> type:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line ``make report`` calls; exit status 1, with the notebook's error, when a cell raises."""
+    """The command line ``make report`` calls; exit status 1, with the notebook's error, when a cell
+    raises."""
     parser = argparse.ArgumentParser(
         prog="python -m accumlib.report.render", description=__doc__.split("\n")[0]
     )
@@ -123,14 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         page = render(args.notebook, args.out_dir, **parameters)
     except PapermillExecutionError as e:
+        executed = Path(args.out_dir) / "report.ipynb"
         print(
-            f"report: the notebook raised {e.ename}: {e.evalue} (executed notebook: {Path(args.out_dir) / 'report.ipynb'})",
+            f"report: the notebook raised {e.ename}: {e.evalue} (executed notebook: {executed})",
             file=sys.stderr,
         )
         return 1
-    print(
-        f"report: {page.parent / 'report.ipynb'}, {page} and every number in {parameters['results_path'] or 'no file'}"
-    )
+    numbers = parameters["results_path"] or "no file"
+    print(f"report: {page.parent / 'report.ipynb'}, {page} and every number in {numbers}")
     return 0
 
 

@@ -139,7 +139,8 @@ def resolve(models: Sequence[str] | None, task: str = "causal-lm") -> list[str]:
     if unknown:
         raise ValueError(
             f"models must name {TASKS[task].title} model types or classes of transformers "
-            f"{_version('transformers')} (e.g. gpt2, llama, GPT2LMHeadModel) (got unknown {', '.join(unknown)})"
+            f"{_version('transformers')} (e.g. gpt2, llama, GPT2LMHeadModel) "
+            f"(got unknown {', '.join(unknown)})"
         )
     return list(dict.fromkeys(out))
 
@@ -162,9 +163,10 @@ def _version(dist: str) -> str:
 
 
 SETUP = (
-    f"{len(token_sequences())} sequences of 3..20 tokens (vocabulary {VOCAB}{{labels}}), micro-batches of {BATCH}, "
-    f"gradient_accumulation_steps={K} (windows of 4, 4, 3 micro-batches), one epoch, the Trainer's AdamW, "
-    "linear schedule and RandomSampler (seed 0), max_grad_norm=0, dropout 0, CPU, float32"
+    f"{len(token_sequences())} sequences of 3..20 tokens (vocabulary {VOCAB}{{labels}}), "
+    f"micro-batches of {BATCH}, gradient_accumulation_steps={K} (windows of 4, 4, 3 micro-batches), "
+    "one epoch, the Trainer's AdamW, linear schedule and RandomSampler (seed 0), max_grad_norm=0, "
+    "dropout 0, CPU, float32"
 )
 
 
