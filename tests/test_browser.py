@@ -152,9 +152,9 @@ def _code_cells(root: Path, path: str) -> list[tuple[int, str]]:
 
 
 _CELL_STDERR_JS = (
-    "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell')]"
-    ".map(c => [...c.querySelectorAll('.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stderr\"]')]"
-    ".map(o => o.innerText))"
+    "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook "
+    ".jp-CodeCell')].map(c => [...c.querySelectorAll("
+    "'.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stderr\"]')].map(o => o.innerText))"
 )
 
 
@@ -237,8 +237,8 @@ def _exercise_control(
     problems = []
     if timed_out:
         problems.append(
-            f"not settled after {timeout} s (kernel busy with {page.kernel.busy_with(mark)}, "
-            f"{view['busy']} button(s) disabled)"
+            f"not settled after {timeout} s (kernel busy with {page.kernel.busy_with(mark)}, {view['busy']} "
+            f"button(s) disabled)"
         )
     problems += [f"the kernel sent: {p}" for p in page.kernel.problems(mark)]
     new_stderr = Counter(after["stderr"]) - Counter(before["stderr"])
@@ -347,8 +347,8 @@ def _describe(record: dict) -> str:
     for c in record["controls"]:
         for p in c["problems"]:
             lines.append(
-                f"cell {c['cell']}, {c['kind']} {c['label']!r} "
-                f"({c.get('action', '')}: {c.get('value_before', '')!r} -> {c.get('value_after', '')!r}): {p}"
+                f"cell {c['cell']}, {c['kind']} {c['label']!r} ({c.get('action', '')}: "
+                f"{c.get('value_before', '')!r} -> {c.get('value_after', '')!r}): {p}"
             )
     return "\n".join(lines)
 
@@ -459,8 +459,10 @@ w.VBox([*good, clicks, out])
 _SCRATCH_BAD = {
     "raises-bare": "raise KeyError('raised by a callback outside any output')",
     "stderr-bare": "print('written to stderr by a callback', file=sys.stderr)",
-    "raises-in-output": "with o:\n            o.clear_output()\n            raise ValueError('raised inside the output')",
-    "prints-its-error": "with o:\n            o.clear_output(wait=True)\n            print('ZeroDivisionError: caught and printed, as Explorer does')",
+    "raises-in-output": "with o:\n            o.clear_output()\n            raise ValueError('raised inside "
+    "the output')",
+    "prints-its-error": "with o:\n            o.clear_output(wait=True)\n            "
+    "print('ZeroDivisionError: caught and printed, as Explorer does')",
     "vanishes": "o.clear_output()",
     "same-figure": "draw(o, 1)",
     "does-nothing": "pass",
@@ -601,13 +603,10 @@ def test_app_verdict_for_a_pasted_loop(request, tmp_path):
     root = tmp_path / "app"
     _copy_notebooks(root / "notebooks")
     pasted = (
-        "import torch.nn.functional as F\n\n"
-        "def train_fn(model, optimizer, loader):\n"
-        "    for i, (x, y) in enumerate(loader):\n"
-        "        F.cross_entropy(model(x), y).backward()  # not divided by k\n"
-        "        if (i + 1) % 4 == 0 or i + 1 == len(loader):\n"
-        "            optimizer.step()\n"
-        "            optimizer.zero_grad()\n"
+        "import torch.nn.functional as F\n\ndef train_fn(model, optimizer, loader):\n    for i, (x, y) in "
+        "enumerate(loader):\n        F.cross_entropy(model(x), y).backward()  # not divided by k\n        if "
+        "(i + 1) % 4 == 0 or i + 1 == len(loader):\n            optimizer.step()\n            "
+        "optimizer.zero_grad()\n"
     )
     with voila_app(root, f"notebooks/{NB_VERIFY}") as app, chromium_page(tmp_path / "profile") as page:
         page.goto(app.app_url(), timeout=APP_TIMEOUT_MS)
@@ -655,7 +654,7 @@ def test_the_course_maps_route_links_open_the_lessons_they_name(lab, page):
             routes.locator("a").nth(i).click()
             tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text=target)
             tab.first.wait_for(timeout=30_000)
-            lesson = next(l for l in course.COURSE if l.file == target)
+            lesson = next(lsn for lsn in course.COURSE if lsn.file == target)
             heading = page.locator(
                 f"{NOTEBOOK} .jp-MarkdownCell h1", has_text=f"{lesson.number} · {lesson.title}"
             )

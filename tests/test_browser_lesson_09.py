@@ -32,9 +32,11 @@ from _jupyter import (
 
 REPO = Path(__file__).resolve().parents[1]
 PATH = "notebooks/09_real_bugs.ipynb"
-# Run All of lesson 9 in the browser: 20-45 s measured here on 2 loaded cores; 150 s as test_browser.py allows.
+# Run All of lesson 9 in the browser: 20-45 s measured here on 2
+# loaded cores; 150 s as test_browser.py allows.
 RUN_ALL_TIMEOUT_MS = 150_000
-# One live Trainer run under verify_trainer: about 1 s (BART, a first run in the kernel: 2-3 s); 60 s fails a hang.
+# One live Trainer run under verify_trainer: about 1 s (BART, a
+# first run in the kernel: 2-3 s); 60 s fails a hang.
 RUN_TIMEOUT_S = 60
 BROWSER_TEST_TIMEOUT_S = 300
 

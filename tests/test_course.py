@@ -1,7 +1,10 @@
-"""The course map and the lessons agree: every lesson listed, linked, titled alike, chained by "Next" links."""
+"""The course map and the lessons agree: every lesson listed, linked, titled alike, chained by "Next"
+links.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -22,6 +25,33 @@ def _markdown(path: Path) -> list[str]:
     return [
         "".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"
     ]
+
+
+LESSONS_DIR = Path(course.__file__).parent
+
+
+def _code(path: Path) -> str:
+    return "\n".join(
+        "".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"
+    )
+
+
+@pytest.mark.parametrize("lesson", course.COURSE, ids=lambda lesson: lesson.file)
+def test_every_lesson_notebook_is_taught_from_the_module_named_after_it(lesson):
+    """NN_<name>.ipynb: the course map names accumlib/lessons/<name>.py; it exists; the notebook imports it."""
+    name = lesson.file.removesuffix(".ipynb").split("_", 1)[1]
+    assert lesson.module == name and (LESSONS_DIR / f"{name}.py").is_file(), name
+    assert importlib.import_module(f"accumlib.lessons.{name}").__file__ == str(LESSONS_DIR / f"{name}.py")
+    assert re.search(rf"^from accumlib\.lessons import {name}\b", _code(NOTEBOOKS / lesson.file), re.M), name
+
+
+def test_no_public_lesson_module_is_left_without_its_notebook():
+    """A public module of accumlib.lessons is a lesson's (or the course map): a module kept under an old name
+    (``norms.py`` for lesson 5) has no notebook of its name and fails here."""
+    public = {p.stem for p in LESSONS_DIR.glob("*.py") if not p.stem.startswith("_")} - {"course"}
+    assert public == {lesson.module for lesson in course.COURSE}
+    renamed = course.Lesson(5, "05_batchnorm_vs_groupnorm.ipynb", "t", "t", 1)
+    assert renamed.module == "batchnorm_vs_groupnorm" != "norms"
 
 
 def test_the_course_lists_every_lesson_notebook_once_in_order():

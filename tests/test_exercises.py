@@ -79,7 +79,8 @@ def test_exercise_names_are_unique_and_every_solution_has_its_exercise():
     assert len(names) == len(set(names)), names
     files = {p.stem for p in SOLUTIONS.glob("*.py")}
     assert files == set(names), (
-        f"solutions without an exercise: {sorted(files - set(names))}; exercises without one: {sorted(set(names) - files)}"
+        f"solutions without an exercise: {sorted(files - set(names))}; exercises without one: "
+        f"{sorted(set(names) - files)}"
     )
 
 
@@ -121,5 +122,5 @@ def test_starting_cell_fails_with_a_hint_and_the_solution_passes(notebook, index
         for i, cell in enumerate(_cells(path)):
             if cell["cell_type"] == "code":
                 leaked = answer & _code_lines("".join(cell["source"]))
-                # a common line (say 'optimizer.zero_grad()') may appear elsewhere; the answer as a whole may not
+                # a common line (say 'optimizer.zero_grad()') may appear elsewhere; the whole answer may not
                 assert leaked != answer, f"{path.name} cell {i} holds the answer of {exercise.name}"

@@ -231,7 +231,8 @@ def test_lesson_4_correct_variants_pass():
 
 
 def test_verify_reads_a_scaled_clip_as_the_unscaled_one_and_a_clip_after_the_step_as_no_clip():
-    """verify itself: the scaled clip is judged like-for-like (the table's error is rounding), and a clip that ran
+    """verify itself: the scaled clip is judged like-for-like (the table's error is rounding), and a clip
+    that ran
     after the step acted on no step (no clip-per-micro-batch, no clip coefficient)."""
     import accumlib
 

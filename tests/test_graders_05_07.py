@@ -1,4 +1,5 @@
-"""Graders of lessons 5-7: realistic wrong answers fail with the right code and first hint, correct forms pass.
+"""Graders of lessons 5-7: realistic wrong answers fail with the right code and first hint, correct forms
+pass.
 
 Lesson 6 is graded on both players: D under ``accumlib.verify``, G against G's own large-batch gradient
 (each window's noise, judged by D as it was when G made the fakes). Lesson 8's answers are graded in
@@ -60,7 +61,7 @@ def test_lesson_5_correct_variants_pass():
     _passes(norms.EXERCISE, l5_loop(lambda model: model.eval()))  # the whole model: it has no dropout
 
 
-# --- lesson 6: a GAN, both players graded --------------------------------------------------------------------
+# --- lesson 6: a GAN, both players graded
 
 
 def l6_loop(keep_out="freeze", g_div=True, g_step=True, zero_d_each=False):
@@ -159,7 +160,9 @@ def test_lesson_7_is_paste_your_own_loop_not_lesson_3_again():
 
 
 def test_lesson_7_a_tail_only_misscale_says_only_the_last_step_is_off():
-    """On 110 digits a loop that steps its 2-micro-batch tail divided by 16 samples (not 14) is off at the last step only."""
+    """On 110 digits a loop that steps its 2-micro-batch tail divided by 16 samples (not 14) is off at the
+    last step only.
+    """
     from accumlib.data import digits
     from accumlib.lessons._exercise import Exercise
 

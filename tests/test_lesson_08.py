@@ -133,7 +133,9 @@ def test_plot_is_readable_and_says_what_it_shows(result):
 
 
 def test_plot_needs_neither_pyplot_nor_mathtext(result, monkeypatch):
-    """By construction: drawing the lesson's figure never enters Gcf nor matplotlib's shared mathtext parser."""
+    """By construction: drawing the lesson's figure never enters Gcf nor matplotlib's shared mathtext
+    parser.
+    """
     from matplotlib import mathtext
 
     def refuse(*args, **kwargs):
@@ -460,8 +462,8 @@ def test_what_cannot_travel_to_the_ranks_is_refused_or_named():
         _distributed_exercise.ship(outer())
     namespace: dict = {}
     exec(
-        "import threading\nLOCK = threading.Lock()\ndef helper():\n    return LOCK\n"
-        "def train_fn(model, optimizer, loader):\n    return helper()\n",
+        "import threading\nLOCK = threading.Lock()\ndef helper():\n    return LOCK\ndef train_fn(model, "
+        "optimizer, loader):\n    return helper()\n",
         namespace,
     )
     shipped = _distributed_exercise.ship(namespace["train_fn"])

@@ -54,7 +54,9 @@ def _mean_over_k(outputs, labels, num_items_in_batch=None):
 
 
 def answer(loss=None, loss_type=None, config_loss_type=None, **overrides):
-    """A train_fn as a learner writes it: the starting TrainingArguments, a compute_loss_func, a loss_type set."""
+    """A train_fn as a learner writes it: the starting TrainingArguments, a compute_loss_func, a loss_type
+    set.
+    """
 
     def train_fn(model, train_dataset, data_collator, output_dir):
         if loss_type is not None:
@@ -109,7 +111,8 @@ WRONG = {
     ),
     # the custom loss dropped, loss_type left None: the Trainer's own loss, the same unshifted count
     "no compute_loss_func, no loss_type": (answer(), "misscaled"),
-    # the count fixed but the loss still a mean: divided by k as in a plain loop (windows of unequal token counts)
+    # the count fixed but the loss still a mean: divided by k as in
+    # a plain loop (windows of unequal token counts)
     "mean over k with loss_type": (answer(_mean_over_k, loss_type="ForCausalLM"), "mean-of-means"),
 }
 

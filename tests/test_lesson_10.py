@@ -53,7 +53,10 @@ def test_the_first_step_gradient_is_the_oracle_for_the_correct_loop_and_k_times_
         grads = []
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         opt.register_step_pre_hook(
-            lambda o, a, kw: grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            # bound now: the hook runs within this iteration, on this model
+            lambda o, a, kw, grads=grads, model=model: grads.append(
+                {n: p.grad.clone() for n, p in model.named_parameters()}
+            )
         )
         loader = torch.utils.data.DataLoader(data, batch_size=8, collate_fn=task.collate_fn)
         loop(
@@ -134,13 +137,9 @@ def test_the_schedule_matches_transformers_formula():
 def test_stepping_per_micro_batch_ends_the_schedule_after_a_kth_of_the_run():
     r = yp.schedules(100, 4, 10)
     right, per_mb, in_mb = (
-        (r.lrs[s] for s in yp._your_own_project_schedule.SHAPES)
-        if False
-        else (
-            r.lrs["counted and stepped in optimizer steps"],
-            r.lrs["stepped per micro-batch"],
-            r.lrs["counted in micro-batches (len(loader))"],
-        )
+        r.lrs["counted and stepped in optimizer steps"],
+        r.lrs["stepped per micro-batch"],
+        r.lrs["counted in micro-batches (len(loader))"],
     )
     assert (
         right[0] == 0.0
@@ -211,7 +210,7 @@ def test_each_framework_setting_gets_the_verdict_the_lesson_states():
         frameworks_part.frameworks("trainer")
 
 
-# --- the exercise ----------------------------------------------------------------------------------------------
+# --- the exercise
 
 HEAD = """\
 import math
@@ -317,7 +316,8 @@ RIGHT = {
 """,
     "a LambdaLR of one's own, the window's items counted": """\
     steps = len(loader) // k
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: s / 2 if s < 2 else (steps - s) / (steps - 2))
+    warm_then_decay = lambda s: s / 2 if s < 2 else (steps - s) / (steps - 2)  # noqa: E731
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warm_then_decay)
     window = []
     for x, y in loader:
         window.append((x, y))

@@ -252,10 +252,10 @@ def test_gallery_explorer_reruns_verify_for_the_chosen_loop():
         (lambda: gan.compute(accum_steps=0), "accum_steps must be an integer between 1 and 64 (got 0)"),
         (lambda: gan.compute(batch_size=0), "batch_size must be an integer between 1 and 256 (got 0)"),
         (
-            lambda: vl.check(lambda m, o, l: None, accum_steps=0),
+            lambda: vl.check(lambda model, opt, loader: None, accum_steps=0),
             "accum_steps must be an integer >= 1 (got 0)",
         ),
-        (lambda: vl.check(lambda m, o, l: None, task="nope"), "task must be one of"),
+        (lambda: vl.check(lambda model, opt, loader: None, task="nope"), "task must be one of"),
     ],
 )
 def test_bad_values_are_refused_before_any_work(call, message):

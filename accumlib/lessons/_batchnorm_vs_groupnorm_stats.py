@@ -60,7 +60,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _frozen_epochs(
     loop: Any, k: int, large_batch: int, bn_momentum: float, epochs: int, device: torch.device
 ) -> torch.nn.Module:
-    """``epochs`` of ``loop`` at lr = 0 (weights never move) with every BatchNorm's momentum set to ``bn_momentum``."""
+    """``epochs`` of ``loop`` at lr = 0 (weights never move) with every BatchNorm's momentum set to
+    ``bn_momentum``.
+    """
     task = task_for("batch")
     model = task.make_model(0).to(device)
     for m in model.modules():
@@ -103,7 +105,8 @@ def running_stats(
 
 @dataclass
 class MomentumCheck:
-    """Running statistics after accumulation with several BatchNorm momenta, vs one large batch with momentum 0.1.
+    """Running statistics after accumulation with several BatchNorm momenta, vs one large batch with momentum
+    0.1.
 
     ``decay[m]`` is ``(1 - m) ** k``: how much of the old statistics survives one window of
     k micro-batch updates (the large batch keeps ``1 - 0.1 = 0.9``). ``worst[m]`` is the
@@ -125,8 +128,8 @@ class MomentumCheck:
         return Table(
             ("accumulated with momentum", "m", "(1 - m)^k (large batch: 0.9000)", "worst buffer difference"),
             rows,
-            caption=f"BatchNorm running statistics after {self.epochs} epoch(s), k = {self.k} micro-batches of "
-            f"{self.large_batch // self.k}, weights frozen",
+            caption=f"BatchNorm running statistics after {self.epochs} epoch(s), k = {self.k} micro-batches "
+            f"of {self.large_batch // self.k}, weights frozen",
         )
 
 

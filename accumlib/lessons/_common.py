@@ -12,7 +12,9 @@ from .._text import Table
 
 
 def gallery_rows(names: list[str]) -> list[tuple[str, str, str, bool]]:
-    """Verify ``accumlib.gallery.GALLERY[name]`` on its own dataset: (name, what it is, codes found, codes as expected)."""
+    """Verify ``accumlib.gallery.GALLERY[name]`` on its own dataset: (name, what it is, codes found, codes as
+    expected).
+    """
     from ..gallery import GALLERY
 
     rows = []

@@ -76,8 +76,8 @@ def ship(fn: Callable[..., Any]) -> Shipped:
         key, f = todo.pop()
         if f.__closure__:
             raise TypeError(
-                f"{f.__name__} must be defined at the top level of a cell, not inside another function "
-                f"(it uses {', '.join(f.__code__.co_freevars)} from the function around it)"
+                f"{f.__name__} must be defined at the top level of a cell, not inside another function (it "
+                f"uses {', '.join(f.__code__.co_freevars)} from the function around it)"
             )
         out.functions[key] = (marshal.dumps(f.__code__), pickle.dumps((f.__defaults__, f.__kwdefaults__)))
         lines = linecache.getlines(f.__code__.co_filename)
@@ -140,7 +140,9 @@ def feedback(err: BaseException, s: Shipped) -> str:
 
 
 def _worker(rank: int, world: int, loops: Sequence[Shipped], first: int, k: int, out: str) -> None:
-    """One rank: every loop from ``first`` on, each judged by verify(..., ranks="all"); rank 0 keeps the reports."""
+    """One rank: every loop from ``first`` on, each judged by verify(..., ranks="all"); rank 0 keeps the
+    reports.
+    """
     import accumlib
 
     task = accumlib.get_task("lm-tokens")
@@ -168,8 +170,10 @@ def _worker(rank: int, world: int, loops: Sequence[Shipped], first: int, k: int,
 
 
 def grade(fns: Sequence[Callable[..., Any]], k: int, timeout: float = TIMEOUT_S) -> list[Any]:
-    """Run each loop on ``WORLD_SIZE`` real ranks; per loop, rank 0's Report or the LoopFailed that says why not.
-    ``timeout``: seconds for the launch of one loop (each further loop in the same launch adds ``EACH_MORE_S``)."""
+    """Run each loop on ``WORLD_SIZE`` real ranks; per loop, rank 0's Report or the LoopFailed that says why
+    not.
+    ``timeout``: seconds for the launch of one loop (each further loop in the same launch adds
+    ``EACH_MORE_S``)."""
     from ..distributed.launch import launch
 
     loops: list[Shipped | LoopFailed] = []
@@ -187,7 +191,8 @@ def grade(fns: Sequence[Callable[..., Any]], k: int, timeout: float = TIMEOUT_S)
                 first += 1
                 continue
             end = next((i for i in range(first, len(loops)) if isinstance(loops[i], LoopFailed)), len(loops))
-            # torch's spawn logs a warning for each peer it stops when a rank fails: the feedback says it better
+            # torch's spawn logs a warning for each peer it stops when
+            # a rank fails: the feedback says it better
             spawn_log = logging.getLogger("torch.multiprocessing.spawn")
             level = spawn_log.level
             spawn_log.setLevel(logging.ERROR)

@@ -31,8 +31,8 @@ from .._checks import check_int
 from ._grading import Watch, clip_checks, frozen_check, logged_loss_checks, where
 
 GENERIC_HINT = (
-    "Compare your loop with the identity at the top of the lesson: which items does each "
-    "micro-batch's loss average over, and what should every item weigh in the large batch?"
+    "Compare your loop with the identity at the top of the lesson: which items does each micro-batch's loss "
+    "average over, and what should every item weigh in the large batch?"
 )
 
 
@@ -69,8 +69,8 @@ class Grade:
             else "put 'grade = ' in front of the check on the cell's last line, run it"
         )
         return (
-            f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nIn JupyterLab the hints are folded below "
-            f"the verdict. Here: {get}, then print(grade.hint)."
+            f"{self.exercise}: not yet. accumlib.verify found:\n{found}\nIn JupyterLab the hints are folded "
+            f"below the verdict. Here: {get}, then print(grade.hint)."
         )
 
     def _where(self) -> tuple[str, ...]:
@@ -86,13 +86,19 @@ class Grade:
                 + "".join(f"<p>At a cost: {html.escape(c)}</p>" for c in self.costs)
             )
         if self.error:
-            head = f"<p><b>&#10008; {html.escape(self.exercise)}: your code raised</b> <code>{html.escape(self.error)}</code></p>"
+            head = (
+                f"<p><b>&#10008; {html.escape(self.exercise)}: your code raised</b> "
+                f"<code>{html.escape(self.error)}</code></p>"
+            )
         else:
             items = "".join(
                 f"<li><code>{html.escape(c)}</code>{html.escape(_at(w))}: {html.escape(m)}</li>"
                 for c, m, w in zip(self.codes, self.messages, self._where())
             )
-            head = f"<p><b>&#10008; {html.escape(self.exercise)}: not yet.</b> accumlib.verify found:</p><ul>{items}</ul>"
+            head = (
+                f"<p><b>&#10008; {html.escape(self.exercise)}: not yet.</b> accumlib.verify found:</p>"
+                f"<ul>{items}</ul>"
+            )
         stages = self.stages or (self.hint,)
         folded = ""
         for i in range(len(stages), 0, -1):  # each stage folded inside the one before it
@@ -176,10 +182,13 @@ class Exercise:
         )
 
     def check(self, train_fn: Any) -> Grade:
-        """Grade the learner's ``train_fn(model, optimizer, loader)``: verify's verdict plus a matched hint."""
+        """Grade the learner's ``train_fn(model, optimizer, loader)``: verify's verdict plus a matched
+        hint.
+        """
         if not callable(train_fn):
             raise TypeError(
-                f"train_fn must be a function train_fn(model, optimizer, loader) (got {type(train_fn).__name__})"
+                f"train_fn must be a function train_fn(model, optimizer, loader) (got "
+                f"{type(train_fn).__name__})"
             )
         watch = Watch(clip_each_step=self.clip_each_step)
         try:
@@ -192,7 +201,9 @@ class Exercise:
         return self.grade(report, watch=watch)
 
     def grade(self, report: Any = None, error: str = "", watch: Watch | None = None) -> Grade:
-        """The Grade of a verify ``report`` (with what ``watch`` saw of the loop), or of a loop that raised ``error``."""
+        """The Grade of a verify ``report`` (with what ``watch`` saw of the loop), or of a loop that raised
+        ``error``.
+        """
         if error:
             return Grade(
                 self.name,

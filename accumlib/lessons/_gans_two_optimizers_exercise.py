@@ -76,7 +76,9 @@ class GanFinding:
 
 @dataclass(frozen=True)
 class GanReport:
-    """verify's report on D's steps, with ``unexplained`` replaced by the GAN mistake that explains it, when one does."""
+    """verify's report on D's steps, with ``unexplained`` replaced by the GAN mistake that explains it, when
+    one does.
+    """
 
     ok: bool
     findings: tuple[Any, ...]
@@ -96,7 +98,8 @@ class _Stop(Exception):
 
 
 def leak_share(train_fn: Callable[..., Any], seed: int = 0) -> float | None:
-    """Run ``train_fn(G, D, g_opt, d_opt, loader)`` to D's first step; how far D's ``.grad`` is from own + leak.
+    """Run ``train_fn(G, D, g_opt, d_opt, loader)`` to D's first step; how far D's ``.grad`` is from own +
+    leak.
 
     Returns ``|D.grad - (own + leak)| / |own + leak|`` for the first window, where ``own`` is
     the gradient of D's loss over the window and ``leak`` the gradient of G's loss (divided like
@@ -208,16 +211,22 @@ def g_findings(train_fn: Callable[..., Any], seed: int = 0) -> list[GanFinding]:
 
 
 _G_MESSAGES = {
-    "g-no-gradient": "G's step saw no gradient: G's loss never went backward into G's parameters before g_opt.step()",
-    "g-unscaled-sum": "G's step is about {k} x G's true window gradient (c = {c:.3f}): G's loss reached backward undivided",
+    "g-no-gradient": "G's step saw no gradient: G's loss never went backward into G's parameters before "
+    "g_opt.step()",
+    "g-unscaled-sum": "G's step is about {k} x G's true window gradient (c = {c:.3f}): G's loss reached "
+    "backward undivided",
     "g-misscaled": "G's step is G's true window gradient times one factor c = {c:.3f}, not 1",
-    "g-no-zero-grad": "G's step held the previous window's G gradient as well: G's .grad was not zeroed after its step",
-    "g-unexplained": "G's step differs from G's true window gradient (relative error {c:.2e}) in a way no known bug explains",
+    "g-no-zero-grad": "G's step held the previous window's G gradient as well: G's .grad was not zeroed "
+    "after its step",
+    "g-unexplained": "G's step differs from G's true window gradient (relative error {c:.2e}) in a way no "
+    "known bug explains",
 }
 
 
 def _g_verdict(got: dict[str, torch.Tensor], true: dict[str, torch.Tensor], before: Any) -> tuple[str, float]:
-    """('', 1) for a G step that matches its window's true gradient, else the name of what went wrong and a number."""
+    """('', 1) for a G step that matches its window's true gradient, else the name of what went wrong and a
+    number.
+    """
     rel = compare(got, true).rel_error
     if rel <= FLOAT32_RTOL:
         return "", 1.0

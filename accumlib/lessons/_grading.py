@@ -21,15 +21,18 @@ import torch
 
 from ..tolerances import FLOAT32_RTOL
 
-# The codes a grader adds to verify's (``accumlib.CODES``): what an exercise asks beyond an exact accumulation.
+# The codes a grader adds to verify's (``accumlib.CODES``): what
+# an exercise asks beyond an exact accumulation.
 GRADER_CODES: dict[str, str] = {
     "logged-loss-wrong": "the epoch loss the loop returns is not the mean item loss, beyond float32 rounding",
-    "logged-loss-tensor": "the loop returns its running loss as a tensor (holding the autograd graph), not a number",
+    "logged-loss-tensor": "the loop returns its running loss as a tensor (holding the autograd graph), not a "
+    "number",
     "no-logged-loss": "the loop returns no epoch loss where the exercise asks for one",
     "frozen-parameter": "the loop froze parameters (requires_grad=False) the large batch trains",
     "clip-after-step": "clip_grad_norm_ ran after the step, on a gradient no step used",
     "no-clip": "a step of an exercise that clips every step ran without a clip",
-    "leak-into-D": "D stepped on its own window gradient plus G's loss's gradient with respect to D (lesson 6)",
+    "leak-into-D": "D stepped on its own window gradient plus G's loss's gradient with respect to D (lesson "
+    "6)",
     "g-never-stepped": "G's optimizer never stepped (lesson 6)",
     "g-no-gradient": "G stepped without a gradient (lesson 6)",
     "g-unscaled-sum": "G's step is about k x G's window gradient (lesson 6)",
@@ -136,8 +139,8 @@ def frozen_check(watch: Watch, n_steps: int | None) -> Check | None:
         return Check(
             "frozen-parameter",
             f"every parameter of the model had requires_grad=False ({shown}), so the loss "
-            "had nothing to send a gradient to and backward() stopped (PyTorch: 'element 0 of tensors does not "
-            "require grad'). The large batch trains every parameter.",
+            "had nothing to send a gradient to and backward() stopped (PyTorch: 'element 0 of tensors does "
+            "not require grad'). The large batch trains every parameter.",
         )
     return Check(
         "frozen-parameter",
@@ -148,7 +151,9 @@ def frozen_check(watch: Watch, n_steps: int | None) -> Check | None:
 
 
 def logged_loss_checks(returned: Any, true_loss: float | None, codes: set[str]) -> list[Check]:
-    """The epoch loss the loop returns, against the true mean item loss (float32 rounding: ``FLOAT32_RTOL``)."""
+    """The epoch loss the loop returns, against the true mean item loss (float32 rounding:
+    ``FLOAT32_RTOL``).
+    """
     if true_loss is None or "logged-loss-scaled" in codes:
         return []
     if isinstance(returned, torch.Tensor):
@@ -177,8 +182,8 @@ def logged_loss_checks(returned: Any, true_loss: float | None, codes: set[str]) 
         return [
             Check(
                 "logged-loss-wrong",
-                f"the loop reports an epoch loss of {r:.4f}, but the mean loss over every item "
-                f"of the epoch is {true_loss:.4f}{ratio}",
+                f"the loop reports an epoch loss of {r:.4f}, but the mean loss over every item of the epoch "
+                f"is {true_loss:.4f}{ratio}",
             )
         ]
     return []
@@ -191,8 +196,8 @@ def clip_checks(watch: Watch, n_steps: int | None) -> list[Check]:
         return [
             Check(
                 "clip-after-step",
-                f"clip_grad_norm_ ran after the optimizer (scaler.step) had already stepped on "
-                f"the gradient of {where(steps, n_steps)}: it clipped a gradient no step used, so no step was clipped",
+                f"clip_grad_norm_ ran after the optimizer (scaler.step) had already stepped on the gradient "
+                f"of {where(steps, n_steps)}: it clipped a gradient no step used, so no step was clipped",
                 steps,
             )
         ]

@@ -67,17 +67,18 @@ def inf_run(
     n_samples: int = 160,
     device: str | torch.device = "auto",
 ) -> InfRun:
-    """One ``accumlib.amp`` epoch on digits with an inf injected into one gradient of each window in ``inf_windows``.
+    """One ``accumlib.amp`` epoch on digits with an inf injected into one gradient of each window in
+    ``inf_windows``.
 
     A tensor hook on the first layer's weight replaces its gradient by inf during the
     first micro-batch of those windows (what an overflow in float16 produces). The
     scaler finds it at ``step``, skips ``optimizer.step()`` and multiplies the scale by
     0.5; every ``growth_interval`` clean windows in a row double it. Cached per argument set.
 
-    >>> inf_run((12,))
+    >>> inf_run((12,))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: inf_windows[0] must be an integer between 0 and 9; 160 digits in micro-batches of 8, 2 per window, make 10 windows (got 12)
+    ValueError: inf_windows[0] must be an integer between 0 and 9; 160 digits ... make 10 windows (got 12)
     """
     growth_interval = check_int("growth_interval", growth_interval, low=1)
     init_scale = check_float("init_scale", init_scale, low=0.0, low_open=True)
@@ -86,10 +87,13 @@ def inf_run(
     n_samples = check_int(
         "n_samples", n_samples, low=1, high=1797, why="scikit-learn's digits hold 1797 images"
     )
-    n_windows = -(-(-(-n_samples // batch_size)) // accum_steps)
+    n_windows = math.ceil(math.ceil(n_samples / batch_size) / accum_steps)  # the last ones may be partial
     if isinstance(inf_windows, int) or not hasattr(inf_windows, "__iter__"):
         raise ValueError(f"inf_windows must be a tuple of window indices (got {inf_windows!r})")
-    why = f"{n_samples} digits in micro-batches of {batch_size}, {accum_steps} per window, make {n_windows} windows"
+    why = (
+        f"{n_samples} digits in micro-batches of {batch_size}, {accum_steps} per window, "
+        f"make {n_windows} windows"
+    )
     inf_windows = tuple(
         check_int(f"inf_windows[{i}]", w, low=0, high=n_windows - 1, why=why)
         for i, w in enumerate(inf_windows)

@@ -22,7 +22,8 @@ class Run:
 
 
 def make_trainer(model: Any, compute_loss_func: Any = None, **overrides: Any) -> Any:
-    """The lesson's Trainer: 22 sequences of 3 to 20 tokens, micro-batches of 2, k = 4, one epoch, no clipping, seed 0
+    """The lesson's Trainer: 22 sequences of 3 to 20 tokens, micro-batches of 2, k = 4, one epoch, no
+    clipping, seed 0
     (``overrides``: TrainingArguments; lesson 10 builds its Trainers here too)."""
     import transformers
 

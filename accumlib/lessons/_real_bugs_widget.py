@@ -80,7 +80,9 @@ def _survey_says(model_type: str) -> str:
 
 @functools.lru_cache(maxsize=len(MODEL_TYPES))
 def trainer_run(model_type: str = "gpt2") -> TrainerRun:
-    """The Trainer (``real_bugs.make_trainer``) on ``model_type``'s causal LM built tiny, under verify_trainer."""
+    """The Trainer (``real_bugs.make_trainer``) on ``model_type``'s causal LM built tiny, under
+    verify_trainer.
+    """
     check_choice("model_type", model_type, MODEL_TYPES)
     from ..hf import verify_trainer
     from ..survey import TASKS, own_item_losses, tiny_model
@@ -89,7 +91,8 @@ def trainer_run(model_type: str = "gpt2") -> TrainerRun:
 
     with _quiet():
         model = tiny_model(model_type)
-        # the loss the model's own averages (BART's causal LM does not shift its labels), as the survey judges it
+        # the loss the model's own averages (BART's causal LM does not
+        # shift its labels), as the survey judges it
         losses = TASKS["causal-lm"].item_losses[own_item_losses(model)]
         report = verify_trainer(make_trainer(model), item_losses=losses)
     return TrainerRun(model_type, type(model).__name__, report, _survey_says(model_type))
@@ -194,7 +197,8 @@ def _grade_trainer(train_fn: Callable[..., Any]) -> Any:
         if (args.gradient_accumulation_steps, args.per_device_train_batch_size) != (4, 2):
             raise ConfigError(
                 "keep gradient_accumulation_steps=4 and per_device_train_batch_size=2: the exercise grades "
-                f"accumulation (got {args.gradient_accumulation_steps} and {args.per_device_train_batch_size})"
+                f"accumulation (got {args.gradient_accumulation_steps} and "
+                f"{args.per_device_train_batch_size})"
             )
         return verify_trainer(trainer)
 
@@ -206,42 +210,44 @@ EXERCISE = Exercise(
     call="real_bugs.EXERCISE",  # as the notebook names it (this module is private)
     hints={
         "misscaled": (
-            "c = N/(N+S) at every step: the Trainer divides the summed loss of the window's N predicted tokens by "
-            "N + S, one too many per sequence. Which labels does the Trainer count, and what tells it that GPT-2's "
-            "loss shifts them?",
-            "The Trainer counts labels after the shift only for a model whose `loss_type` attribute names a loss it "
-            "knows shifts. GPT-2's is None (its class name matches no loss type). Setting the config's loss_type "
-            "after the model is built, or a name the Trainer does not know, leaves the count unshifted; a "
-            "compute_loss_func gets the same unshifted num_items_in_batch.",
-            "Before building the Trainer: model.loss_type = 'ForCausalLM'. Then the Trainer counts labels[:, 1:] != -100, "
-            "the tokens GPT-2's loss sums.",
+            "c = N/(N+S) at every step: the Trainer divides the summed loss of the window's N predicted "
+            "tokens by N + S, one too many per sequence. Which labels does the Trainer count, and what "
+            "tells it that GPT-2's loss shifts them?",
+            "The Trainer counts labels after the shift only for a model whose `loss_type` attribute names a "
+            "loss it knows shifts. GPT-2's is None (its class name matches no loss type). Setting the "
+            "config's loss_type after the model is built, or a name the Trainer does not know, leaves the "
+            "count unshifted; a compute_loss_func gets the same unshifted num_items_in_batch.",
+            "Before building the Trainer: model.loss_type = 'ForCausalLM'. Then the Trainer counts "
+            "labels[:, 1:] != -100, the tokens GPT-2's loss sums.",
         ),
         "unscaled-sum": (
-            "Every step is about m times the true gradient, m the window's micro-batches: each micro-batch's mean loss "
-            "was added up. Who divides by gradient_accumulation_steps when you pass a compute_loss_func?",
-            "With compute_loss_func set, the Trainer no longer divides the loss by gradient_accumulation_steps: it "
-            "expects your function to divide by num_items_in_batch, the window's token count, which it passes in. "
-            "A mean over one micro-batch's tokens ignores it.",
+            "Every step is about m times the true gradient, m the window's micro-batches: each "
+            "micro-batch's mean loss was added up. Who divides by gradient_accumulation_steps when you pass "
+            "a compute_loss_func?",
+            "With compute_loss_func set, the Trainer no longer divides the loss by "
+            "gradient_accumulation_steps: it expects your function to divide by num_items_in_batch, the "
+            "window's token count, which it passes in. A mean over one micro-batch's tokens ignores it.",
             "Sum the shifted token losses (reduction='sum') and divide by num_items_in_batch; and set "
             "model.loss_type = 'ForCausalLM' so that the Trainer takes that count after the shift.",
         ),
         "mean-of-means": (
-            "Each micro-batch's mean weighs the same, although the micro-batches hold different numbers of tokens. "
-            "What does the Trainer pass your compute_loss_func that a per-micro-batch mean throws away?",
-            "num_items_in_batch is the token count of the whole window: divide the micro-batch's summed token losses "
-            "by it, and every token weighs 1/N.",
+            "Each micro-batch's mean weighs the same, although the micro-batches hold different numbers of "
+            "tokens. What does the Trainer pass your compute_loss_func that a per-micro-batch mean throws "
+            "away?",
+            "num_items_in_batch is the token count of the whole window: divide the micro-batch's summed "
+            "token losses by it, and every token weighs 1/N.",
             "reduction='sum' over the shifted tokens, divided by num_items_in_batch; and model.loss_type = "
             "'ForCausalLM' so that the count is taken after the shift.",
         ),
         "unexplained": (
             "The step is no scaled copy of the true gradient: the loss itself changed. Which loss does the "
             "loss_type you set compute?",
-            "GPT-2 predicts the next token: its loss must shift the labels. A masked-LM loss compares each position "
-            "with its own token.",
+            "GPT-2 predicts the next token: its loss must shift the labels. A masked-LM loss compares each "
+            "position with its own token.",
             "Use loss_type 'ForCausalLM', the causal LM's loss.",
         ),
-        "error": "train_fn(model, train_dataset, data_collator, output_dir) must build and return the transformers.Trainer "
-        "(not call train(): the grader runs its loop under verify_trainer), with the model, data and "
-        "accumulation settings it is given.",
+        "error": "train_fn(model, train_dataset, data_collator, output_dir) must build and return the "
+        "transformers.Trainer (not call train(): the grader runs its loop under verify_trainer), with the "
+        "model, data and accumulation settings it is given.",
     },
 )

@@ -78,7 +78,8 @@ def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple
 def _batches(
     x: torch.Tensor, y: torch.Tensor, batch_size: int, generator_seed: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches ``DataLoader(TensorDataset(x, y), batch_size, shuffle=True, generator=...)`` yields, without its per-item cost.
+    """The batches ``DataLoader(TensorDataset(x, y), batch_size, shuffle=True, generator=...)`` yields,
+    without its per-item cost.
 
     A DataLoader draws one int64 from its generator (its workers' base seed) before its
     sampler draws the permutation; doing the same gives the same items in the same order.
@@ -104,7 +105,9 @@ def _run(
     seed: int,
     device: str,
 ) -> Run:
-    """One training run from the task's initial model; cached, so a widget recomputes only runs a control changed."""
+    """One training run from the task's initial model; cached, so a widget recomputes only runs a control
+    changed.
+    """
     dev = torch.device(device)
     data = digits_subset(seed=seed)
     x, y = (t.to(dev) for t in data[:N_TRAIN])
@@ -119,9 +122,9 @@ def _run(
     for epoch in range(epochs):
         loader = _batches(x, y, batch_size, seed * 1000 + epoch)  # one shuffle per epoch, shared by every run
         curve += _LOOPS[loop](model, opt, loader, classification_losses, accum_steps=accum_steps, device=dev)
-        a, l = _evaluate(model, x_test, y_test)
-        acc.append(a)
-        tl.append(l)
+        accuracy, test_loss = _evaluate(model, x_test, y_test)
+        acc.append(accuracy)
+        tl.append(test_loss)
     return Run(name, tuple(curve), tuple(acc), tuple(tl))
 
 
@@ -192,8 +195,8 @@ def plot_training(result: TrainResult) -> Figure:
         width=11.5,
         height=4.4,
         title=(
-            f"{result.optimizer.upper()}, lr {result.lr:g}: batch {big} and {k} x {result.batch_size} accumulated train alike; "
-            f"the undivided loop trains like lr x {k}"
+            f"{result.optimizer.upper()}, lr {result.lr:g}: batch {big} and {k} x {result.batch_size} "
+            f"accumulated train alike; the undivided loop trains like lr x {k}"
         ),
     )
     roles = ["oracle", "correct", "buggy", "other"]
@@ -222,7 +225,8 @@ def training_widget(
     device: Any = "auto",
     initial: TrainResult | None = None,
 ) -> Explorer:
-    """k and the learning rate for the batch-64 experiment (b = 64 / k); re-runs ``train`` (cached runs) and ``plot_training``.
+    """k and the learning rate for the batch-64 experiment (b = 64 / k); re-runs ``train`` (cached runs) and
+    ``plot_training``.
 
     ``initial``: the notebook's ``train(2, 32, lr=0.1)`` result, shown first instead of recomputing it.
     """
@@ -244,7 +248,9 @@ def training_widget(
 
 @dataclass(frozen=True)
 class SweepResult:
-    """Final test accuracy per learning rate, for plain micro-batch training, the accumulated loop and the naive one."""
+    """Final test accuracy per learning rate, for plain micro-batch training, the accumulated loop and the
+    naive one.
+    """
 
     accum_steps: int
     batch_size: int
@@ -270,7 +276,9 @@ class SweepResult:
         )
 
     def amplified(self, lr: float, factors: tuple[int, ...] = (1, 2, 4)) -> Table:
-        """The MindSpore advice, "amplify the learning rate": each loop at ``lr x factor``, from this sweep's runs."""
+        """The MindSpore advice, "amplify the learning rate": each loop at ``lr x factor``, from this sweep's
+        runs.
+        """
         lrs = [lr * f for f in factors]
         missing = [x for x in lrs if not any(abs(x - y) <= 1e-12 * y for y in self.lrs)]
         if missing:
@@ -329,7 +337,8 @@ def plot_sweep(result: SweepResult) -> Figure:
         1,
         width=8,
         height=4.4,
-        title=f"Test accuracy vs learning rate: the naive curve is the accumulated one shifted left by k = {k}",
+        title=f"Test accuracy vs learning rate: the naive curve is the accumulated one shifted left by k = "
+        f"{k}",
     )
     for (name, acc), role in zip(result.accuracy.items(), ("other", "correct", "buggy")):
         ax.plot(result.lrs, [100 * a for a in acc], label=name, **_style.ROLE[role])

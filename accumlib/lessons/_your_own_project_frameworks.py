@@ -31,7 +31,9 @@ def _trainer(model: Any, compute_loss_func: Any = None, **overrides: Any) -> Any
 def shifted_sum_over_items(
     outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None
 ) -> torch.Tensor:
-    """A ``compute_loss_func``: the summed shifted token losses over the window's token count the Trainer passes."""
+    """A ``compute_loss_func``: the summed shifted token losses over the window's token count the Trainer
+    passes.
+    """
     logits = outputs.logits[:, :-1].float()
     summed = F.cross_entropy(
         logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"
@@ -199,10 +201,10 @@ class FrameworkResult:
 def frameworks(keys: Any = tuple(RUNS)) -> FrameworkResult:
     """Run each setting of ``keys`` (``RUNS``' keys) under verify.
 
-    >>> frameworks(["trainer-defaults"])
+    >>> frameworks(["trainer-defaults"])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: keys must be one of 'trainer-default', 'trainer-loss-type', 'trainer-average-tokens', 'trainer-loss-func-mean', 'trainer-loss-func-sum', 'accelerate', 'accelerate-counted', 'lightning-tail', 'lightning-full', 'trl-sft', 'peft-prompt' (got 'trainer-defaults')
+    ValueError: keys must be one of 'trainer-default', ..., 'peft-prompt' (got 'trainer-defaults')
     """
     if isinstance(keys, str):
         keys = (keys,)

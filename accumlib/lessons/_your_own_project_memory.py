@@ -24,7 +24,8 @@ from ..memory import activation_bytes
 
 
 class DeepMLP(nn.Module):
-    """An input layer, then ``depth`` residual blocks (Linear to 4 x width, GELU, Linear back), as in a transformer's MLP.
+    """An input layer, then ``depth`` residual blocks (Linear to 4 x width, GELU, Linear back), as in a
+    transformer's MLP.
 
     ``checkpointed`` recomputes every block in backward and keeps only its input. The input layer is
     never checkpointed: the images need no gradient, and the reentrant checkpoint needs an input that does.
@@ -60,7 +61,9 @@ def _losses(model: nn.Module, batch: Any) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Way:
-    """One way to train on the batch: its name, micro-batches, saved activation bytes, seconds, gradient error."""
+    """One way to train on the batch: its name, micro-batches, saved activation bytes, seconds, gradient
+    error.
+    """
 
     name: str
     accum_steps: int
@@ -112,7 +115,9 @@ class MemoryResult:
 def _grad_and_time(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int, repeats: int
 ) -> tuple[list[torch.Tensor], float]:
-    """The window's gradient (every item weighing 1/B) and the best time of ``repeats`` forward+backward passes."""
+    """The window's gradient (every item weighing 1/B) and the best time of ``repeats`` forward+backward
+    passes.
+    """
     best = float("inf")
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)

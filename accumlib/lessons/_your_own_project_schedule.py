@@ -54,7 +54,8 @@ def linear_warmup(
 
 
 def planned_lrs(n_steps: int, *, warmup_steps: int = WARMUP, base_lr: float = BASE_LR) -> list[float]:
-    """The lr of each of ``n_steps`` optimizer steps when warmup and total are counted, and stepped, in optimizer steps.
+    """The lr of each of ``n_steps`` optimizer steps when warmup and total are counted, and stepped, in
+    optimizer steps.
 
     >>> planned_lrs(6, base_lr=1.0)
     [0.0, 0.5, 1.0, 0.75, 0.5, 0.25]
@@ -72,9 +73,11 @@ SHAPES = {
 def _run(
     n_steps: int, k: int, warmup: int, total: int, *, per_micro_batch: bool, base_lr: float
 ) -> list[float]:
-    """The lr each ``optimizer.step()`` sees: a real SGD and LambdaLR over one parameter, k micro-batches a step.
+    """The lr each ``optimizer.step()`` sees: a real SGD and LambdaLR over one parameter, k micro-batches a
+    step.
 
-    ``per_micro_batch``: ``scheduler.step()`` at the end of every micro-batch (outside the ``if``), the common slip.
+    ``per_micro_batch``: ``scheduler.step()`` at the end of every micro-batch (outside the ``if``), the
+    common slip.
     """
     import warnings
 
@@ -151,7 +154,8 @@ class ScheduleResult:
 def schedules(
     n_steps: int = 100, accum_steps: int = 4, warmup_steps: int = 10, *, base_lr: float = 1e-3
 ) -> ScheduleResult:
-    """Each loop shape of ``SHAPES`` through a real optimizer and ``linear_warmup``: the lr at each optimizer step.
+    """Each loop shape of ``SHAPES`` through a real optimizer and ``linear_warmup``: the lr at each optimizer
+    step.
 
     >>> r = schedules(8, 4, 2, base_lr=1.0)
     >>> [round(lr, 3) for lr in r.lrs["stepped per micro-batch"][:3]], r.at_zero("stepped per micro-batch")
@@ -192,12 +196,14 @@ def plot_schedules(result: ScheduleResult, ax: Any) -> None:
     ax.legend(loc="upper right")
 
 
-# --- the exercise's own check: the lr of every step against the plan -----------------------------------------
+# --- the exercise's own check: the lr of every step against the plan
 
 
 @dataclass(frozen=True)
 class LessonFinding:
-    """A finding of this lesson's schedule check, shaped like verify's ``Finding`` (code, message, fix, steps)."""
+    """A finding of this lesson's schedule check, shaped like verify's ``Finding`` (code, message, fix,
+    steps).
+    """
 
     code: str
     message: str
@@ -210,7 +216,9 @@ class LessonFinding:
 
 
 class LessonReport:
-    """verify's report plus the lesson's schedule finding: ``ok`` only when both pass; every other attribute is verify's."""
+    """verify's report plus the lesson's schedule finding: ``ok`` only when both pass; every other attribute
+    is verify's.
+    """
 
     def __init__(self, report: Any, extra: list[LessonFinding]):
         self.report, self.extra = report, extra
@@ -234,7 +242,9 @@ class LessonReport:
 def schedule_check(
     report: Any, *, warmup_steps: int = WARMUP, base_lr: float = BASE_LR
 ) -> list[LessonFinding]:
-    """The lr verify recorded at each optimizer step against ``planned_lrs``: one finding naming the steps off plan."""
+    """The lr verify recorded at each optimizer step against ``planned_lrs``: one finding naming the steps
+    off plan.
+    """
     seen = [s.lr for s in report.steps]
     if not seen:
         return []
@@ -246,10 +256,11 @@ def schedule_check(
     return [
         LessonFinding(
             "schedule-not-in-optimizer-steps",
-            f"the learning rate at the optimizer steps was [{shown}], the plan (warmup {warmup_steps} optimizer steps, then a "
-            f"linear fall to 0 at the epoch's last step) is [{', '.join(f'{b:.3g}' for b in plan)}]",
-            "count warmup and total in optimizer steps (len(loader) / k, rounded up) and call scheduler.step() once per "
-            "optimizer step",
+            f"the learning rate at the optimizer steps was [{shown}], the plan (warmup {warmup_steps} "
+            f"optimizer steps, then a linear fall to 0 at the epoch's last step) is "
+            f"[{', '.join(f'{b:.3g}' for b in plan)}]",
+            "count warmup and total in optimizer steps (len(loader) / k, rounded up) and call "
+            "scheduler.step() once per optimizer step",
             off,
         )
     ]

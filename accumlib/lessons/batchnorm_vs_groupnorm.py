@@ -69,17 +69,18 @@ def error_vs_k(
     device: str | torch.device = "auto",
     n_images: int = 64,
 ) -> ErrorVsK:
-    """Split a large batch of ``large_batch`` images into k micro-batches; trace ``ragged`` against the oracle.
+    """Split a large batch of ``large_batch`` images into k micro-batches; trace ``ragged`` against the
+    oracle.
 
     The large batch stays the same, only the split changes, so k = 1 is the large batch
     itself and every error is the price of splitting it. One epoch over the first
     ``n_images`` digits of the task (64: two large batches of 32, enough to see the trend).
     Each (norm, k) is cached, so a widget returning to a value redraws at once.
 
-    >>> error_vs_k((3,), large_batch=32)
+    >>> error_vs_k((3,), large_batch=32)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: accum_steps must divide large_batch=32, so every micro-batch holds 32/accum_steps images (got 3)
+    ValueError: accum_steps must divide large_batch=32, so every micro-batch holds 32/accum_steps ... (got 3)
     """
     large_batch = check_int("large_batch", large_batch, low=1)
     ks = [_check_split(k, large_batch)[0] for k in check_ints("accum_steps", accum_steps, low=1)]
@@ -110,7 +111,8 @@ def plot(result: ErrorVsK) -> Figure:
     fig, ax = _style.figure(
         width=7.5,
         height=3.8,
-        title=f"Splitting a batch of {result.large_batch}: BatchNorm's gradient drifts, GroupNorm's stays exact",
+        title=f"Splitting a batch of {result.large_batch}: BatchNorm's gradient drifts, GroupNorm's stays "
+        f"exact",
     )
     for norm in NORMS:
         ax.plot(
@@ -192,7 +194,8 @@ def training_curves(
     losses, accuracy = {}, {}
     for norm in NORMS:
         for name in ("accumulated", "large batch"):
-            # the large batch merges each window: its run is the same for every k, so it is trained once (k = 1)
+            # the large batch merges each window: its run is the same
+            # for every k, so it is trained once (k = 1)
             kk = k if name == "accumulated" else 1
             losses[(norm, name)], accuracy[(norm, name)] = _train(
                 norm, name, kk, large_batch, epochs, n, lr, dev
@@ -291,7 +294,8 @@ def curves_explorer(
     precompute: bool = False,
     **settings: Any,
 ) -> Any:
-    """A slider for k (the large batch stays 32); re-runs ``training_curves``; ``initial``, ``settings`` as above (k = 8).
+    """A slider for k (the large batch stays 32); re-runs ``training_curves``; ``initial``, ``settings`` as
+    above (k = 8).
 
     ``precompute``: train every k of the slider now, so each move of the slider only redraws.
     """
@@ -321,7 +325,8 @@ def curves_explorer(
 
 
 def calibrated_cnn(n_images: int = 64) -> torch.nn.Module:
-    """A BatchNorm CNN whose running statistics were estimated on the exercise's images (as after pretraining).
+    """A BatchNorm CNN whose running statistics were estimated on the exercise's images (as after
+    pretraining).
 
     One forward pass in training mode, without gradients, over all ``n_images`` at once, with
     ``momentum=None`` (a plain cumulative average): the buffers then hold the data's statistics.
@@ -351,39 +356,44 @@ EXERCISE = Exercise(
     call="norms.EXERCISE",
     hints={
         "batchnorm": (
-            "No division or step placement fixes this one: the difference is in the forward pass. In training mode a "
-            "BatchNorm layer normalizes each image with the mean and variance of the micro-batch it sits in, so an "
-            "image's loss depends on which images share its micro-batch.",
-            "This model arrives with running statistics already estimated on the data. Which mode makes BatchNorm "
-            "use those instead, and how can you put only the BatchNorm layers into it, inside train_fn, before the "
-            "first forward?",
+            "No division or step placement fixes this one: the difference is in the forward pass. In "
+            "training mode a BatchNorm layer normalizes each image with the mean and variance of the "
+            "micro-batch it sits in, so an image's loss depends on which images share its micro-batch.",
+            "This model arrives with running statistics already estimated on the data. Which mode makes "
+            "BatchNorm use those instead, and how can you put only the BatchNorm layers into it, inside "
+            "train_fn, before the first forward?",
             "Before the loop: for m in model.modules(): if isinstance(m, torch.nn.BatchNorm2d): m.eval().",
         ),
         "frozen-parameter": (
             "Your loop froze parameters (requires_grad=False): the verdict names them.",
-            "eval() changes how BatchNorm normalizes; it does not need BatchNorm's weight and bias frozen, and the "
-            "large batch trains them.",
-            "Keep m.eval() for the BatchNorm layers and remove requires_grad_(False): every parameter trains.",
+            "eval() changes how BatchNorm normalizes; it does not need BatchNorm's weight and bias frozen, "
+            "and the large batch trains them.",
+            "Keep m.eval() for the BatchNorm layers and remove requires_grad_(False): every parameter "
+            "trains.",
         ),
         "unscaled-sum": (
             "Each micro-batch's loss reaches backward undivided.",
             "Every image of the window should weigh 1/N, N = k x 4 images.",
             "backward F.cross_entropy(..., reduction='sum') / (k * len(y)).",
         ),
-        "mean-of-means": "Weigh images, not micro-batches: divide each micro-batch's summed loss by the window's image count.",
+        "mean-of-means": "Weigh images, not micro-batches: divide each micro-batch's summed loss by the "
+        "window's image count.",
         "misscaled": (
             "Every step is off by one factor c: the division is there, but by the wrong number.",
             "The loss is a sum over 4 images; the window holds k x 4 = 16.",
             "Divide the summed loss by k * len(y), once.",
         ),
-        "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them only after a step.",
-        "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every step.",
+        "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them "
+        "only after a step.",
+        "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every "
+        "step.",
         "early-step": "The optimizer steps more often than once per k micro-batches.",
-        "tail-dropped": "Some images never reached a step: every micro-batch must end up in a window that steps.",
+        "tail-dropped": "Some images never reached a step: every micro-batch must end up in a window that "
+        "steps.",
         "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
     },
     default_hint=(
-        "The loop's arithmetic is already right for full windows; what differs from the large batch is how the "
-        "BatchNorm layers compute their output for a micro-batch."
+        "The loop's arithmetic is already right for full windows; what differs from the large batch is how "
+        "the BatchNorm layers compute their output for a micro-batch."
     ),
 )

@@ -31,6 +31,11 @@ class Lesson:
     minutes: int
     requires: tuple[int, ...] = ()
 
+    @property
+    def module(self) -> str:
+        """The lesson's module in ``accumlib.lessons``, named after its notebook: ``NN_<module>.ipynb``."""
+        return self.file.removesuffix(".ipynb").split("_", 1)[1]
+
 
 COURSE: tuple[Lesson, ...] = (
     Lesson(
@@ -153,28 +158,30 @@ REFERENCES: dict[str, Reference] = {
     "stackoverflow": Reference(
         "Stack Overflow: gradient accumulation with GradScaler when the last window is short",
         "https://stackoverflow.com/search?q=gradient+accumulation+GradScaler+drop_last+iters_to_accumulate",
-        "question and accepted answer (Shai, January 2021): 110 samples, micro-batch 8, k = 4; the copy the course "
-        "worked from lacks the question's own title and address, so the title here says what it asks and the link "
-        "searches for it",
+        "question and accepted answer (Shai, January 2021): 110 samples, micro-batch 8, k = 4; the copy the "
+        "course worked from lacks the question's own title and address, so the title here says what it asks "
+        "and the link searches for it",
         (3, 7),
     ),
     "mindspore": Reference(
         "Gradient Accumulation Algorithm",
         "https://www.mindspore.cn/docs/en/r2.4.10/model_train/train_process/optimize/gradient_accumulation.html",
-        "MindSpore tutorial: batch 64 against 2 x 32 accumulated on MNIST; its Accumulator class; "
-        "'amplify the learning rate'",
+        "MindSpore tutorial: batch 64 against 2 x 32 accumulated on MNIST; its Accumulator class; 'amplify "
+        "the learning rate'",
         (1, 5),
     ),
     "huggingface": Reference(
         "Fixing Gradient Accumulation",
         "https://huggingface.co/blog/gradient_accumulation",
-        "Hugging Face blog post (October 2024): the Trainer's mean of per-micro-batch means, fixed with num_items_in_batch",
+        "Hugging Face blog post (October 2024): the Trainer's mean of per-micro-batch means, fixed with "
+        "num_items_in_batch",
         (3, 9, 10),
     ),
     "unsloth": Reference(
         "Bugs in LLM Training - Gradient Accumulation Fix",
         "https://unsloth.ai/blog/gradient",
-        "Unsloth blog post (October 2024): accumulated and full-batch losses differ when sequences differ in length",
+        "Unsloth blog post (October 2024): accumulated and full-batch losses differ when sequences differ "
+        "in length",
         (3, 9, 10),
     ),
     "pytorch-amp": Reference(
@@ -216,8 +223,7 @@ REFERENCES: dict[str, Reference] = {
     ),
     "ddp-no-sync": Reference(
         "DistributedDataParallel.no_sync",
-        "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
-        "#torch.nn.parallel.DistributedDataParallel.no_sync",
+        "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html#torch.nn.parallel.DistributedDataParallel.no_sync",
         "PyTorch reference: skip DDP's all-reduce inside a window",
         (8, 10),
     ),

@@ -21,19 +21,15 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
-
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .. import _style
 from .._checks import check_choice, check_float, check_int, check_ints
-from .._text import Table
-from ..distributed.experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult, RunSpec, run_specs, shard_loader
+from ..distributed.experiment import COMM_VARIANTS, RunResult, RunSpec, run_specs, shard_loader
 from ..distributed.launch import max_world_size
 from ..tasks import TASKS, get_task
 from . import _distributed_exercise
+from ._distributed_figure import DistributedResult, plot
 from ._exercise import Exercise
 
 TASK = "lm-tokens"  # sequences of 4 to 40 tokens: the ranks hold different token counts
@@ -42,84 +38,6 @@ DEFAULT_KS = (1, 2, 4, 8)  # lm-tokens on 2 ranks: 8 micro-batches each, so k = 
 # What the Run button costs, measured (compute(), idle 2-core CPU, lm-tokens, the widget's ks):
 # world size 1: 9.4 s, 2: 10.6 s, 3: 17.2 s. Start-up of the ranks (importing torch) dominates.
 MEASURED_RUN_S = {1: 9, 2: 11, 3: 17}
-
-# Each variant drawn in the lesson's roles: the reference, the costly mistake, and the
-# backward-only mistake (same bytes as the costly one, drawn with hollow markers on top of it).
-_COMM_STYLE: dict[str, dict[str, Any]] = {
-    "no_sync": dict(_style.ROLE["correct"]),
-    "every micro-batch": dict(_style.ROLE["buggy"]),
-    "no_sync on backward only": dict(_style.ROLE["other"], markerfacecolor="none", markersize=11),
-}
-
-
-@dataclass
-class DistributedResult:
-    """Everything notebook 8 states: all-reduce counts per k, and both counts' errors per step."""
-
-    world_size: int
-    task: str
-    accum_steps: int
-    ks: tuple[int, ...]
-    comm: dict[str, dict[int, RunResult]]  # variant -> k -> what the DDP hook counted per step
-    reference: RunResult  # no_sync + global counts at accum_steps, checked against the oracle
-    per_rank: RunResult  # no_sync + per-rank counts at accum_steps, checked against the oracle
-    seconds: float = 0.0  # wall time of the spawned run
-
-    def bytes_per_step(self, variant: str) -> list[int]:
-        """All-reduce payload of the first optimizer step (a full window of k micro-batches), per k."""
-        return [self.comm[variant][k].bytes_per_step for k in self.ks]
-
-    def calls_per_step(self, variant: str) -> list[int]:
-        return [self.comm[variant][k].calls_per_step for k in self.ks]
-
-    def table(self) -> Table:
-        """All-reduce calls and bytes of one optimizer step, per k and variant."""
-        rows = [
-            (
-                k,
-                *(
-                    f"{self.comm[v][k].calls_per_step} calls, {self.comm[v][k].bytes_per_step:,} B"
-                    for v in COMM_VARIANTS
-                ),
-            )
-            for k in self.ks
-        ]
-        return Table(
-            ("k", *COMM_VARIANTS),
-            rows,
-            caption=f"all-reduce per optimizer step, per rank: world size {self.world_size}, task {self.task}",
-        )
-
-    def error_table(self) -> Table:
-        """Worst relative error over the ranks against the large-batch gradient, per optimizer step."""
-        rows = [
-            (s, f"{max(good):.1e}", f"{max(bad):.1e}")
-            for s, (good, bad) in enumerate(zip(self.reference.rel_errors, self.per_rank.rel_errors), 1)
-        ]
-        return Table(
-            ("step", "global count", "per-rank count"),
-            rows,
-            caption=f"relative error vs the large-batch gradient (float32 tolerance {FLOAT32_RTOL:.0e}), k = {self.accum_steps}",
-        )
-
-    def token_table(self) -> Table:
-        """Tokens per rank in each window, and the weight one token gets with each count."""
-        r = self.world_size
-        rows = [
-            (
-                s,
-                " + ".join(map(str, items)),
-                sum(items),
-                f"1/{sum(items)}",
-                ", ".join(f"1/{r * n}" for n in items),
-            )
-            for s, items in enumerate(self.reference.window_items, 1)
-        ]
-        return Table(
-            ("step", "tokens per rank", "N", "weight: global count", "weight per rank: per-rank count"),
-            rows,
-            caption=f"one token's weight in the averaged gradient, k = {self.accum_steps}, {r} ranks",
-        )
 
 
 @functools.lru_cache(maxsize=8)
@@ -174,66 +92,6 @@ def _run(
     return DistributedResult(
         world_size, task, accum_steps, ks, comm, results[-2], results[-1], time.perf_counter() - start
     )
-
-
-def _plain_log_axis(axis: Any) -> None:
-    """Log ticks as plain text ('1e-05'): LogFormatterSciNotation would lay out '10^-5' as mathtext."""
-    axis.set_major_locator(LogLocator(base=10))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-@_style.styled
-def plot(result: DistributedResult) -> Figure:
-    """Left: all-reduce KiB per optimizer step against k. Right: error per step, global vs per-rank counts.
-
-    Pyplot-free and mathtext-free: every text on it is plain, so drawing it needs none of
-    matplotlib's process-wide mathtext parser (see ``widget`` for why that matters).
-    """
-    fig, (left, right) = _style.figure(
-        2,
-        width=12,
-        height=4.6,
-        title=f"DDP on {result.world_size} rank{'s' if result.world_size > 1 else ''} ({result.task}): no_sync keeps one all-reduce per step, "
-        "and only the global token count gives the large-batch gradient",
-    )
-    for v in COMM_VARIANTS:
-        left.plot(result.ks, [b / 1024 for b in result.bytes_per_step(v)], label=v, **_COMM_STYLE[v])
-    left.set_xticks(result.ks, [str(k) for k in result.ks])
-    left.set_ylim(bottom=0)
-    left.set_xlabel("accumulation steps k (micro-batches per rank per step)")
-    left.set_ylabel("all-reduce KiB per step, per rank")
-    left.set_title("Communication per optimizer step (DDP comm hook)")
-    left.legend(loc="upper left")
-
-    steps = list(range(1, len(result.reference.rel_errors) + 1))
-    ref = [max(s) for s in result.reference.rel_errors]
-    bad = [max(s) for s in result.per_rank.rel_errors]
-    width = 0.38
-    for offset, values, role, label in (
-        (-width / 2, ref, "correct", "global count (all-reduced)"),
-        (width / 2, bad, "buggy", "per-rank count (local)"),
-    ):
-        right.bar(
-            [s + offset for s in steps],
-            values,
-            width,
-            label=label,
-            color=_style.ROLE[role]["color"],
-            hatch=_style.HATCH[role],
-            edgecolor="white" if role == "correct" else _style.BLACK,
-        )
-    right.axhline(FLOAT32_RTOL, label=f"float32 tolerance {FLOAT32_RTOL:.0e}", **_style.ROLE["oracle"])
-    right.set_yscale("log")
-    _plain_log_axis(right.yaxis)
-    # room for the legend above the bars
-    right.set_ylim(min(ref + [FLOAT32_RTOL]) / 10, max(bad + [FLOAT32_RTOL]) * 3000)
-    right.set_xticks(steps, [str(s) for s in steps])
-    right.set_xlabel(f"optimizer step (k = {result.accum_steps})")
-    right.set_ylabel("relative error vs large batch")
-    right.set_title("Gradient error per step: global vs per-rank count")
-    right.legend(loc="upper left", ncols=2, fontsize=10)
-    return fig
 
 
 # --- the widget ------------------------------------------------------------------------------------
@@ -389,8 +247,9 @@ class DistributedWidget:
         self.result = result
         fig = plot(result)
         alt = (
-            f"Left: all-reduce KiB per step against k for {', '.join(COMM_VARIANTS)}. Right: relative error per step, "
-            f"global count at most {result.reference.max_rel_error:.0e}, per-rank count up to {result.per_rank.max_rel_error:.0e}."
+            f"Left: all-reduce KiB per step against k for {', '.join(COMM_VARIANTS)}. Right: relative error "
+            f"per step, global count at most {result.reference.max_rel_error:.0e}, per-rank count up to "
+            f"{result.per_rank.max_rel_error:.0e}."
         )
         _style.show_in(self.out, result.table(), result.error_table(), fig, alt=alt)
 
@@ -410,7 +269,9 @@ def widget(
     world_sizes: Sequence[int] = (1, 2, 3),
     accum_steps: Sequence[int] = (1, 2, 3, 4),
 ) -> DistributedWidget:
-    """Pick k and the world size, press Run: spawns the ranks again and redraws; ``initial`` is shown first."""
+    """Pick k and the world size, press Run: spawns the ranks again and redraws; ``initial`` is shown
+    first.
+    """
     return DistributedWidget(initial, world_sizes, accum_steps)
 
 
@@ -422,33 +283,35 @@ EXERCISE_RANKS, EXERCISE_K = _distributed_exercise.WORLD_SIZE, 4
 
 def _exercise_hints() -> dict[str, str | tuple[str, ...]]:
     weigh = (
-        "Take one token on rank 0 and one on rank 1 in the same window. Your backward gives each a factor on its "
-        "own rank, and DDP's all-reduce takes the mean over the R ranks. In the large batch every token of the "
-        "window, on every rank, weighs 1/N, N the tokens of all ranks together. "
+        "Take one token on rank 0 and one on rank 1 in the same window. Your backward gives each a factor on "
+        "its own rank, and DDP's all-reduce takes the mean over the R ranks. In the large batch every token "
+        "of the window, on every rank, weighs 1/N, N the tokens of all ranks together. "
     )
     return {
         "per-rank-mean": (
             weigh + "With n_rank a token weighs 1/(R n_r): equal only when both ranks hold as many tokens.",
-            "Every rank must divide by the same N before its first backward, but a rank sees only its own tokens. "
-            "One collective of one number per window gives every rank the sum of every rank's count: which one?",
-            "torch.distributed.all_reduce sums a tensor in place on every rank. With that N, what factor on each "
-            "rank's token-loss sum leaves 1/N per token once DDP has divided by R?",
+            "Every rank must divide by the same N before its first backward, but a rank sees only its own "
+            "tokens. One collective of one number per window gives every rank the sum of every rank's "
+            "count: which one?",
+            "torch.distributed.all_reduce sums a tensor in place on every rank. With that N, what factor on "
+            "each rank's token-loss sum leaves 1/N per token once DDP has divided by R?",
         ),
         "misscaled": (
-            "Every token now weighs the same, but all of them are off by one factor c (the report's c column). "
-            "Compare c with 1/R and with R.",
-            "DDP's all-reduce already divides the sum of the ranks' gradients by R: scale each rank's loss so that "
-            "the mean over ranks, not the sum, gives every token 1/N.",
-            "With n_global the all-reduced token count: loss = token_losses.sum() * dist.get_world_size() / n_global.",
+            "Every token now weighs the same, but all of them are off by one factor c (the report's c "
+            "column). Compare c with 1/R and with R.",
+            "DDP's all-reduce already divides the sum of the ranks' gradients by R: scale each rank's loss "
+            "so that the mean over ranks, not the sum, gives every token 1/N.",
+            "With n_global the all-reduced token count: loss = token_losses.sum() * dist.get_world_size() / "
+            "n_global.",
         ),
         "ranks-diverged": (
-            "The ranks stepped with different gradients: no all-reduce ran in that window. DDP "
-            "all-reduces in the backward of a forward run outside no_sync(): which micro-batch of the "
-            "window must that be?"
+            "The ranks stepped with different gradients: no all-reduce ran in that window. DDP all-reduces "
+            "in the backward of a forward run outside no_sync(): which micro-batch of the window must that "
+            "be?"
         ),
         "unsharded-data": (
-            "Every rank trained on the same items: give each rank its own share of loader.dataset, "
-            "as the starting loop's DistributedSampler did."
+            "Every rank trained on the same items: give each rank its own share of loader.dataset, as the "
+            "starting loop's DistributedSampler did."
         ),
         "unexplained": weigh
         + "Which count makes the weights equal, and how can every rank know it before its first backward?",
@@ -468,7 +331,9 @@ def _on_ranks(train_fn: Any) -> Any:
 
 
 def check_all(train_fns: Sequence[Any]) -> list[Any]:
-    """``EXERCISE.check`` of each loop, all in one launch of the ranks (each check alone spawns them: ~6 s)."""
+    """``EXERCISE.check`` of each loop, all in one launch of the ranks (each check alone spawns them: ~6
+    s).
+    """
     return [
         EXERCISE.grade(error=r.feedback)
         if isinstance(r, _distributed_exercise.LoopFailed)

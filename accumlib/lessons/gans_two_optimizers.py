@@ -38,157 +38,28 @@ from ._gans_two_optimizers_exercise import (  # noqa: F401 (the notebook reads t
     g_loss,
     leak_share,
 )
-from ._gans_two_optimizers_model import (
-    _bce,
-    _d_loss,
-    d_item_losses,
-    g_item_losses,
-    make_gan,
-    noise,
-    real_points,
-)  # noqa: F401 (the notebook reads them here)
-
-# --- one GAN step, the seed's orderings ---------------------------------------------------------
-
-
-def seed_as_written(G, D, g_opt, d_opt, z, x_real) -> None:
-    """The seed's first listing, verbatim: D's loss reuses ``y_fake = D(G(z))`` after G has stepped.
-
-    ``d_loss.backward()`` then runs back through G, whose weights ``g_opt.step()`` changed in
-    place: PyTorch (since 1.5) refuses with "modified by an inplace operation".
-    """
-    x_fake = G(z)
-    y_fake = D(x_fake)
-    g_opt.zero_grad(set_to_none=True)
-    g_loss = _bce(y_fake, 1.0).mean()
-    g_loss.backward(retain_graph=True)
-    g_opt.step()
-    y_real = D(x_real)
-    d_opt.zero_grad(set_to_none=True)
-    d_loss = torch.cat([_bce(y_fake, 0.0), _bce(y_real, 1.0)]).mean()
-    d_loss.backward()  # raises: G's weights are needed here and have been changed
-    d_opt.step()
-
-
-def leaky(G, D, g_opt, d_opt, z, x_real) -> None:
-    """The seed's "this will break" ordering (fake detached for D so it runs): D steps on the leak too."""
-    x_fake = G(z)
-    g_loss = _bce(D(x_fake), 1.0).mean()
-    g_loss.backward()  # writes G's .grad AND D's .grad (the leak)
-    g_opt.step()
-    g_opt.zero_grad(set_to_none=True)
-    d_loss = _d_loss(D, x_fake.detach(), x_real)
-    d_loss.backward()  # D's .grad = its own gradient + the leak
-    d_opt.step()
-    d_opt.zero_grad(set_to_none=True)
-
-
-def zero_grad_after_g(G, D, g_opt, d_opt, z, x_real) -> None:
-    """The seed's first ordering (fake detached so it runs): ``d_opt.zero_grad()`` after G's backward wipes the leak."""
-    x_fake = G(z)
-    g_opt.zero_grad(set_to_none=True)
-    _bce(D(x_fake), 1.0).mean().backward()
-    g_opt.step()
-    d_opt.zero_grad(set_to_none=True)  # placed here, it clears what G's backward wrote into D
-    _d_loss(D, x_fake.detach(), x_real).backward()
-    d_opt.step()
-
-
-def requires_grad_toggle(G, D, g_opt, d_opt, z, x_real) -> None:
-    """The article's fix: D's parameters stop requiring grad while G trains, so nothing leaks at all."""
-    D.requires_grad_(False)  # autograd no longer writes D's .grad (and skips that work)
-    x_fake = G(z)
-    _bce(D(x_fake), 1.0).mean().backward()
-    g_opt.step()
-    g_opt.zero_grad(set_to_none=True)
-    D.requires_grad_(True)
-    _d_loss(D, x_fake.detach(), x_real).backward()  # detach: D's loss must not reach G
-    d_opt.step()
-    d_opt.zero_grad(set_to_none=True)
-
-
-def d_first_detach(G, D, g_opt, d_opt, z, x_real) -> None:
-    """The usual DCGAN order: D on a detached fake, then G; each optimizer zeroes its own grads first."""
-    x_fake = G(z)
-    d_opt.zero_grad(set_to_none=True)
-    _d_loss(D, x_fake.detach(), x_real).backward()  # detach: D's loss does not reach G
-    d_opt.step()
-    g_opt.zero_grad(set_to_none=True)
-    _bce(D(x_fake), 1.0).mean().backward()  # leaks into D, cleared by d_opt.zero_grad() next time
-    g_opt.step()
-
-
-STEPS: dict[str, Callable[..., None]] = {
-    "the article as written": seed_as_written,
-    "leaky (seed's broken order)": leaky,
-    "zero_grad(D) after G's backward": zero_grad_after_g,
-    "requires_grad toggle (the article's fix)": requires_grad_toggle,
-    "D first, detach": d_first_detach,
-}
-
-
-# --- accumulation with two optimizers --------------------------------------------------------------
-
-
-def accumulate_two_phase(G, D, g_opt, d_opt, z_batches, real_batches) -> None:
-    """Exact: a D window on detached fakes, D steps; then a G window with D frozen, G steps."""
-    n_d = sum(len(z) + len(x) for z, x in zip(z_batches, real_batches))
-    for z, x in zip(z_batches, real_batches):
-        fake = G(z).detach()  # D's loss must not reach G
-        (torch.cat([_bce(D(fake), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
-    d_opt.step()
-    d_opt.zero_grad(set_to_none=True)
-    n_g = sum(len(z) for z in z_batches)
-    D.requires_grad_(False)  # G's loss must not reach D
-    for z in z_batches:
-        (_bce(D(G(z)), 1.0).sum() / n_g).backward()
-    D.requires_grad_(True)
-    g_opt.step()
-    g_opt.zero_grad(set_to_none=True)
-
-
-def accumulate_interleaved_leaky(G, D, g_opt, d_opt, z_batches, real_batches) -> None:
-    """Both losses per micro-batch, both steps at the end: G's backward leaks into D's window k times."""
-    n_d = sum(len(z) + len(x) for z, x in zip(z_batches, real_batches))
-    n_g = sum(len(z) for z in z_batches)
-    for z, x in zip(z_batches, real_batches):
-        fake = G(z)
-        (torch.cat([_bce(D(fake.detach()), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
-        (_bce(D(fake), 1.0).sum() / n_g).backward()  # also adds to D's .grad
-    g_opt.step()
-    d_opt.step()
-    g_opt.zero_grad(set_to_none=True)
-    d_opt.zero_grad(set_to_none=True)
-
-
-def accumulate_interleaved_zero_d(G, D, g_opt, d_opt, z_batches, real_batches) -> None:
-    """As above, "fixed" with ``d_opt.zero_grad()`` after each G backward: it wipes D's window too."""
-    n_d = sum(len(z) + len(x) for z, x in zip(z_batches, real_batches))
-    n_g = sum(len(z) for z in z_batches)
-    for z, x in zip(z_batches, real_batches):
-        fake = G(z)
-        (_bce(D(fake), 1.0).sum() / n_g).backward()
-        d_opt.zero_grad(set_to_none=True)  # clears the leak, and every earlier micro-batch of D's window
-        (torch.cat([_bce(D(fake.detach()), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
-    g_opt.step()
-    d_opt.step()
-    g_opt.zero_grad(set_to_none=True)
-    d_opt.zero_grad(set_to_none=True)
-
-
-ACCUMULATIONS: dict[str, Callable[..., None]] = {
-    "two phases (D window, then G window)": accumulate_two_phase,
-    "interleaved, leaky": accumulate_interleaved_leaky,
-    "interleaved, zero_grad(D) per micro-batch": accumulate_interleaved_zero_d,
-}
-
+from ._gans_two_optimizers_model import _bce, d_item_losses, g_item_losses, make_gan, noise, real_points
+from ._gans_two_optimizers_steps import (  # noqa: F401 (the notebook and tests read them here)
+    ACCUMULATIONS,
+    STEPS,
+    accumulate_interleaved_leaky,
+    accumulate_interleaved_zero_d,
+    accumulate_two_phase,
+    d_first_detach,
+    leaky,
+    requires_grad_toggle,
+    seed_as_written,
+    zero_grad_after_g,
+)
 
 # --- the check: each optimizer's gradient at its step vs the oracle --------------------------------
 
 
 @dataclass
 class GanCheck:
-    """Relative error of each optimizer's gradient at its step (``None`` if it never stepped), or the error raised."""
+    """Relative error of each optimizer's gradient at its step (``None`` if it never stepped), or the error
+    raised.
+    """
 
     rel_error: dict[str, float | None]
     error: str | None = None
@@ -240,7 +111,9 @@ def leak_norm(seed: int = 0, n: int = 64) -> float:
 
 
 def check_step(step: str | Callable[..., None], seed: int = 0, n: int = 64) -> GanCheck:
-    """One GAN step with ``step`` (a name in ``STEPS`` or a function) on fresh G, D; each gradient vs the oracle."""
+    """One GAN step with ``step`` (a name in ``STEPS`` or a function) on fresh G, D; each gradient vs the
+    oracle.
+    """
     fn = STEPS[step] if isinstance(step, str) else step
     G, D = make_gan(seed)
     z, x = noise(n, seed + 1), real_points(n, seed)
@@ -250,7 +123,8 @@ def check_step(step: str | Callable[..., None], seed: int = 0, n: int = 64) -> G
 def check_accumulation(
     accumulate: str | Callable[..., None], accum_steps: int = 4, batch_size: int = 16, seed: int = 0
 ) -> GanCheck:
-    """One window of ``accum_steps`` micro-batches of ``batch_size`` through ``accumulate``; each optimizer vs its oracle.
+    """One window of ``accum_steps`` micro-batches of ``batch_size`` through ``accumulate``; each optimizer
+    vs its oracle.
 
     >>> check_accumulation("interleaved, leaky", accum_steps=0)
     Traceback (most recent call last):
@@ -309,7 +183,9 @@ def _accumulations(k: int, b: int, seed: int) -> dict[str, GanCheck]:
 
 
 def compute(accum_steps: int = 4, batch_size: int = 16, seed: int = 0, n: int = 64) -> GanTable:
-    """Every single-step ordering (n points) and every accumulation scheme (k x batch_size), checked (cached)."""
+    """Every single-step ordering (n points) and every accumulation scheme (k x batch_size), checked
+    (cached).
+    """
     k = check_int("accum_steps", accum_steps, low=1, high=64)
     b = check_int("batch_size", batch_size, low=1, high=256)
     n = check_int("n", n, low=1)
@@ -386,16 +262,17 @@ EXERCISE = Exercise(
     call="gan.EXERCISE",
     hints={
         "leak-into-D": (
-            "G's backward runs through D, so it writes into D's .grad too, and in this loop it does so in every "
-            "micro-batch, before D steps.",
-            "Section 2 shows three ways to keep G's loss out of D's .grad. One of them, a zero_grad, would also wipe "
-            "the part of D's window already accumulated; look for one that stops autograd from writing into D's "
-            "parameters while G's loss goes backward, and undo it afterwards.",
-            "Around G's backward: D.requires_grad_(False); (gan.g_loss(D, fake) / k).backward(); D.requires_grad_(True).",
+            "G's backward runs through D, so it writes into D's .grad too, and in this loop it does so in "
+            "every micro-batch, before D steps.",
+            "Section 2 shows three ways to keep G's loss out of D's .grad. One of them, a zero_grad, would "
+            "also wipe the part of D's window already accumulated; look for one that stops autograd from "
+            "writing into D's parameters while G's loss goes backward, and undo it afterwards.",
+            "Around G's backward: D.requires_grad_(False); (gan.g_loss(D, fake) / k).backward(); "
+            "D.requires_grad_(True).",
         ),
         "zero-grad-inside-window": (
-            "D's .grad was cleared between micro-batches of its window: that removes the leak and D's earlier "
-            "micro-batches with it (section 3's 'interleaved, zero_grad(D) per micro-batch').",
+            "D's .grad was cleared between micro-batches of its window: that removes the leak and D's "
+            "earlier micro-batches with it (section 3's 'interleaved, zero_grad(D) per micro-batch').",
             "Keep G's loss out of D's .grad without clearing it: stop autograd from writing there instead.",
             "Remove the zero_grad inside the window; freeze D (requires_grad_(False)) around G's backward.",
         ),
@@ -424,21 +301,26 @@ EXERCISE = Exercise(
             "backward() adds into .grad for G as for D.",
             "Call g_opt.zero_grad() after g_opt.step(), once per window.",
         ),
-        "g-early-step": "G stepped more often than once per window of k micro-batches: step G inside the if, with D.",
+        "g-early-step": "G stepped more often than once per window of k micro-batches: step G inside the if, "
+        "with D.",
         "unexplained": (
-            "D's step matches neither its own window gradient nor its own gradient plus the leak. Check that D's loss is "
-            "divided by k, that the fakes D sees are detached, and that G steps after D (the oracle makes each window's "
-            "fakes with G as it was before the window's steps)."
+            "D's step matches neither its own window gradient nor its own gradient plus the leak. Check that "
+            "D's loss is divided by k, that the fakes D sees are detached, and that G steps after D (the "
+            "oracle makes each window's fakes with G as it was before the window's steps)."
         ),
-        "unscaled-sum": "D's loss reaches the step undivided: divide each micro-batch's loss by k, as the starting loop did.",
-        "no-zero-grad": "D's gradients of an earlier window leaked into this step: zero D's .grad after every D step.",
+        "unscaled-sum": "D's loss reaches the step undivided: divide each micro-batch's loss by k, as the "
+        "starting loop did.",
+        "no-zero-grad": "D's gradients of an earlier window leaked into this step: zero D's .grad after "
+        "every D step.",
         "early-step": "D steps more often than once per k micro-batches.",
-        "tail-dropped": "Some pairs never reached a D step: every micro-batch must end up in a window that steps.",
+        "tail-dropped": "Some pairs never reached a D step: every micro-batch must end up in a window that "
+        "steps.",
         "error": (
-            "Your code raised an error. 'modified by an inplace operation' means a backward ran through a network "
-            "whose weights a step had already changed (section 2's 'the article as written'): step only after both "
-            "backward passes of the window."
+            "Your code raised an error. 'modified by an inplace operation' means a backward ran through a "
+            "network whose weights a step had already changed (section 2's 'the article as written'): step "
+            "only after both backward passes of the window."
         ),
     },
-    default_hint="At d_opt.step(), D's .grad must hold D's own loss over the window and nothing else: what else writes into it?",
+    default_hint="At d_opt.step(), D's .grad must hold D's own loss over the window and nothing else: what "
+    "else writes into it?",
 )

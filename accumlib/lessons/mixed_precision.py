@@ -23,51 +23,16 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import _style, amp, compare, get_task, grads_of, ragged, resolve_device, true_gradient
-from .._batch import checked_losses, to_device
+from .. import _style, amp, compare, get_task, grads_of, resolve_device, true_gradient
+from .._batch import to_device
 from .._checks import check_float, check_int
 from .._text import Table
 from ..data import digits
-from ..harness import trace_loop
 from ..tolerances import BF16_RTOL
 from ._exercise import Exercise
+from ._mixed_precision_bugs import clip_before_unscale, scale_changes_mid_window
+from ._mixed_precision_floats import amp_vs_oracle, autocast_dtype, underflow  # noqa: F401 (the notebook and tests read them here)
 from ._mixed_precision_inf import TASK, InfRun, inf_run, inf_table, plot_inf_run  # noqa: F401 (the notebook reads them here)
-
-
-def autocast_dtype(device: str | torch.device = "auto") -> torch.dtype:
-    """What ``accumlib.amp`` computes in: float16 on CUDA, bfloat16 elsewhere."""
-    return torch.float16 if resolve_device(device).type == "cuda" else torch.bfloat16
-
-
-def underflow(value: float = 1e-8, scale: float = 2.0**16) -> dict[str, float]:
-    """A small gradient value stored in float16, in bfloat16, and in float16 after scaling by ``scale``.
-
-    float16 flushes values below ~6e-8 to zero; bfloat16 keeps float32's exponent range;
-    the scaler multiplies the loss (hence every gradient) by ``scale`` so float16 keeps them.
-    """
-    x = torch.tensor(value, dtype=torch.float32)
-    return {
-        "float16 smallest subnormal": float(torch.finfo(torch.float16).smallest_normal) * 2.0**-10,
-        "float32": float(x),
-        "float16": float(x.half()),
-        "bfloat16": float(x.bfloat16()),
-        "float16, scaled then unscaled": float((x * scale).half().float() / scale),
-    }
-
-
-def amp_vs_oracle(device: str | torch.device = "auto", task: str = TASK) -> dict[str, float]:
-    """Worst relative error against the oracle over one epoch, per loop: exact float32 vs autocast."""
-    dev = resolve_device(device)
-    t = get_task(task)
-    worst = lambda tr: max(c.rel_error for c in tr.comparisons)  # noqa: E731
-    return {
-        "ragged (float32)": worst(trace_loop(ragged, t, device=dev)),
-        "amp, autocast off (float32 + scaler)": worst(trace_loop(amp, t, device=dev, enabled=False)),
-        f"amp ({str(autocast_dtype(dev)).removeprefix('torch.')} autocast)": worst(
-            trace_loop(amp, t, device=dev)
-        ),
-    }
-
 
 # --- one window, measured: the oracle, the reference loop, and the two bugs ------------------------
 
@@ -93,40 +58,6 @@ def _captured_at_step(
     seen: list[dict[str, torch.Tensor]] = []
     optimizer.register_step_pre_hook(lambda opt, a, kw: seen.append(grads_of(model)))
     return seen
-
-
-def clip_before_unscale(model, optimizer, window, item_losses, *, scaler, max_norm, dtype) -> None:
-    """THE BUG: clip while .grad still holds S * g, so the clip threshold is S times too small."""
-    n = sum(len(b[1]) for b in window)
-    dev = next(model.parameters()).device
-    for batch in window:
-        with torch.autocast(dev.type, dtype=dtype):
-            losses = checked_losses(item_losses, model, to_device(batch, dev))
-        scaler.scale(losses.float().sum() / n).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # sees S * g, clips it to max_norm
-    scaler.step(optimizer)  # then unscales: the window's gradient ends up max_norm / S long
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def scale_changes_mid_window(
-    model, optimizer, window, item_losses, *, scaler, change_after, factor, dtype
-) -> None:
-    """THE BUG: the scale changes after micro-batch ``change_after`` (an ``update()`` inside the window).
-
-    .grad then holds S * g_early + factor * S * g_late, and ``step`` divides all of it by factor * S.
-    """
-    n = sum(len(b[1]) for b in window)
-    dev = next(model.parameters()).device
-    for j, batch in enumerate(window):
-        with torch.autocast(dev.type, dtype=dtype):
-            losses = checked_losses(item_losses, model, to_device(batch, dev))
-        scaler.scale(losses.float().sum() / n).backward()
-        if j + 1 == change_after:
-            scaler.update(scaler.get_scale() * factor)  # what a mid-window update() does when the scale grows
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
 
 
 @dataclass
@@ -161,10 +92,10 @@ def one_window(
     The oracle is the true large-batch gradient, clipped to ``max_norm`` like the loops clip.
     Results are cached per argument set, so a widget that returns to a value redraws at once.
 
-    >>> one_window(accum_steps=1)
+    >>> one_window(accum_steps=1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: accum_steps must be an integer >= 2; a scale can only change inside a window of 2 or more micro-batches (got 1)
+    ValueError: accum_steps must be an integer >= 2; a scale can only change inside a window ... (got 1)
     """
     if max_norm is not None:
         max_norm = check_float("max_norm", max_norm, low=0.0, low_open=True)
@@ -179,8 +110,8 @@ def one_window(
     n_items = len(get_task(task).make_dataset())
     if accum_steps * batch_size > n_items:
         raise ValueError(
-            f"accum_steps * batch_size must be <= {n_items}, the items of {task}, so the first window is full "
-            f"(got {accum_steps} * {batch_size} = {accum_steps * batch_size})"
+            f"accum_steps * batch_size must be <= {n_items}, the items of {task}, so the first window is "
+            f"full (got {accum_steps} * {batch_size} = {accum_steps * batch_size})"
         )
     change_after = check_int(
         "change_after",
@@ -337,7 +268,9 @@ def inf_explorer(device: str | torch.device = "auto", initial: InfRun | None = N
 
 
 def widget(device: str | torch.device = "auto", initial: WindowResult | None = None) -> Any:
-    """Sliders for max_norm and log2 of the scale; re-runs ``compute`` and redraws its bars (``initial``: max_norm 0.25, 2**16)."""
+    """Sliders for max_norm and log2 of the scale; re-runs ``compute`` and redraws its bars (``initial``:
+    max_norm 0.25, 2**16).
+    """
     import ipywidgets as w
 
     from ._explorer import Explorer
@@ -380,34 +313,40 @@ EXERCISE = Exercise(
     clip_each_step=True,  # the exercise clips every window's gradient, before the step
     hints={
         "clip-before-unscale": (
-            "After the window's last scaler.scale(loss).backward(), .grad holds S times the window's gradient "
-            "(S = scaler.get_scale(), 65536 here), so clip_grad_norm_ compares S|g| with max_norm and shrinks "
-            "every step to max_norm / S.",
-            "One GradScaler call turns .grad back into the true gradient, in place; it has to run, once per window, "
-            "before anything reads the gradient's size.",
-            "Call scaler.unscale_(optimizer) right before clip_grad_norm_ (scaler.step then does not unscale again).",
+            "After the window's last scaler.scale(loss).backward(), .grad holds S times the window's "
+            "gradient (S = scaler.get_scale(), 65536 here), so clip_grad_norm_ compares S|g| with max_norm "
+            "and shrinks every step to max_norm / S.",
+            "One GradScaler call turns .grad back into the true gradient, in place; it has to run, once per "
+            "window, before anything reads the gradient's size.",
+            "Call scaler.unscale_(optimizer) right before clip_grad_norm_ (scaler.step then does not "
+            "unscale again).",
         ),
         "clip-after-step": (
             "clip_grad_norm_ now runs after the step: the step has already used the unclipped gradient.",
-            "A clip changes .grad; only a step that comes after it sees the change. What order do unscale, clip and "
-            "step need?",
-            "Inside the if: scaler.unscale_(optimizer), clip_grad_norm_(..., max_norm=0.1), scaler.step(optimizer), "
-            "scaler.update(), zero_grad.",
+            "A clip changes .grad; only a step that comes after it sees the change. What order do unscale, "
+            "clip and step need?",
+            "Inside the if: scaler.unscale_(optimizer), clip_grad_norm_(..., max_norm=0.1), "
+            "scaler.step(optimizer), scaler.update(), zero_grad.",
         ),
         "no-clip": (
             "The steps match the unclipped gradient, but the exercise clips every window's gradient at 0.1.",
             "Keep the clip; what it needs is to see the true gradient, not S times it.",
-            "scaler.unscale_(optimizer) then clip_grad_norm_(model.parameters(), max_norm=0.1), before scaler.step.",
+            "scaler.unscale_(optimizer) then clip_grad_norm_(model.parameters(), max_norm=0.1), before "
+            "scaler.step.",
         ),
         "clip-per-micro-batch": (
             "Clipping now runs before the window's gradient is complete: it sees a partial sum.",
             "The window's gradient is complete only after its k-th backward.",
             "Clip once per window, inside the if, after unscale_ and right before scaler.step(optimizer).",
         ),
-        "non-finite": "A step saw inf or nan: the scaler must step (and may skip), not the optimizer directly.",
-        "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them only after a step.",
-        "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every step.",
-        "early-step": "The optimizer steps more often than once per k micro-batches: keep the step inside the `if`.",
+        "non-finite": "A step saw inf or nan: the scaler must step (and may skip), not the optimizer "
+        "directly.",
+        "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them "
+        "only after a step.",
+        "no-zero-grad": "Gradients of the previous window are still in .grad: zero them right after every "
+        "step.",
+        "early-step": "The optimizer steps more often than once per k micro-batches: keep the step inside "
+        "the `if`.",
         "unscaled-sum": "Each micro-batch's loss must still be divided so the window's items weigh 1/N each.",
         "error": (
             "GradScaler refuses a second unscale_ for an optimizer before update(): unscale once per window, "
@@ -415,7 +354,8 @@ EXERCISE = Exercise(
         ),
     },
     default_hint=(
-        "Compare your window with the order of section 1: scaled backward per micro-batch; then, once per window, "
-        "make .grad hold true magnitudes, clip, let the scaler step, update the scale, zero the gradients."
+        "Compare your window with the order of section 1: scaled backward per micro-batch; then, once per "
+        "window, make .grad hold true magnitudes, clip, let the scaler step, update the scale, zero the "
+        "gradients."
     ),
 )

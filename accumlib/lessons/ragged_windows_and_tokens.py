@@ -27,19 +27,18 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from .. import _style, get_task, normalized, ragged
-from .._batch import to_device
+from .. import _style, get_task, ragged
 from .._checks import check_int, resolve_device
 from .._text import Table, fmt_error
-from ..data import N_DIGITS, count_tokens, digits_subset
+from ..data import N_DIGITS, digits_subset
 from ..gallery import divide_by_window_batches, step_at_end, step_every_k
 from ..harness import trace_loop
 from ..tolerances import FLOAT32_RTOL
 from ._exercise import Exercise
 from ._explorer import Explorer
+from ._ragged_windows_and_tokens_counts import LM_TASK, TokenResult, TokenWindow, compute_tokens, plot_tokens  # noqa: F401 (the notebook and tests read them here)
 
 TASK = "mlp-digits"
-LM_TASK = "lm-tokens"
 
 
 STRATEGIES: dict[str, Callable[..., Any]] = {
@@ -77,7 +76,9 @@ class WindowsResult:
     strategies: dict[str, Strategy]
 
     def rows(self) -> list[tuple[Any, ...]]:
-        """(strategy, steps taken/expected, samples stepped/all, tail-step rel error, worst rel error), rounded."""
+        """(strategy, steps taken/expected, samples stepped/all, tail-step rel error, worst rel error),
+        rounded.
+        """
         out = []
         for s in self.strategies.values():
             full_tail = s.steps == s.expected_steps
@@ -110,7 +111,9 @@ class WindowsResult:
 
 @functools.lru_cache(maxsize=1024)
 def _strategy(name: str, n: int, batch_size: int, accum_steps: int, seed: int, device: str) -> Strategy:
-    """One strategy for one epoch, every step against the oracle; cached, so a widget revisits settings for free."""
+    """One strategy for one epoch, every step against the oracle; cached, so a widget revisits settings for
+    free.
+    """
     task = dataclasses.replace(
         get_task(TASK),
         make_dataset=functools.partial(digits_subset, n, seed),
@@ -239,7 +242,8 @@ def widget(
     device: Any = "auto",
     initial: WindowsResult | None = None,
 ) -> Explorer:
-    """Sliders for dataset size, micro-batch size and k; re-runs ``compute`` (cached per strategy) and ``plot``.
+    """Sliders for dataset size, micro-batch size and k; re-runs ``compute`` (cached per strategy) and
+    ``plot``.
 
     ``initial``: the notebook's ``compute(4, 8, n=110)`` result, shown first instead of recomputing it.
     """
@@ -256,142 +260,6 @@ def widget(
         batch_size=w.IntSlider(value=batch_size, min=1, max=32, description="micro-batch"),
         accum_steps=w.IntSlider(value=accum_steps, min=1, max=8, description="k"),
     )
-
-
-# --- token counts: the mean of per-micro-batch means ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TokenWindow:
-    tokens: tuple[int, ...]  # non-padding target tokens per micro-batch
-    mean_of_means: float  # what loss.mean() / k per micro-batch adds up to
-    token_mean: float  # the true loss of the window: the mean over all its tokens
-
-
-@dataclass(frozen=True)
-class TokenResult:
-    accum_steps: int
-    batch_size: int
-    windows: tuple[TokenWindow, ...]
-    rel_error: dict[str, tuple[float, ...]]  # per optimizer step, per loop
-
-    def rows(self) -> list[tuple[Any, ...]]:
-        """(window, tokens per micro-batch, mean of means, token mean, normalized rel err, ragged rel err), rounded."""
-        a, b = self.rel_error.values()
-        return [
-            (
-                i + 1,
-                " ".join(map(str, w.tokens)),
-                round(w.mean_of_means, 4),
-                round(w.token_mean, 4),
-                fmt_error(a[i]),
-                fmt_error(b[i]),
-            )
-            for i, w in enumerate(self.windows)
-        ]
-
-    def table(self) -> Table:
-        return Table(
-            (
-                "window",
-                "tokens per micro-batch",
-                "mean of means",
-                "token mean",
-                "grad rel. err: loss / k",
-                "grad rel. err: per token",
-            ),
-            self.rows(),
-            caption=f"tiny LM, k = {self.accum_steps}, {self.batch_size} sequences per micro-batch",
-        )
-
-
-def compute_tokens(
-    accum_steps: int = 4, batch_size: int = 4, *, seed: int = 0, device: Any = "auto"
-) -> TokenResult:
-    """The tiny LM's windows at its initial parameters, and ``normalized`` vs ``ragged`` for one epoch.
-
-    Sequences of 4 to 40 tokens make the micro-batches' token counts differ, so a mean of
-    per-micro-batch means weighs a token in a short micro-batch more than one in a long one.
-
-    >>> compute_tokens(accum_steps=0)
-    Traceback (most recent call last):
-    ...
-    ValueError: accum_steps must be an integer >= 1 (got 0)
-    """
-    n_sequences = len(get_task(LM_TASK).make_dataset())
-    accum_steps = check_int("accum_steps", accum_steps, low=1)
-    batch_size = check_int(
-        "batch_size", batch_size, low=1, high=n_sequences, why=f"the task holds {n_sequences} sequences"
-    )
-    seed = check_int("seed", seed, low=0)
-    dev = resolve_device(device)
-    task = dataclasses.replace(get_task(LM_TASK), batch_size=batch_size, accum_steps=accum_steps)
-    model = task.make_model(seed).to(dev)
-    batches = list(task.loader())
-    windows = []
-    with torch.no_grad():
-        for start in range(0, len(batches), accum_steps):
-            window = batches[start : start + accum_steps]
-            losses = [task.item_losses(model, to_device(b, dev)) for b in window]
-            means = [float(l.mean()) for l in losses]
-            windows.append(
-                TokenWindow(
-                    tuple(count_tokens(b) for b in window),
-                    sum(means) / len(means),
-                    float(torch.cat(losses).mean()),
-                )
-            )
-    rel = {}
-    for name, loop in (
-        ("loss / k (accumlib.normalized)", normalized),
-        ("per token (accumlib.ragged)", ragged),
-    ):
-        trace = trace_loop(loop, task, seed=seed, device=dev)
-        rel[name] = tuple(c.rel_error for c in trace.comparisons)
-    return TokenResult(accum_steps, batch_size, tuple(windows), rel)
-
-
-@_style.styled
-def plot_tokens(result: TokenResult) -> Figure:
-    """Left: per window, the mean of means vs the token mean. Right: gradient error per step, both loops."""
-    fig, (ax, bx) = _style.figure(
-        2,
-        width=11.5,
-        height=4.4,
-        title=(
-            f"Tiny LM, k = {result.accum_steps}, {result.batch_size} sequences per micro-batch: "
-            "a mean of micro-batch means is not the mean over tokens"
-        ),
-    )
-    idx = range(1, len(result.windows) + 1)
-    ax.plot(
-        idx,
-        [w.token_mean for w in result.windows],
-        label="true: mean over all tokens",
-        **_style.ROLE["correct"],
-    )
-    ax.plot(
-        idx,
-        [w.mean_of_means for w in result.windows],
-        label="mean of micro-batch means",
-        **_style.ROLE["buggy"],
-    )
-    ax.set_xlabel("window")
-    ax.set_xticks(list(idx))
-    ax.set_ylabel("loss at the initial parameters")
-    ax.set_title("The window's loss, two ways")
-    ax.legend()
-    for (name, errs), role in zip(result.rel_error.items(), ("buggy", "correct")):
-        bx.plot(range(1, len(errs) + 1), [max(e, 1e-8) for e in errs], label=name, **_style.ROLE[role])
-    bx.set_yscale("log")
-    bx.set_ylim(1e-8, 10)
-    bx.axhline(FLOAT32_RTOL, color=_style.BLACK, ls=":", lw=1, label="float32 rounding bound")
-    bx.set_xlabel("optimizer step")
-    bx.set_xticks(list(idx))
-    bx.set_ylabel("relative error vs large batch (log)")
-    bx.set_title("Gradient error at optimizer.step()")
-    bx.legend(loc="center right")
-    return fig
 
 
 # --- the exercise: weigh every item of the partial window ---------------------------------------------
@@ -411,20 +279,21 @@ EXERCISE = Exercise(
     call="ragged_windows.EXERCISE",
     hints={
         "tail-misscaled": (
-            "The full windows are right; the last window holds 2 micro-batches (8 and 6 samples), not k = 4, yet "
-            "each of its losses is still divided as if the window were full, so its step is about half as long as "
-            "it should be.",
-            "What should each sample of a window weigh, and how many samples does each window hold? The loader can "
-            "tell you the micro-batch sizes before training starts.",
-            "Collect sizes = [len(y) for _, y in loader] first; for micro-batch i, n_window = sum(sizes[i - i % k:"
-            "i - i % k + k]); backward F.cross_entropy(model(x), y, reduction='sum') / n_window.",
+            "The full windows are right; the last window holds 2 micro-batches (8 and 6 samples), not k = "
+            "4, yet each of its losses is still divided as if the window were full, so its step is about "
+            "half as long as it should be.",
+            "What should each sample of a window weigh, and how many samples does each window hold? The "
+            "loader can tell you the micro-batch sizes before training starts.",
+            "Collect sizes = [len(y) for _, y in loader] first; for micro-batch i, n_window = sum(sizes[i - "
+            "i % k:i - i % k + k]); backward F.cross_entropy(model(x), y, reduction='sum') / n_window.",
         ),
         "mean-of-means": (
-            "The window's micro-batches hold different numbers of samples (8 and 6), and your loop weighs each "
-            "micro-batch's mean equally, so the 6 samples count more than the 8.",
-            "Weigh samples, not micro-batches: a sum of item losses divided by the window's sample count weighs "
-            "each sample the same, whatever micro-batch it sits in.",
-            "Use reduction='sum' and divide by the number of samples in the whole window (32, or 14 for the tail).",
+            "The window's micro-batches hold different numbers of samples (8 and 6), and your loop weighs "
+            "each micro-batch's mean equally, so the 6 samples count more than the 8.",
+            "Weigh samples, not micro-batches: a sum of item losses divided by the window's sample count "
+            "weighs each sample the same, whatever micro-batch it sits in.",
+            "Use reduction='sum' and divide by the number of samples in the whole window (32, or 14 for the "
+            "tail).",
         ),
         "tail-dropped": (
             "Some samples never reached an optimizer step: the last, partial window is never stepped.",
@@ -432,17 +301,23 @@ EXERCISE = Exercise(
             "Step also at the last micro-batch of the loader: if (i + 1) % k == 0 or i + 1 == len(loader).",
         ),
         "misscaled@last": (
-            "Only the last step is off, by the factor c shown: the full windows are right, the tail's divisor is not.",
-            "The tail holds 14 samples (8 + 6), not 16 and not 32: what does your loop divide the tail's losses by?",
-            "Divide each tail micro-batch's summed loss by the tail's own sample count, sum(sizes[12:14]) = 14.",
+            "Only the last step is off, by the factor c shown: the full windows are right, the tail's "
+            "divisor is not.",
+            "The tail holds 14 samples (8 + 6), not 16 and not 32: what does your loop divide the tail's "
+            "losses by?",
+            "Divide each tail micro-batch's summed loss by the tail's own sample count, sum(sizes[12:14]) = "
+            "14.",
         ),
         "misscaled": (
-            "Every step the verdict names is off by one factor c: the division is there, but by the wrong number.",
+            "Every step the verdict names is off by one factor c: the division is there, but by the wrong "
+            "number.",
             "A window's summed item losses should be divided by the number of samples in that window, once.",
-            "backward F.cross_entropy(..., reduction='sum') / n_window, n_window the samples of the micro-batch's window.",
+            "backward F.cross_entropy(..., reduction='sum') / n_window, n_window the samples of the "
+            "micro-batch's window.",
         ),
         "early-step": (
-            "The optimizer stepped before a full window of k micro-batches (other than the last one) was in .grad.",
+            "The optimizer stepped before a full window of k micro-batches (other than the last one) was in "
+            ".grad.",
             "Only a window's k-th micro-batch, or the loader's last, may step.",
             "if (i + 1) % k == 0 or i + 1 == len(loader): step and zero.",
         ),

@@ -66,7 +66,9 @@ class GalleryTable:
         return "\n".join(lines)
 
     def table(self) -> Table:
-        """The rows as a table (HTML in JupyterLab): loop, verdict, codes found, whether they are the expected ones."""
+        """The rows as a table (HTML in JupyterLab): loop, verdict, codes found, whether they are the
+        expected ones.
+        """
         rows = [
             (
                 r.name,
@@ -80,7 +82,8 @@ class GalleryTable:
         return Table(
             ("loop", "verdict", "found", "as expected"),
             rows,
-            caption=f"accumlib.verify on the gallery: {agree}/{len(self.rows)} loops get exactly their expected findings",
+            caption=f"accumlib.verify on the gallery: {agree}/{len(self.rows)} loops get exactly their "
+            f"expected findings",
         )
 
 
@@ -176,7 +179,8 @@ class Verified:
         return f"{self.name}\n\n{self.source}\n{self.report}"
 
     def _repr_html_(self) -> str:
-        return f"<h4>{html.escape(self.name)}</h4><pre>{html.escape(self.source)}</pre>{self.report._repr_html_()}"
+        source = html.escape(self.source)
+        return f"<h4>{html.escape(self.name)}</h4><pre>{source}</pre>{self.report._repr_html_()}"
 
 
 def run_gallery_loop(name: str) -> Verified:
@@ -297,14 +301,15 @@ def _own_loop_dataset() -> Any:
 
 
 def _own_loop_hints() -> dict[str, str | tuple[str, ...]]:
-    """A pasted loop can hold any bug: a nudge and verify's own remedy for every code, and written hints for the
+    """A pasted loop can hold any bug: a nudge and verify's own remedy for every code, and written hints for
+    the
     starting loop's (a warmup scheduler stepped per micro-batch, the divided loss logged)."""
     from accumlib._verify import CODES
 
     hints: dict[str, str | tuple[str, ...]] = {
         code: (
-            "Read the finding: it names the steps it concerns. Compare your loop at those steps with a loop of the "
-            "gallery that verify passes.",
+            "Read the finding: it names the steps it concerns. Compare your loop at those steps with a loop "
+            "of the gallery that verify passes.",
             f"In general terms: {c.message.split(' (')[0]}.",
             f"verify's remedy: {c.fix}.",
         )
@@ -314,10 +319,12 @@ def _own_loop_hints() -> dict[str, str | tuple[str, ...]]:
     hints.update(
         {
             "scheduler-per-micro-batch": (
-                "The learning rate changed between micro-batches of one window: the scheduler counts micro-batches.",
-                "A schedule (warmup, decay) is written in optimizer steps: the large batch changes its learning rate only "
-                "between steps, so every micro-batch of a window must see the same one.",
-                "Move scheduler.step() inside the if, right after scaler.step(optimizer) and scaler.update().",
+                "The learning rate changed between micro-batches of one window: the scheduler counts "
+                "micro-batches.",
+                "A schedule (warmup, decay) is written in optimizer steps: the large batch changes its "
+                "learning rate only between steps, so every micro-batch of a window must see the same one.",
+                "Move scheduler.step() inside the if, right after scaler.step(optimizer) and "
+                "scaler.update().",
             ),
             "logged-loss-scaled": (
                 "The gradient may be right; the loss the loop reports is k times too small.",
@@ -326,24 +333,27 @@ def _own_loop_hints() -> dict[str, str | tuple[str, ...]]:
                 "running_loss += loss.item() * accum_steps.",
             ),
             "logged-loss-wrong": (
-                "The loss the loop reports is not the mean loss over the epoch's items (the verdict gives both).",
-                "Every micro-batch's undivided mean, weighted by its item count, over all items of the epoch.",
+                "The loss the loop reports is not the mean loss over the epoch's items (the verdict gives "
+                "both).",
+                "Every micro-batch's undivided mean, weighted by its item count, over all items of the "
+                "epoch.",
                 "running_loss += mean.item() * len(y); n_items += len(y); return running_loss / n_items.",
             ),
             "misscaled@last": (
                 "Only the last step is off, by the factor c the verdict gives: the full windows are right.",
-                "A last window shorter than the others (your data's tail, or a loop that steps at the end) holds fewer "
-                "items than a full one: what does your loop divide its losses by?",
+                "A last window shorter than the others (your data's tail, or a loop that steps at the end) "
+                "holds fewer items than a full one: what does your loop divide its losses by?",
                 "Divide the last window's summed item losses by its own item count, not by a full window's.",
             ),
             "untracked-data": (
-                "Your loop trained on data of its own, not the loader train_fn receives, so verify could not judge those steps.",
+                "Your loop trained on data of its own, not the loader train_fn receives, so verify could "
+                "not judge those steps.",
                 "verify follows the items it hands your loop.",
                 "Iterate the loader argument (for x, y in loader) where your loop had its own DataLoader.",
             ),
             "error": (
-                "Your loop raised an error: read its last line. A pasted loop often needs its names adapted: the model, "
-                "the optimizer and the loader are train_fn's arguments, and each batch is (x, y)."
+                "Your loop raised an error: read its last line. A pasted loop often needs its names adapted: "
+                "the model, the optimizer and the loader are train_fn's arguments, and each batch is (x, y)."
             ),
         }
     )

@@ -170,10 +170,10 @@ def compute(
     ``optimizer.step()`` is compared with the oracle (``accumlib.harness.trace_loop``). Both parts
     are cached by their arguments, so a widget recomputes only the part a control changes.
 
-    >>> compute(accum_steps=0)
+    >>> compute(accum_steps=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: accum_steps must be an integer between 1 and 16; the memory sweep measures k = 1..max_k (got 0)
+    ValueError: accum_steps must be an integer between 1 and 16; the memory sweep measures ... (got 0)
     """
     accum_steps, batch_size, max_k, seed = _check_window(accum_steps, batch_size, max_k, seed)
     dev = str(resolve_device(device))
@@ -192,7 +192,8 @@ def plot(result: WhyResult) -> Figure:
         2,
         width=11.5,
         height=4.4,
-        title=f"Accumulating k micro-batches of b = {b}: memory of one micro-batch, gradient of the large batch",
+        title=f"Accumulating k micro-batches of b = {b}: memory of one micro-batch, gradient of the large "
+        f"batch",
     )
     kib = [x / 1024 for x in result.large_bytes]
     ax.plot(result.ks, kib, label=f"one large batch of k x {b} items", **_style.ROLE["other"])
@@ -215,7 +216,7 @@ def plot(result: WhyResult) -> Figure:
     ax.legend(loc="upper left")
     labels = ["loss / k\n(normalized)", "not divided\n(naive)"]
     values = [result.norm_ratio[NORMALIZED], result.norm_ratio[NAIVE]]
-    for x, (label, value, role) in enumerate(zip(labels, values, ("correct", "buggy"))):
+    for x, (value, role) in enumerate(zip(values, ("correct", "buggy"))):
         bx.bar(
             x, value, 0.6, color=_style.ROLE[role]["color"], hatch=_style.HATCH[role], edgecolor=_style.BLACK
         )
@@ -234,7 +235,8 @@ def widget(
 ) -> Explorer:
     """Sliders for k and the micro-batch size; each change re-runs ``compute`` (cached parts) and ``plot``.
 
-    ``initial``: the notebook's ``compute(accum_steps, batch_size)`` result, shown first instead of recomputing it.
+    ``initial``: the notebook's ``compute(accum_steps, batch_size)`` result, shown first instead of
+    recomputing it.
     """
     import ipywidgets as w
 
@@ -265,17 +267,18 @@ EXERCISE = Exercise(
     call="why.EXERCISE",
     hints={
         "unscaled-sum": (
-            "Every micro-batch's loss is the mean over its 32 digits, and backward() adds its gradient to what .grad "
-            "already holds. After k of them, how many times the large batch's mean gradient does .grad hold?",
-            "The large batch weighs each of its 64 digits 1/64; each micro-batch's mean weighs its 32 digits 1/32. "
-            "Change one line so that each micro-batch contributes its share: half of its mean.",
+            "Every micro-batch's loss is the mean over its 32 digits, and backward() adds its gradient to "
+            "what .grad already holds. After k of them, how many times the large batch's mean gradient does "
+            ".grad hold?",
+            "The large batch weighs each of its 64 digits 1/64; each micro-batch's mean weighs its 32 "
+            "digits 1/32. Change one line so that each micro-batch contributes its share: half of its mean.",
             "Call backward on the micro-batch mean divided by k: (loss / k).backward().",
         ),
         "misscaled": (
-            "Every step is now too small (or too large) by the one factor c shown above: the division is there, "
-            "but by the wrong number.",
-            "A mean is already divided by its 32 items. Count how many times your loop divides, and by what; keep "
-            "only the division that turns k means into one mean.",
+            "Every step is now too small (or too large) by the one factor c shown above: the division is "
+            "there, but by the wrong number.",
+            "A mean is already divided by its 32 items. Count how many times your loop divides, and by "
+            "what; keep only the division that turns k means into one mean.",
             "Divide the micro-batch mean by k = 2 once, and by nothing else: (loss / k).backward().",
         ),
         "early-step": (
@@ -284,7 +287,8 @@ EXERCISE = Exercise(
             "Step (and zero) only after the k-th backward of a window: if (i + 1) % k == 0.",
         ),
         "zero-grad-inside-window": (
-            ".grad is emptied between the micro-batches of one window, so only the last one reaches the step.",
+            ".grad is emptied between the micro-batches of one window, so only the last one reaches the "
+            "step.",
             "optimizer.zero_grad() belongs to the step, not to the micro-batch.",
             "Zero the gradients only right after optimizer.step(), inside the same if.",
         ),
@@ -295,9 +299,10 @@ EXERCISE = Exercise(
         ),
         "frozen-parameter": (
             "Your loop froze parameters of the model (requires_grad=False): the verdict names them.",
-            "The large batch trains every parameter; a frozen one never moves, so the accumulated model can no longer "
-            "match it, however the loss is divided.",
-            "Remove the requires_grad_(False) lines: leave every parameter trainable and only divide the loss.",
+            "The large batch trains every parameter; a frozen one never moves, so the accumulated model can "
+            "no longer match it, however the loss is divided.",
+            "Remove the requires_grad_(False) lines: leave every parameter trainable and only divide the "
+            "loss.",
         ),
         "error": "Your code raised an error: read its last line, fix it, and run the cell again.",
     },

@@ -95,7 +95,9 @@ class CurveResult:
     lr: float
 
     def gap(self, curve: Curve) -> float:
-        """The largest relative difference of ``curve``'s losses from the reference's over the steps both took."""
+        """The largest relative difference of ``curve``'s losses from the reference's over the steps both
+        took.
+        """
         pairs = list(zip(curve.losses, self.reference.losses))
         return max(abs(a - b) / abs(b) for a, b in pairs) if pairs else float("nan")
 
@@ -210,13 +212,12 @@ def plot(result: CurveResult) -> Figure:
     title = (
         f"Windows of {WINDOW} sequences cut into micro-batches"
         if windows in ([WINDOW], [])
-        else f"Windows of {', '.join(map(str, windows))} sequences against {WINDOW} x 1: another large batch, "
-        "another curve"
+        else f"Windows of {', '.join(map(str, windows))} sequences against {WINDOW} x 1: "
+        "another large batch, another curve"
     )
     fig, (ax, bx) = _style.figure(2, width=13.0, height=6.5, title=title)
     steps = range(1, len(result.reference.losses) + 1)
     ax.plot(steps, result.reference.losses, label="32 x 1 (the large batch)", **_style.ROLE["oracle"], lw=2.5)
-    styles = {"ragged": ("-", "o"), "normalized": ("--", "D"), "naive": ("-.", "s")}
     fills = ("full", "none", "left", "right")
     seen: dict[str, int] = {}
     for c in _shown(result):
@@ -270,7 +271,8 @@ def plot_schedule(result: ScheduleResult) -> Figure:
         width=10.0,
         height=5.0,
         title=(
-            f"One schedule, three loops: {result.n_steps} optimizer steps of k = {result.accum_steps} micro-batches"
+            f"One schedule, three loops: {result.n_steps} optimizer steps of k = {result.accum_steps} "
+            f"micro-batches"
         ),
     )
     plot_schedules(result, ax)
@@ -321,25 +323,30 @@ EXERCISE = Exercise(
     call="your_project.EXERCISE",
     hints={
         "scheduler-per-micro-batch": (
-            "The learning rate changes inside a window: scheduler.step() runs between a window's first micro-batch "
-            "and its optimizer.step(), once per micro-batch or just before the step.",
-            "A schedule is a function of the optimizer step. Call scheduler.step() where optimizer.step() is called, "
-            "once per window.",
-            "Move scheduler.step() into the `if (i + 1) % k == 0:` block, right after optimizer.step(), and give "
-            "linear_warmup the number of optimizer steps: total = math.ceil(len(loader) / k).",
+            "The learning rate changes inside a window: scheduler.step() runs between a window's first "
+            "micro-batch and its optimizer.step(), once per micro-batch or just before the step.",
+            "A schedule is a function of the optimizer step. Call scheduler.step() where optimizer.step() "
+            "is called, once per window.",
+            "Move scheduler.step() into the `if (i + 1) % k == 0:` block, right after optimizer.step(), and "
+            "give linear_warmup the number of optimizer steps: total = math.ceil(len(loader) / k).",
         ),
         "schedule-not-in-optimizer-steps": (
-            "Every step's gradient is right, and the scheduler moves once per step, but the learning rate does not "
-            "follow the plan: compare the two lists in the verdict.",
-            "Warmup and total are counts of scheduler.step() calls, which now happen once per optimizer step. "
-            "len(loader) counts micro-batches.",
-            f"warmup_steps={WARMUP} and total_steps=math.ceil(len(loader) / k): the number of optimizer steps in the epoch.",
+            "Every step's gradient is right, and the scheduler moves once per step, but the learning rate "
+            "does not follow the plan: compare the two lists in the verdict.",
+            "Warmup and total are counts of scheduler.step() calls, which now happen once per optimizer "
+            "step. len(loader) counts micro-batches.",
+            f"warmup_steps={WARMUP} and total_steps=math.ceil(len(loader) / k): the number of optimizer "
+            f"steps in the epoch.",
         ),
-        "early-step": "The optimizer steps more often than once every k micro-batches: keep optimizer.step() inside the `if`.",
-        "tail-dropped": "Some micro-batches never reach an optimizer step: every window of k must end in a step.",
+        "early-step": "The optimizer steps more often than once every k micro-batches: keep optimizer.step() "
+        "inside the `if`.",
+        "tail-dropped": "Some micro-batches never reach an optimizer step: every window of k must end in a "
+        "step.",
         "zero-grad-inside-window": "zero_grad() belongs right after optimizer.step(), inside the same `if`.",
-        "unscaled-sum": "The gradient is k times too long: keep the division by k of every micro-batch's mean.",
-        "no-zero-grad": "The gradient of one window leaks into the next: keep optimizer.zero_grad() after the step.",
+        "unscaled-sum": "The gradient is k times too long: keep the division by k of every micro-batch's "
+        "mean.",
+        "no-zero-grad": "The gradient of one window leaks into the next: keep optimizer.zero_grad() after "
+        "the step.",
     },
 )
 

@@ -1,4 +1,5 @@
-"""Solution of lesson 5's exercise: freeze BatchNorm's statistics so each image's loss no longer depends on its micro-batch.
+"""Solution of lesson 5's exercise: freeze BatchNorm's statistics so each image's loss no longer depends on
+its micro-batch.
 
 In eval mode a BatchNorm layer normalizes with its running statistics (here estimated on the data
 beforehand, as after pretraining), so the accumulated gradient equals the large batch's.

@@ -1,4 +1,5 @@
-"""Solution of lesson 10's exercise: warmup and total counted in optimizer steps, the scheduler stepped once per step.
+"""Solution of lesson 10's exercise: warmup and total counted in optimizer steps, the scheduler stepped once
+per step.
 
 The loader holds 24 micro-batches; with k = 4 that is 6 optimizer steps, the length of the schedule.
 Warmup is 2 optimizer steps. ``scheduler.step()`` sits beside ``optimizer.step()``.
