@@ -129,9 +129,12 @@ def run_target(args: argparse.Namespace) -> int:
         check_int("accum_steps", kw["accum_steps"], low=1)
         kw["max_steps"] = args.max_steps
         if args.world_size != 1:
-            from ..distributed.launch import check_world_size
+            from ..distributed.launch import RANK_MEMORY_BYTES, RANKS_PER_CORE, max_world_size
 
-            check_world_size(args.world_size)
+            why = (
+                f"{RANKS_PER_CORE} ranks per usable core, {RANK_MEMORY_BYTES // 2**20} MiB available per rank"
+            )
+            check_int("world_size", args.world_size, low=1, high=max_world_size(), why=why)
         check_args(
             fn,
             kw["model"],
