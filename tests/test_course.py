@@ -38,7 +38,7 @@ def _code(path: Path) -> str:
 
 @pytest.mark.parametrize("lesson", course.COURSE, ids=lambda lesson: lesson.file)
 def test_every_lesson_notebook_is_taught_from_the_module_named_after_it(lesson):
-    """NN_<name>.ipynb: the course map names accumlib/lessons/<name>.py; it exists; the notebook imports it."""
+    """NN_<name>.ipynb: the course map names accumlib/lessons/<name>.py, which the notebook imports."""
     name = lesson.file.removesuffix(".ipynb").split("_", 1)[1]
     assert lesson.module == name and (LESSONS_DIR / f"{name}.py").is_file(), name
     assert importlib.import_module(f"accumlib.lessons.{name}").__file__ == str(LESSONS_DIR / f"{name}.py")
