@@ -111,7 +111,9 @@ def test_prerequisites_come_first_and_the_routes_respect_them():
 
 
 def test_a_lesson_number_out_of_range_is_refused():
-    with pytest.raises(ValueError, match=r"number must be a lesson number between 1 and 10 \(got 0\)"):
+    with pytest.raises(
+        ValueError, match=r"number must be an integer between 1 and 10; a lesson number \(got 0\)"
+    ):
         course.by_number(0)
 
 

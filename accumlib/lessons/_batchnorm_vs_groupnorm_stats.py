@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from .. import get_task, ragged, resolve_device
 from .. import large_batch as large_batch_loop  # the loop; ``large_batch`` below is a batch size
-from .._checks import check_float, check_int
+from .._checks import check_choice, check_float, check_int
 from .._text import Table
 from ..compare import compare
 from ..data import digits
@@ -23,8 +23,7 @@ MOMENTUM = 0.9  # SGD momentum for the training curves: a realistic optimizer, s
 
 def task_for(norm: str) -> Any:
     """The built-in task: ``cnn-batchnorm`` or ``cnn-groupnorm`` (the same CNN and 128 images)."""
-    if norm not in NORMS:
-        raise ValueError(f"norm must be one of {NORMS} (got {norm!r})")
+    check_choice("norm", norm, NORMS)
     return get_task(f"cnn-{norm}norm")
 
 

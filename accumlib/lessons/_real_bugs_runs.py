@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import check_choice
+
 
 @dataclass(frozen=True)
 class Run:
@@ -118,8 +120,7 @@ RUNS: dict[str, Run] = {
 @functools.lru_cache(maxsize=len(RUNS))
 def run(name: str) -> Any:
     """verify's report of run ``name`` (made once per process: every run is seeded)."""
-    if name not in RUNS:
-        raise ValueError(f"name must be one of {', '.join(repr(n) for n in RUNS)} (got {name!r})")
+    check_choice("name", name, tuple(RUNS))
     from ..survey.run import _quiet
 
     with _quiet():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from .._checks import check_choice, check_int
 from .._text import Table
 
 
@@ -248,8 +249,7 @@ def cite(key: str) -> str:
     >>> cite("huggingface")
     '[Fixing Gradient Accumulation](https://huggingface.co/blog/gradient_accumulation)'
     """
-    if key not in REFERENCES:
-        raise ValueError(f"key must be one of {sorted(REFERENCES)} (got {key!r})")
+    check_choice("key", key, sorted(REFERENCES))
     return REFERENCES[key].link()
 
 
@@ -260,10 +260,9 @@ def references() -> Table:
 
 
 def by_number(number: int) -> Lesson:
-    for lesson in COURSE:
-        if lesson.number == number:
-            return lesson
-    raise ValueError(f"number must be a lesson number between 1 and {len(COURSE)} (got {number!r})")
+    check_int("number", number, low=1, high=len(COURSE), why="a lesson number")
+    (lesson,) = [lesson for lesson in COURSE if lesson.number == number]
+    return lesson
 
 
 def _seconds(execution: dict) -> float:
@@ -351,8 +350,7 @@ def slack(route: str) -> int:
     >>> slack("90-minute workshop") >= 15
     True
     """
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {sorted(ROUTES)} (got {route!r})")
+    check_choice("route", route, sorted(ROUTES))
     return ROUTE_MINUTES[route] - sum(by_number(n).minutes for n in ROUTES[route])
 
 
