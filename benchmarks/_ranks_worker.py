@@ -44,7 +44,7 @@ QUICK = Scale(32, (64, 64), 10, 4, 2, 2)
 WARM = Scale(16, (32,), 4, 2, 2, 1)  # the warm-up before any baseline
 
 
-from verify_scale import build, item_losses  # noqa: E402  the same MLP and data, at this section's scales
+from _verify_scale_runs import build, item_losses  # noqa: E402  the same MLP and data, at this section's scales
 
 
 def count_items(batch: Any) -> int:
@@ -69,7 +69,8 @@ class Case:
             self.batch_size, self.k, self.collate_fn = scale.batch_size, scale.k, None
 
     def prepare(self, mode: str) -> Any:
-        """The run to measure, as a zero-argument call; what the loop alone needs is built here, outside it."""
+        """The run to measure, as a zero-argument call; what the loop alone needs is built here, outside
+        it."""
         import accumlib
         from accumlib.examples.ddp_loops import LOOPS
 
@@ -238,7 +239,8 @@ class Traffic:
 
 
 def rank_main(rank: int, world: int, plan_json: str, out: str) -> None:
-    """What each rank of one launch does: warm up, the peak of its first run, then timings, then counted runs."""
+    """What each rank of one launch does: warm up, the peak of its first run, then timings, then counted
+    runs."""
     import torch.distributed as dist
     from _peak import Peak
 

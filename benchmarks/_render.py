@@ -14,7 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def goals_table(results: dict, modules: dict[str, Any]) -> list[dict]:
-    """One entry per goal a section module states (its ``GOALS``): met, MISSED, or not measured (with the reason)."""
+    """One entry per goal a section module states (its ``GOALS``): met, MISSED, or not measured (with the
+    reason)."""
     section_of = {key: name for name, mod in modules.items() for key in mod.GOALS}
     table = []
     for key, text in ((k, t) for mod in modules.values() for k, t in mod.GOALS.items()):
@@ -89,8 +90,9 @@ def markdown(report: dict, modules: dict[str, Any]) -> str:
     lines = [
         "## Performance",
         "",
-        f"Produced by `make bench` on {m['date_utc']} UTC at commit {m['commit']}: {m['cpu']}, {m['cores']} cores, "
-        f"torch {m['torch']} ({m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}), Python {m['python']}"
+        f"Produced by `make bench` on {m['date_utc']} UTC at commit {m['commit']}: {m['cpu']}, {m['cores']} "
+        f"cores, torch {m['torch']} ({m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}), "
+        f"Python {m['python']}"
         + (f", CUDA {m['cuda']}" if m["cuda"] else ", no CUDA device")
         + f". Whole run: {report['wall_s']:.0f} s.",
         "",
@@ -180,9 +182,10 @@ def figure(report: dict, path: Path, modules: dict[str, Any]) -> None:
     ax.set(title="2 & 4. time ratios, quartiles (red: goal missed)", xlabel="ratio to the baseline")
     ax = axes[1][1]
     bars = []
-    if "rows" in s.get("notebooks", {}):
+    if "rows" in s.get("notebook_times", {}):
         bars += [
-            (Path(r["notebook"]).stem[:24], r["wall_s"], limit["notebooks"]) for r in s["notebooks"]["rows"]
+            (Path(r["notebook"]).stem[:24], r["wall_s"], limit["notebook_times"])
+            for r in s["notebook_times"]["rows"]
         ]
     if "rows" in s.get("widgets", {}):
         # each widget's slowest control held to the goal (every control: latest.md)

@@ -56,7 +56,8 @@ def pair_ratios(a: list[float], b: list[float]) -> float:
 
 
 def ratio_quartiles(a: list[float], b: list[float]) -> list[float]:
-    """First and third quartile of the pair ratios: how far one repeat strays, so a reader can judge the median."""
+    """First and third quartile of the pair ratios: how far one repeat strays, so a reader can judge the
+    median."""
     r = [x / y for x, y in zip(a, b)]
     if len(r) < 2:
         return [r[0], r[0]]
@@ -107,7 +108,8 @@ def machine(threads: int) -> dict:
 
 
 def cpu_now() -> tuple[float, float, float] | None:
-    """(wall s, CPU-seconds the whole machine was busy, CPU-seconds of this process and its finished children)."""
+    """(wall s, CPU-seconds the whole machine was busy, CPU-seconds of this process and its finished
+    children)."""
     try:
         with open("/proc/stat") as f:
             # user nice system idle iowait irq softirq steal

@@ -1,25 +1,32 @@
 """What accumulation saves and costs, measured side by side: ``make bench``.
 
-One module per section, each with the same face: ``NAME`` (its key in latest.json), ``TITLE``,
-``GOALS`` (goal key -> the target, as the issue states it), ``LIMIT`` (the figure's goal line, if
-any), ``run(quick) -> dict`` and ``lines(result, short) -> list[str]`` (its markdown):
+One module per section, each with the same face: ``NAME`` (its file name, and its key in latest.json),
+``TITLE``, ``GOALS`` (goal key -> the target, as the issue states it), ``LIMIT`` (the figure's goal
+line, if any), ``run(quick: bool = False) -> dict`` (its knobs are module constants, or follow
+``quick``) and ``lines(result, short) -> list[str]`` (its markdown):
 
     memory.py          activation bytes per micro-batch for k = 1..16, as a ratio to the full batch
     overhead.py        every reference loop against a hand-written twin, interleaved, median time ratio
+                       (a registered loop without a twin is reported as not measured)
     price.py           one effective batch as k micro-batches against one large batch, k = 1..16
-    verify_cost.py     accumlib.verify on correct and buggy loops against the loop alone
+    verify.py          accumlib.verify on correct and buggy loops against the loop alone
     notebook_times.py  wall time of every notebook under nbval, and of the suite
-    widgets.py         every control of every lesson widget: change -> recomputed figure, in a real kernel
-                       (widget_discovery.py finds them, widget_driver.py runs inside the kernel)
+    widgets.py         every control of every lesson widget: change -> recomputed figure, in a real
+                       kernel (_widget_discovery.py finds them, _widget_kernel.py drives the kernel,
+                       _widget_driver.py runs inside it)
     allreduce.py       all-reduce calls and bytes per optimizer step under DDP, with and without no_sync
-    verify_scale.py    verify's extra peak memory and time on a 39.4M-parameter MLP (_peak.py: peak memory)
-    trainer_cost.py    accumlib.hf.verify_trainer against trainer.train() alone: a tiny Llama, 25 steps of k = 4
-    verify_ranks.py    verify(ranks='all') on 2 gloo ranks against the same DDP loop alone: time, extra peak memory
-                       per rank, and verify's collectives per optimizer step, counted (an 11.3M MLP and lm-tokens)
+    verify_scale.py    verify's extra peak memory and time on a 39.4M-parameter MLP (its runs in
+                       _verify_scale_runs.py; _peak.py: peak memory)
+    verify_trainer.py  accumlib.hf.verify_trainer against trainer.train() alone: a tiny Llama, 25 steps
+                       of k = 4
+    verify_ranks.py    verify(ranks='all') on 2 gloo ranks against the same DDP loop alone: time, extra
+                       peak memory per rank, and verify's collectives per optimizer step, counted (an
+                       11.3M MLP and lm-tokens; _ranks_worker.py runs on each rank)
 
-Shared: ``_timing.py`` (interleaved runs, ratios, the machine and its load) and ``_render.py``
-(tables, the goals table, the README's Performance section, the figure). To add a section, write
-its module with that face and add its name to ``SECTION_MODULES`` below.
+Shared, private (``_``): ``_timing.py`` (interleaved runs, ratios, the machine and its load) and
+``_render.py`` (tables, the goals table, the README's Performance section, the figure). To add a
+section, write ``benchmarks/<name>.py`` with that face (``NAME = "<name>"``) and add its name to
+``SECTION_MODULES`` below; a module whose name starts with ``_`` is a helper, never a section.
 
 Figures, not tests: every goal is stated as met or MISSED, never hidden, and a section
 whose pieces are missing says "not available: <reason>" instead of printing a number.
@@ -28,7 +35,8 @@ Writes ``latest.json``, ``latest.md`` (the README's Performance section) and ``l
     python benchmarks/bench.py                    # the full run (under 10 minutes on 2 cores)
     python benchmarks/bench.py --quick --out /tmp/b   # tiny sizes: keeps the script working
     python benchmarks/bench.py --only memory,price
-    python benchmarks/bench.py --only widgets --merge   # one section, the others kept from the last latest.json
+    # one section, the others kept from the last latest.json
+    python benchmarks/bench.py --only widgets --merge
 """
 
 from __future__ import annotations
@@ -57,15 +65,27 @@ SECTION_MODULES = (
     "memory",
     "overhead",
     "price",
-    "verify_cost",
+    "verify",
     "notebook_times",
     "widgets",
     "allreduce",
     "verify_scale",
-    "trainer_cost",
+    "verify_trainer",
     "verify_ranks",
 )
-MODULES: dict[str, Any] = {m.NAME: m for m in (importlib.import_module(name) for name in SECTION_MODULES)}
+
+
+def _section(name: str) -> Any:
+    """A section module, held to the face every section has: its NAME is its file name."""
+    module = importlib.import_module(name)
+    if module.NAME != name:
+        raise ValueError(
+            f"benchmarks/{name}.py must set NAME = {name!r}, its file name (got {module.NAME!r})"
+        )
+    return module
+
+
+MODULES: dict[str, Any] = {name: _section(name) for name in SECTION_MODULES}
 SECTIONS = tuple(MODULES)
 GOALS = {key: text for m in MODULES.values() for key, text in m.GOALS.items()}
 RUNNERS: dict[str, Callable[..., dict]] = {name: m.run for name, m in MODULES.items()}
@@ -74,7 +94,8 @@ verify_scale = MODULES["verify_scale"]
 
 
 def _carry_over(report: dict, previous: Path) -> None:
-    """``--merge``: the sections this run did not measure, kept from ``previous`` with the date and commit they were measured at."""
+    """``--merge``: the sections this run did not measure, kept from ``previous`` with the date and commit
+    they were measured at."""
     if not previous.exists():
         return
     old = json.loads(previous.read_text())
@@ -120,8 +141,7 @@ def run(only: list[str], quick: bool, out: Path, threads: int, merge: bool = Fal
         cpu0 = cpu_now()
         torch.manual_seed(0)
         try:
-            kwargs = {"out": out} if name == "notebooks" else {}
-            res = RUNNERS[name](quick=quick, **kwargs)
+            res = RUNNERS[name](quick=quick)
         except Exception as err:  # a section that breaks says why; the other sections still run
             traceback.print_exc()
             res = {"not_available": f"the section raised {type(err).__name__}: {err}"}
@@ -145,8 +165,8 @@ def run(only: list[str], quick: bool, out: Path, threads: int, merge: bool = Fal
         worst = max(busy, key=busy.get)
         report["busy_warning"] = (
             f"other processes kept up to {busy[worst]:.1f} of {m['cores']} cores busy (during '{worst}'; "
-            f"{', '.join(f'{k} {v:.1f}' for k, v in busy.items())}): every time and time ratio here is contaminated; "
-            "re-run `make bench` on a quiet machine"
+            f"{', '.join(f'{k} {v:.1f}' for k, v in busy.items())}): every time and time ratio here is "
+            "contaminated; re-run `make bench` on a quiet machine"
         )
     print("\n== goals")
     for g in report["goals"]:
@@ -159,7 +179,8 @@ def run(only: list[str], quick: bool, out: Path, threads: int, merge: bool = Fal
     (out / "latest.md").write_text(markdown(report, MODULES))
     figure(report, out / "latest.png", MODULES)
     print(
-        f"\nwrote {out / 'latest.json'}, {out / 'latest.md'}, {out / 'latest.png'}  ({report['wall_s']:.0f} s in all)"
+        f"\nwrote {out / 'latest.json'}, {out / 'latest.md'}, {out / 'latest.png'}  "
+        f"({report['wall_s']:.0f} s in all)"
     )
     return report
 
@@ -184,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--merge",
         action="store_true",
-        help="keep the sections not run from the existing latest.json in --out (each with its own date and commit)",
+        help="keep the sections not run from the existing latest.json in --out (each with its own date "
+        "and commit)",
     )
     p.add_argument(
         "--threads",

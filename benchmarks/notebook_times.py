@@ -1,4 +1,5 @@
-"""Section 5, the notebook suite: wall time of every notebook under nbval, each in its own pytest process, and of
+"""Section 5, the notebook suite: wall time of every notebook under nbval, each in its own pytest process, and
+of
 the suite.
 """
 
@@ -9,13 +10,14 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from _render import md_table
 from _timing import ROOT
 
-NAME = "notebooks"
+NAME = "notebook_times"
 TITLE = "5. Notebook suite under nbval"
 GOALS = {
     "notebook_each": "every notebook under nbval <= 30 s (2-core CPU)",
@@ -58,14 +60,18 @@ def _notebooks(quick: bool, out: Path) -> tuple[list[Path], list[str]]:
     return found, missing
 
 
-def run(quick: bool = False, out: Path | None = None) -> dict:
+def run(quick: bool = False) -> dict:
     """Each notebook in its own ``pytest --nbval`` process; the suite is the sum of those runs."""
     try:
         import nbval  # noqa: F401
     except ImportError as err:
         return {"not_available": f"nbval is not installed ({err})"}
-    out = out or Path(".")
-    paths, missing = _notebooks(quick, out)
+    with tempfile.TemporaryDirectory() as scratch:  # --quick's one-cell notebook lives here
+        return _run(quick, Path(scratch))
+
+
+def _run(quick: bool, scratch: Path) -> dict:
+    paths, missing = _notebooks(quick, scratch)
     rows = []
     for nb in paths:
         cmd = [
@@ -89,7 +95,7 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
         )
         wall = time.perf_counter() - t0
         tail = (proc.stdout.strip().splitlines() or [""])[-1]
-        rel = nb.relative_to(ROOT) if nb.is_relative_to(ROOT) else nb.name
+        rel = nb.relative_to(ROOT) if nb.is_relative_to(ROOT) else Path(nb.name)
         rows.append(
             {
                 "notebook": str(rel),
@@ -100,7 +106,8 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
             }
         )
         print(
-            f"    {str(rel):<44} {wall:6.1f} s  {'passed' if proc.returncode == 0 else 'FAILED: ' + tail[-80:]}",
+            f"    {str(rel):<44} {wall:6.1f} s  "
+            f"{'passed' if proc.returncode == 0 else 'FAILED: ' + tail[-80:]}",
             flush=True,
         )
     suite = sum(r["wall_s"] for r in rows)
@@ -121,7 +128,10 @@ def run(quick: bool = False, out: Path | None = None) -> dict:
     if failed:
         for g in goals.values():
             g["note"] = f"nbval failed on {failed}: their times are of a failing run"
-    note = "one `pytest --nbval --nbval-current-env` process per notebook (pytest and kernel start-up included); suite = the sum"
+    note = (
+        "one `pytest --nbval --nbval-current-env` process per notebook (pytest and kernel start-up "
+        "included); suite = the sum"
+    )
     if quick:
         note += "; --quick runs a one-cell notebook only, so these goals are not measured for real"
         for g in goals.values():

@@ -29,10 +29,28 @@ def _split(task: Any, dataset: Any, k: int) -> list:
     return [collate([dataset[i] for i in range(a, b)]) for a, b in zip(bounds, bounds[1:])]
 
 
-def run(quick: bool = False, ks: tuple[int, ...] | None = None, repeats: int | None = None) -> dict:
+KS, QUICK_KS = tuple(range(1, 17)), (1, 2, 4)
+REPEATS, QUICK_REPEATS = 6, 2  # interleaved samples per k
+
+
+def _prepare(task: Any, dataset: Any, model0: Any, device: str, k: int, inner: int) -> Callable:
+    """One timed sample's maker: ``inner`` effective batches as k micro-batches through accumlib.ragged."""
+    micro = [accumlib._batch.to_device(b, device) for b in _split(task, dataset, k)] * inner
+
+    def make() -> Callable[[], Any]:
+        model = copy.deepcopy(model0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        return lambda: accumlib.ragged(
+            model, opt, micro, task.item_losses, accum_steps=k, count_items=task.count_items
+        )
+
+    return make
+
+
+def run(quick: bool = False) -> dict:
     """Seconds per optimizer step on one effective batch, as k micro-batches (accumlib.ragged)."""
-    ks = ks or ((1, 2, 4) if quick else tuple(range(1, 17)))
-    repeats = repeats or (2 if quick else 6)
+    ks = QUICK_KS if quick else KS
+    repeats = QUICK_REPEATS if quick else REPEATS
     inner = 1 if quick else 3  # effective batches per timed sample: a sample of a few ms is all noise
     models = {name: (task, ds) for name, (task, ds, _) in cases(quick).items()}
     rows = []
@@ -41,19 +59,7 @@ def run(quick: bool = False, ks: tuple[int, ...] | None = None, repeats: int | N
             task = accumlib.get_task(task_name)
             model0 = task.make_model(0).to(device)
 
-            def prepare(k: int) -> Callable[[], Callable[[], Any]]:
-                micro = [accumlib._batch.to_device(b, device) for b in _split(task, dataset, k)] * inner
-
-                def make() -> Callable[[], Any]:
-                    model = copy.deepcopy(model0)
-                    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-                    return lambda: accumlib.ragged(
-                        model, opt, micro, task.item_losses, accum_steps=k, count_items=task.count_items
-                    )
-
-                return make
-
-            t = interleaved({k: prepare(k) for k in ks}, repeats)
+            t = interleaved({k: _prepare(task, dataset, model0, device, k, inner) for k in ks}, repeats)
             base = statistics.median(t[ks[0]]) / inner
             for k in ks:
                 step = statistics.median(t[k]) / inner
@@ -71,7 +77,8 @@ def run(quick: bool = False, ks: tuple[int, ...] | None = None, repeats: int | N
     return {
         "rows": rows,
         "goals": {},
-        "note": f"median of {repeats} interleaved samples of {inner} optimizer steps; k=1 is the large batch; accumlib.ragged, SGD",
+        "note": f"median of {repeats} interleaved samples of {inner} optimizer steps; k=1 is the large "
+        "batch; accumlib.ragged, SGD",
     }
 
 

@@ -55,9 +55,11 @@ LIMIT = TIME_MAX
 GOALS = {
     "verify_ranks_time": "verify(ranks='all') / the same DDP loop alone <= 3.0 on 2 gloo ranks (median), "
     "11.3M-parameter MLP and lm-tokens",
-    "verify_ranks_memory": "verify(ranks='all')'s extra peak memory per rank over the loop alone <= 5x parameter bytes "
-    "+ one micro-batch's activations (one process's 4x, plus one P-sized exchange buffer), 11.3M-parameter MLP",
-    "verify_ranks_traffic": "verify(ranks='all')'s collectives per optimizer step and rank <= 4x parameter bytes + 64 KiB (counted)",
+    "verify_ranks_memory": "verify(ranks='all')'s extra peak memory per rank over the loop alone <= 5x "
+    "parameter bytes + one micro-batch's activations (one process's 4x, plus one P-sized exchange buffer), "
+    "11.3M-parameter MLP",
+    "verify_ranks_traffic": "verify(ranks='all')'s collectives per optimizer step and rank <= 4x parameter "
+    "bytes + 64 KiB (counted)",
 }
 LAUNCH_TIMEOUT_S = 300.0
 
@@ -82,8 +84,14 @@ def _activation_bytes(scale: Scale) -> int:
 # --- the section ------------------------------------------------------------------------------------------
 
 
-def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -> dict:
-    """Two launches of 2 gloo ranks (one with --quick); rows per model and the three goals, as plain dicts."""
+def run(quick: bool = False) -> dict:
+    """The section as bench.py runs it (the face every section has): ``measure`` with its defaults."""
+    return measure(quick)
+
+
+def measure(quick: bool = False, repeats: int | None = None, verbose: bool = True) -> dict:
+    """Two launches of 2 gloo ranks (one with --quick); rows per model and the three goals, as plain
+    dicts. ``repeats``: interleaved timing pairs per model (the command line's ``--repeats``)."""
     try:
         import torch.distributed as dist
 
@@ -93,12 +101,15 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
     if not dist.is_available():
         return {"not_available": "torch.distributed is not available in this build of torch"}
     scale = QUICK if quick else FULL
-    mlp = f"MLP {sum(a * b + b for a, b in zip((scale.in_features, *scale.widths), (*scale.widths, scale.classes))) / 1e6:.1f}M"
+    sizes = (scale.in_features, *scale.widths, scale.classes)
+    mlp = f"MLP {sum(a * b + b for a, b in zip(sizes, sizes[1:])) / 1e6:.1f}M"
     repeats = repeats or (1 if quick else 3)
     names = [mlp, "lm-tokens"]
     common = {"scale": asdict(scale), "cases": names, "repeats": repeats}
-    # the loop alone's peak first in one fresh launch, verify's first in another: each peak is its process's own
-    # the loop alone's peak in one fresh launch, verify's first in another (its collectives counted meanwhile),
+    # the loop alone's peak first in one fresh launch, verify's first in another: each peak is its process's
+    # own
+    # the loop alone's peak in one fresh launch, verify's first in another (its collectives counted
+    # meanwhile),
     # where the timings follow: each peak is its process's own
     plans = (
         [
@@ -122,7 +133,8 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
             got = [_launch(p, out) for p in plans]
         except Exception as err:
             return {
-                "not_available": f"spawning {WORLD} loopback ranks failed: {type(err).__name__}: {str(err)[-300:]}"
+                "not_available": f"spawning {WORLD} loopback ranks failed: {type(err).__name__}: "
+                f"{str(err)[-300:]}"
             }
     launches_s = time.perf_counter() - t0
     # per rank, both launches merged
@@ -202,8 +214,8 @@ def goals(rows: list[dict], quick: bool) -> dict:
         "verify_ranks_memory": judge(
             "memory_met",
             lambda r: (
-                f"{_mb(r['verify_extra_peak_bytes'])} worst rank, {r['extra_over_params']:.1f}x the parameters "
-                f"(goal {_mb(r['memory_limit_bytes'])})"
+                f"{_mb(r['verify_extra_peak_bytes'])} worst rank, {r['extra_over_params']:.1f}x the "
+                f"parameters (goal {_mb(r['memory_limit_bytes'])})"
             ),
         ),
         "verify_ranks_traffic": judge(
@@ -223,17 +235,19 @@ def goals(rows: list[dict], quick: bool) -> dict:
 def note(scale: Scale, rows: list[dict], quick: bool) -> str:
     mlp = rows[0]
     return (
-        f"{WORLD} gloo ranks on loopback, 1 thread each, the correct DDP loop of accumlib.examples.ddp_loops; "
-        f"MLP {'-'.join(map(str, (scale.in_features, *scale.widths, scale.classes)))} ({mlp['param_count']:,} parameters, "
-        f"{_mb(mlp['param_bytes'])}), k = {scale.k}, micro-batches of {scale.batch_size}, {scale.steps} optimizer steps per rank "
-        f"(equal counts: no per-rank-mean all-reduce); lm-tokens: its task's k = 4, batches of 4, 64 sequences "
-        f"(token counts differ between ranks: the per-rank-mean all-reduce runs). Time: rank 0's, median of "
-        f"{mlp['repeats']} interleaved pairs, each of loop alone and verify warmed up once in the process first. Memory: per rank, "
-        "peak resident memory (VmHWM) above the run's baseline (model and data built, a tiny MLP's runs done), the loop alone "
-        "and verify each first in its own fresh launch; verify's extra = its peak - the loop's. Traffic: torch.distributed's "
-        "Python collectives counted in each rank during verify's run (bytes this rank hands in: a tensor's, a gathered "
-        "object's pickled size), per optimizer step; the loop's DDP gradient all-reduce (C++ reducer, unseen by such a "
-        "count) counted apart by a DDP communication hook"
+        f"{WORLD} gloo ranks on loopback, 1 thread each, the correct DDP loop of "
+        "accumlib.examples.ddp_loops; MLP "
+        f"{'-'.join(map(str, (scale.in_features, *scale.widths, scale.classes)))} ({mlp['param_count']:,} "
+        f"parameters, {_mb(mlp['param_bytes'])}), k = {scale.k}, micro-batches of {scale.batch_size}, "
+        f"{scale.steps} optimizer steps per rank (equal counts: no per-rank-mean all-reduce); lm-tokens: its "
+        "task's k = 4, batches of 4, 64 sequences (token counts differ between ranks: the per-rank-mean "
+        f"all-reduce runs). Time: rank 0's, median of {mlp['repeats']} interleaved pairs, each of loop alone "
+        "and verify warmed up once in the process first. Memory: per rank, peak resident memory (VmHWM) "
+        "above the run's baseline (model and data built, a tiny MLP's runs done), the loop alone and verify "
+        "each first in its own fresh launch; verify's extra = its peak - the loop's. Traffic: "
+        "torch.distributed's Python collectives counted in each rank during verify's run (bytes this rank "
+        "hands in: a tensor's, a gathered object's pickled size), per optimizer step; the loop's DDP "
+        "gradient all-reduce (C++ reducer, unseen by such a count) counted apart by a DDP communication hook"
         + ("; --quick: tiny sizes, everything in one launch, no verdict" if quick else "")
     )
 
@@ -252,8 +266,8 @@ def line_of(r: dict) -> list[str]:
         )
     ddp = r["traffic_per_rank"][0]["ddp_bytes_per_step"]
     out += [
-        f"traffic {_mb(r['bytes_per_step'])}/step ({r['bytes_over_params']:.2f}x params {_mb(r['param_bytes'])}; "
-        f"DDP's own {_mb(ddp)})",
+        f"traffic {_mb(r['bytes_per_step'])}/step ({r['bytes_over_params']:.2f}x params "
+        f"{_mb(r['param_bytes'])}; DDP's own {_mb(ddp)})",
         f"verdict {'ok' if r['verdict_ok'] else 'NOT ok: ' + ', '.join(r['codes'])}",
     ]
     return out
@@ -316,7 +330,8 @@ def lines(res: dict, short: bool = False) -> list[str]:
     if not all(r.get("exact_peak", True) for r in res["rows"]):
         out += [
             "",
-            "peaks sampled every 2 ms (the kernel's high-water mark could not be reset here): a short spike may be missed",
+            "peaks sampled every 2 ms (the kernel's high-water mark could not be reset here): a short spike "
+            "may be missed",
         ]
     return out
 
@@ -339,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
-    res = run(args.quick, args.repeats)
+    res = measure(args.quick, args.repeats)
     if "not_available" in res:
         print(f"not available: {res['not_available']}")
         return res

@@ -31,9 +31,9 @@ FIGURES = {
     "overhead": ("accumlib_s", "hand_s", "ratio"),
     "price": ("step_s", "ratio_to_k1"),
     "verify": ("verify_s", "alone_s", "ratio"),
-    "notebooks": ("wall_s",),
+    "notebook_times": ("wall_s",),
     "widgets": ("median_s",),
-    "distributed": ("calls_per_step", "bytes_per_step", "bytes_vs_no_sync"),
+    "allreduce": ("calls_per_step", "bytes_per_step", "bytes_vs_no_sync"),
     "verify_scale": ("alone_s", "verify_s", "time_ratio", "verify_extra_peak_bytes"),
     "verify_trainer": ("alone_s", "verify_s", "ratio"),
     "verify_ranks": ("alone_s", "verify_s", "ratio", "param_bytes", "bytes_per_step", "calls_per_step"),
@@ -48,7 +48,8 @@ def _finite(x):
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     # One in-process run of every section at tiny sizes (~50 s on an idle 2-core machine: most of
-    # it is one nbval kernel start, two spawns of 2 DDP ranks (distributed, verify_ranks) and verify_scale's one child process).
+    # it is one nbval kernel start, two spawns of 2 DDP ranks (distributed, verify_ranks) and verify_scale's
+    # one child process).
     report = bench.main(["--quick", "--out", str(out)])
     return out, report
 
@@ -63,14 +64,73 @@ def test_every_section_produces_finite_figures(quick_run):
         for row in res["rows"]:
             for f in fields:
                 assert _finite(row[f]), (section, f, row)
-    assert all(r["passed"] for r in report["sections"]["notebooks"]["rows"])
+    assert all(r["passed"] for r in report["sections"]["notebook_times"]["rows"])
 
 
 def test_hand_written_twins_do_the_accumlib_loops_work(quick_run):
     _, report = quick_run
-    rows = report["sections"]["overhead"]["rows"]
-    assert {r["loop"] for r in rows} == set(bench.accumlib.LOOPS)
-    assert all(r["same_logged_losses"] for r in rows)
+    res = report["sections"]["overhead"]
+    measured = {r["loop"] for r in res["rows"]}
+    assert measured | {r["loop"] for r in res["not_measured"]} == set(bench.accumlib.LOOPS)
+    assert measured == set(bench.accumlib.LOOPS) & set(bench.MODULES["overhead"].HAND)
+    assert all(r["same_logged_losses"] for r in res["rows"])
+
+
+def test_a_loop_without_a_twin_is_reported_as_not_measured(monkeypatch):
+    """A scratch loop registered beside ragged: the section still runs, times ragged against its twin, and
+    names the scratch loop as not measured in its result, its goal and its markdown; it never times a
+    loop against nothing, and never claims the goal ("every loop") met."""
+    from accumlib.loops import ALL, CONTRACTS, Contract
+
+    overhead = bench.MODULES["overhead"]
+
+    def global_count(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False):
+        return ALL["ragged"](model, optimizer, loader, item_losses, accum_steps=accum_steps, device=device)
+
+    scratch = Contract(
+        full_windows="exact", ragged_tail="exact", token_counts="exact", batchnorm="not exact", order=9
+    )
+    monkeypatch.setitem(CONTRACTS, "global_count", scratch)
+    monkeypatch.setattr(overhead, "LOOPS", {"ragged": ALL["ragged"], "global_count": global_count})
+    res = overhead.run(quick=True)
+    assert {r["loop"] for r in res["rows"]} == {"ragged"} and res["rows"]
+    assert res["not_measured"] == [{"loop": "global_count", "why": overhead.NO_TWIN}]
+    goal = res["goals"]["overhead"]
+    assert goal["met"] is not True and "not measured: global_count" in goal["measured"]
+    md = "\n".join(overhead.lines(res))
+    assert "| ragged |" in md and "not measured: global_count (no hand-written twin" in md
+    assert "| global_count |" not in md
+    # the negative: with every loop twinned nothing is listed as not measured
+    monkeypatch.setattr(overhead, "LOOPS", {"ragged": ALL["ragged"]})
+    assert overhead.run(quick=True)["not_measured"] == []
+
+
+def test_every_section_has_the_one_face_and_helpers_are_private():
+    """A section's NAME is its file name, its run is run(quick: bool = False); every other module is
+    private."""
+    import inspect
+
+    folder = BENCH.parent
+    public = sorted(p.stem for p in folder.glob("[!_]*.py") if p.stem != "bench")
+    assert public == sorted(bench.SECTION_MODULES), "a public module in benchmarks/ that is not a section"
+    for name, module in bench.MODULES.items():
+        assert module.NAME == name == Path(module.__file__).stem
+        params = inspect.signature(module.run).parameters
+        assert list(params) == ["quick"] and params["quick"].default is False, (name, params)
+        assert set(inspect.signature(module.lines).parameters) == {"res", "short"}, name
+        assert isinstance(module.TITLE, str) and isinstance(module.GOALS, dict), name
+
+
+def test_a_section_whose_name_is_not_its_file_is_refused(monkeypatch):
+    import types
+
+    fake = types.ModuleType("memory")
+    fake.NAME = "mem"
+    monkeypatch.setattr(bench.importlib, "import_module", lambda name: fake)
+    with pytest.raises(
+        ValueError, match=r"benchmarks/memory.py must set NAME = 'memory', its file name \(got 'mem'\)"
+    ):
+        bench._section("memory")
 
 
 def test_goals_table_has_one_entry_per_goal(quick_run):
@@ -130,7 +190,8 @@ def test_only_rejects_unknown_sections(tmp_path):
 widgets = bench.widgets
 
 # A scratch lesson module, free of torch so a kernel loads it in a moment: a widget whose controls redraw a
-# PNG figure (one of them reports an error), and a box whose Run button starts a process and whose text it reads.
+# PNG figure (one of them reports an error), and a box whose Run button starts a process and whose text it
+# reads.
 SCRATCH_LESSON = """
 import base64, io, subprocess, sys
 import ipywidgets as w
@@ -157,14 +218,16 @@ def widget(device="auto", initial=None):
 
     def redraw(change=None):
         if broken.value:  # as Explorer shows an error: text in the output area
-            out.outputs = ({"output_type": "stream", "name": "stdout", "text": "ValueError: broken must be False (got True)\\n"},)
+            error = "ValueError: broken must be False (got True)\\n"
+            out.outputs = ({"output_type": "stream", "name": "stdout", "text": error},)
         elif change is not None and change["owner"] is option:  # the two ways an output area is filled
             with out:
                 out.clear_output(wait=True)
                 display(Image(plot(k.value)))
         else:
             png = base64.b64encode(plot(k.value)).decode()
-            out.outputs = ({"output_type": "display_data", "metadata": {}, "data": {"image/png": png, "text/plain": "fig"}},)
+            data = {"image/png": png, "text/plain": "fig"}
+            out.outputs = ({"output_type": "display_data", "metadata": {}, "data": data},)
 
     for c in (k, option, broken):
         c.observe(redraw, names="value")
@@ -178,7 +241,8 @@ def run_box():
     out = w.Output()
 
     def launch(_):
-        subprocess.run([sys.executable, "-c", "pass"], check=True)  # like lesson 8's ranks: a process per press
+        # like lesson 8's ranks: a process per press
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
         with out:
             print("ran")
 
@@ -222,7 +286,8 @@ def _shown(text_plain):
 def _scratch_notebook(path):
     cells = [
         _cell(
-            "%matplotlib inline\nimport torch\nfrom scratch_lesson import compute\nimport scratch_lesson as sl\ndevice = 'cpu'"
+            "%matplotlib inline\nimport torch\nfrom scratch_lesson import compute\nimport scratch_lesson as "
+            "sl\ndevice = 'cpu'"
         ),
         _cell(
             "r = compute(2, 'b', False)\nsl.widget(device=device, initial=r)",
@@ -246,7 +311,8 @@ def _scratch_notebook(path):
 
 def test_widget_discovery_names_every_builder_and_nothing_else(tmp_path):
     found, unnamed = widgets.discover([_scratch_notebook(tmp_path / "01_scratch.ipynb")])
-    # scratch_lesson is not under accumlib, so discovery ignores it: the notebooks import lessons from accumlib
+    # scratch_lesson is not under accumlib, so discovery ignores it: the notebooks import lessons from
+    # accumlib
     assert found == [] and unnamed == ["01_scratch.ipynb cell 1", "01_scratch.ipynb cell 2"]
     nb = tmp_path / "02_scratch.ipynb"
     nb.write_text(
@@ -316,7 +382,7 @@ def scratch_run(tmp_path_factory):
     mp.setenv("PYTHONPATH", f"{tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     mp.setattr(widgets, "discover", lambda paths: (found, []))
     try:
-        yield widgets.run(paths=[nb], threads=1, repeats=2)
+        yield widgets.measure([nb], threads=1, repeats=2)
     finally:
         mp.undo()
 

@@ -81,7 +81,8 @@ def _values(control: Any) -> tuple[str, Any, Any] | None:
 
 
 class Driver:
-    """The widget ``module.builder(...)``, built in the kernel; ``change(i)`` moves control i once and times it."""
+    """The widget ``module.builder(...)``, built in the kernel; ``change(i)`` moves control i once and times
+    it."""
 
     def __init__(self, module: str, builder: str, args: list, kwargs: dict):
         import importlib

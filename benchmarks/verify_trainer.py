@@ -1,4 +1,5 @@
-"""Section 9, verify_trainer's cost: ``accumlib.hf.verify_trainer(trainer)`` against ``trainer.train()`` alone.
+"""Section 9, verify_trainer's cost: ``accumlib.hf.verify_trainer(trainer)`` against ``trainer.train()``
+alone.
 
 One epoch of the real transformers Trainer on a tiny Llama built from its config (nothing downloaded):
 25 optimizer steps of k = 4 micro-batches of 2 sequences (100 micro-batches, 200 sequences), one
@@ -24,12 +25,17 @@ TITLE = "9. verify_trainer's cost: a Trainer epoch of 25 optimizer steps, k = 4"
 TIME_MAX = 4.0
 LIMIT = TIME_MAX
 GOALS = {
-    "verify_trainer": "verify_trainer(trainer) / trainer.train() <= 4.0 (median), tiny Llama, 25 optimizer steps of k = 4"
+    "verify_trainer": "verify_trainer(trainer) / trainer.train() <= 4.0 (median), tiny Llama, 25 optimizer "
+    "steps of k = 4"
 }
 K, B = 4, 2  # 4 micro-batches of 2 sequences per optimizer step
 
 
-def run(quick: bool = False, steps: int | None = None, repeats: int | None = None) -> dict:
+STEPS, QUICK_STEPS = 25, 2  # optimizer steps per epoch
+REPEATS, QUICK_REPEATS = 5, 1  # interleaved pairs
+
+
+def run(quick: bool = False) -> dict:
     """Median over interleaved pairs of verify_trainer(trainer) / trainer.train() on one epoch."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model from its config needs no hub
     try:
@@ -40,10 +46,11 @@ def run(quick: bool = False, steps: int | None = None, repeats: int | None = Non
         from accumlib.survey import tiny_model
     except ImportError as err:
         return {
-            "not_available": f"transformers / accumlib.hf cannot be imported ({err}): pip install accumlib[hf]"
+            "not_available": f"transformers / accumlib.hf cannot be imported ({err}): pip install "
+            "accumlib[hf]"
         }
-    steps = steps or (2 if quick else 25)
-    repeats = repeats or (1 if quick else 5)
+    steps = QUICK_STEPS if quick else STEPS
+    repeats = QUICK_REPEATS if quick else REPEATS
     data = token_sequences(n=steps * K * B)
     reports = []
 
@@ -98,8 +105,8 @@ def run(quick: bool = False, steps: int | None = None, repeats: int | None = Non
     return {
         "rows": [row],
         "goals": {"verify_trainer": goal},
-        "note": "median over interleaved pairs of (verify_trainer(trainer) / trainer.train()), each on a fresh Trainer "
-        "built outside the timing; one epoch with the Trainer's own AdamW, one CPU thread"
+        "note": "median over interleaved pairs of (verify_trainer(trainer) / trainer.train()), each on a "
+        "fresh Trainer built outside the timing; one epoch with the Trainer's own AdamW, one CPU thread"
         + ("; --quick: 2 steps, 1 repeat, no verdict" if quick else ""),
     }
 

@@ -37,7 +37,7 @@ class Found:
         return f"{self.module.rsplit('.', 1)[-1]}.{self.builder}"
 
 
-from widget_driver import _DEVICE, _VARIABLE  # noqa: E402 (the markers the driver reads)
+from _widget_driver import _DEVICE, _VARIABLE  # noqa: E402 (the markers the driver reads)
 
 
 def _argument(node: ast.AST, name: str | None = None) -> Any:
@@ -86,10 +86,11 @@ def _target(call: ast.Call, aliases: dict[str, str]) -> tuple[str, str] | None:
 
 
 def _shown_calls(tree: ast.Module) -> list[ast.Call]:
-    """The calls whose value a cell shows: its last expression, ``display(...)``'s arguments, and the calls that bound them.
+    """The calls whose value a cell shows: its last expression, ``display(...)``'s arguments, and the calls
+    that bound them.
 
-    ``box = vl.paste_box()`` then ``box`` shows paste_box's value; ``r = compute()`` then ``widget(initial=r)``
-    shows widget's value only (r is an argument, not what is shown).
+    ``box = vl.paste_box()`` then ``box`` shows paste_box's value; ``r = compute()`` then
+    ``widget(initial=r)`` shows widget's value only (r is an argument, not what is shown).
     """
     if not tree.body or not isinstance(tree.body[-1], ast.Expr):
         return []
@@ -107,7 +108,8 @@ def _shown_calls(tree: ast.Module) -> list[ast.Call]:
 
 
 def _shows_widget(cell: dict) -> bool:
-    """The cell's saved outputs hold a widget a learner operates (a progress bar's text is not a widget's repr)."""
+    """The cell's saved outputs hold a widget a learner operates (a progress bar's text is not a widget's
+    repr)."""
     return any(
         "application/vnd.jupyter.widget-view+json" in o.get("data", {})
         and re.match(r"\w+\(", "".join(o["data"].get("text/plain", "")))

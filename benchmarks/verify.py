@@ -1,4 +1,5 @@
-"""Section 4, verify's cost: ``accumlib.verify`` on correct and buggy loops against the loop alone, interleaved."""
+"""Section 4, verify's cost: ``accumlib.verify`` on correct and buggy loops against the loop alone,
+interleaved."""
 
 from __future__ import annotations
 
@@ -22,7 +23,39 @@ VERIFY_MAX = 3.0
 LIMIT = VERIFY_MAX
 
 
-def run(quick: bool = False, repeats: int | None = None) -> dict:
+REPEATS, QUICK_REPEATS = 10, 2  # interleaved pairs of verify and the loop alone, per gallery loop
+
+
+def _makers(
+    verify: Callable, entry: Any, task: Any, dataset: Any, model0: Any, reports: list, k: int
+) -> tuple:
+    """The two runs of one gallery loop, as makers for ``interleaved``: the loop alone, and under verify."""
+
+    def alone() -> Callable[[], Any]:
+        model = copy.deepcopy(model0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)  # verify's default optimizer
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=task.batch_size, shuffle=False, collate_fn=task.collate_fn
+        )
+        return lambda: entry.fn(model, opt, loader)
+
+    def verified() -> Callable[[], Any]:
+        return lambda: reports.append(
+            verify(
+                entry.fn,
+                model=model0,
+                dataset=dataset,
+                item_losses=task.item_losses,
+                accum_steps=k,
+                batch_size=task.batch_size,
+                collate_fn=task.collate_fn,
+            )
+        )
+
+    return alone, verified
+
+
+def run(quick: bool = False) -> dict:
     """accumlib.verify on correct gallery loops against the same loop on the same data, alone."""
     try:
         from accumlib import verify
@@ -34,7 +67,7 @@ def run(quick: bool = False, repeats: int | None = None) -> dict:
         if quick
         else [n for n in GALLERY if n.startswith("correct-") and not GALLERY[n].dropout]
     )
-    repeats = repeats or (2 if quick else 10)
+    repeats = QUICK_REPEATS if quick else REPEATS
     rows = []
     for name in names:
         entry = GALLERY[name]
@@ -47,27 +80,7 @@ def run(quick: bool = False, repeats: int | None = None) -> dict:
         model0 = task.make_model(0)
         reports = []
 
-        def alone() -> Callable[[], Any]:
-            model = copy.deepcopy(model0)
-            opt = torch.optim.SGD(model.parameters(), lr=0.05)  # verify's default optimizer
-            loader = torch.utils.data.DataLoader(
-                dataset, batch_size=task.batch_size, shuffle=False, collate_fn=task.collate_fn
-            )
-            return lambda: entry.fn(model, opt, loader)
-
-        def verified() -> Callable[[], Any]:
-            return lambda: reports.append(
-                verify(
-                    entry.fn,
-                    model=model0,
-                    dataset=dataset,
-                    item_losses=task.item_losses,
-                    accum_steps=K,
-                    batch_size=task.batch_size,
-                    collate_fn=task.collate_fn,
-                )
-            )
-
+        alone, verified = _makers(verify, entry, task, dataset, model0, reports, K)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t = interleaved({"verify": verified, "alone": alone}, repeats)
@@ -96,7 +109,9 @@ def run(quick: bool = False, repeats: int | None = None) -> dict:
     return {
         "rows": rows,
         "goals": {"verify": goal},
-        "note": "median over interleaved pairs of (verify(train_fn, ...) / train_fn(model, SGD, DataLoader)); verify's time includes its model copies and a float32 large-batch reference at every step",
+        "note": "median over interleaved pairs of (verify(train_fn, ...) / train_fn(model, SGD, "
+        "DataLoader)); verify's time includes its model copies and a float32 large-batch reference at "
+        "every step",
     }
 
 
