@@ -436,7 +436,11 @@ def test_a_model_without_a_default_item_loss_needs_item_losses(tmp_path):
     [
         ({"trainer": object()}, TypeError, r"trainer must be a transformers.Trainer \(got object\)"),
         ({"max_steps": 0}, ValueError, r"max_steps must be None or an integer >= 1 \(got 0\)"),
-        ({"item_losses": "ce"}, TypeError, r"item_losses must be None or callable .*\(got 'ce' of type str\)"),
+        (
+            {"item_losses": "ce"},
+            TypeError,
+            r"item_losses must be None or callable .*\(got 'ce' of type str\)",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_by_name(tmp_path, kwargs, error, message):
@@ -488,7 +492,8 @@ def test_accumlib_imports_without_the_frameworks():
     """accumlib.hf, accumlib.lightning and accumlib.survey import their frameworks only when called."""
     code = (
         "import sys, accumlib, accumlib.hf, accumlib.lightning, accumlib.survey; "
-        "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in sys.modules))"
+        "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in "
+        "sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120

@@ -101,7 +101,8 @@ def test_label_smoothing_matches_the_trainers_label_smoother():
             theirs = float(smoother(model(**batch), batch["labels"], shift_labels=shift))
             default = default_item_losses(model, eps)(model, batch)
             assert float(default.mean()) == pytest.approx(theirs, rel=SAME_LOSS_RTOL), type(model).__name__
-            # an untrained model is near uniform, so smoothing moves the mean loss little (~5e-4), yet 100x the tolerance
+            # an untrained model is near uniform, so smoothing moves the mean loss little (~5e-4), yet 100x
+            # the tolerance
             assert float(default_item_losses(model)(model, batch).mean()) != pytest.approx(
                 theirs, rel=100 * SAME_LOSS_RTOL
             )

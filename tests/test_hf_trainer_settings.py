@@ -20,6 +20,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from conftest import exact, within_rounding  # noqa: E402
 
 from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
@@ -65,10 +66,6 @@ def llama_trainer(out, model=None, **kw) -> Trainer:
         data_collator=collate,
         **trainer_kw,
     )
-
-
-def exact(report) -> bool:
-    return report.ok and not report.codes and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
 
 
 # --- the copy trains as the user's Trainer would ------------------------------------------------
@@ -280,9 +277,7 @@ def test_functional_dropout_is_off_in_the_copy_and_back_on_the_users_model(tmp_p
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.1
     report = verify_trainer(llama_trainer(tmp_path, model))
-    assert (
-        report.ok and report.codes == {"dropout"} and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
-    ), str(report)
+    assert report.ok and report.codes == {"dropout"} and within_rounding(report), str(report)
     (note,) = report.findings
     assert "attention_dropout=0.1" in note.message, note.message
     assert model.config.attention_dropout == 0.1

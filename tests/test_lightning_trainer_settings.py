@@ -50,7 +50,8 @@ def test_max_steps_past_one_epoch_runs_into_the_next():
 
 
 class Seen(Digits):
-    """Records the labels of every micro-batch training_step receives (on the class: verify_fit copies the module)."""
+    """Records the labels of every micro-batch training_step receives (on the class: verify_fit copies the
+    module)."""
 
     labels: list[torch.Tensor] = []
 
@@ -147,5 +148,7 @@ def test_more_than_one_process_or_device_is_refused(settings):
 
 @pytest.mark.parametrize("max_steps", [0, True, 1.5, "2"])
 def test_max_steps_must_be_a_positive_integer(max_steps):
-    with pytest.raises(ValueError, match=re.escape(f"max_steps must be None or an integer >= 1 (got {max_steps!r}")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"max_steps must be None or an integer >= 1 (got {max_steps!r}")
+    ):
         verify_fit(Digits(), loader(), item_losses=item_losses, max_steps=max_steps)

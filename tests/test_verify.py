@@ -7,31 +7,17 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import K
+from conftest import exact_loop as exact
+from conftest import verify_digits as run
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import accumlib
 from accumlib import CODES, LOOPS, TASKS, Finding, Report, compare, get_task, true_gradient
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
 
-K = 4
 TASK = get_task("mlp-digits")  # 110 items, batch 8: 14 micro-batches, windows 4, 4, 4, 2 (8 + 6 items)
-
-
-def run(fn, *, n: int | None = None, task=TASK, **kw) -> Report:
-    data = task.make_dataset() if n is None else accumlib.data.digits(n)
-    kw = {"accum_steps": K, "batch_size": task.batch_size, "collate_fn": task.collate_fn} | kw
-    return accumlib.verify(fn, model=task.make_model(0), dataset=data, item_losses=task.item_losses, **kw)
-
-
-def exact(model, opt, loader):
-    """The reference: every item weighs 1/N of its window, the tail stepped."""
-    batches = list(loader)
-    for s in range(0, len(batches), K):
-        window = batches[s : s + K]
-        n = sum(len(y) for _, y in window)
-        for x, y in window:
-            (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
 
 def naive(model, opt, loader):
@@ -216,7 +202,7 @@ def test_logged_per_step_list_checked():
 
     assert run(divided_log, n=128).codes == {"logged-loss-scaled"}
     # and the reference loops log the true window mean: no finding (checked in the loop test too)
-    assert run(lambda m, o, l: accumlib.ragged(m, o, l, TASK.item_losses, accum_steps=K)).ok
+    assert run(lambda m, o, dl: accumlib.ragged(m, o, dl, TASK.item_losses, accum_steps=K)).ok
 
 
 def test_clip_of_unscaled_window_passes_and_really_clipped():
@@ -431,7 +417,8 @@ def test_codes_and_severities():
 
 
 def test_clipping_we_cannot_intercept_is_recognised_from_norms():
-    """A loop holding its own reference to clip_grad_norm_ (imported before verify ran) is still judged by norms."""
+    """A loop holding its own reference to clip_grad_norm_ (imported before verify ran) is still judged by
+    norms."""
     from torch.nn.utils.clip_grad import clip_grad_norm_ as own_clip
 
     def clipped(model, opt, loader):
@@ -484,10 +471,6 @@ def test_window_skipped_by_gradscaler_is_not_merged_into_the_next():
     assert [r.micro_batches for r in report.steps] == [4] * 4
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
-
-
 def _textbook(k):
     def loop(model, opt, loader):  # loss / k on micro-batch means; the tail stepped
         for i, (x, y) in enumerate(loader):
@@ -505,7 +488,8 @@ DIGITS_50 = accumlib.data.digits(50)  # loaded once: sklearn parses its CSV on e
 @settings(max_examples=10, deadline=None, derandomize=True)  # the same examples every run: no flaky kills
 @given(n=st.integers(1, 50), b=st.integers(1, 9), k=st.integers(1, 5))
 def test_awkward_sizes_on_purpose(n, b, k):
-    """Sizes k and b need not divide: the exact loop always passes, the textbook loop fails only where it must."""
+    """Sizes k and b need not divide: the exact loop always passes, the textbook loop fails only where it
+    must."""
     data = torch.utils.data.Subset(DIGITS_50, range(n))
 
     def verify(fn):

@@ -1,4 +1,5 @@
-"""`accumlib verify FILE.py:FUNCTION`: built-in and file-defined tasks, exit codes, JSON; the table mode stays."""
+"""`accumlib verify FILE.py:FUNCTION`: built-in and file-defined tasks, exit codes, JSON; the table mode
+stays."""
 
 from __future__ import annotations
 
@@ -218,7 +219,8 @@ def test_each_exit_status_from_a_real_command_line_run(command_line_runs, case):
 
 
 def test_a_failure_inside_verify_is_cannot_judge_not_the_loops_fault(loops, capsys, monkeypatch):
-    """A case verify does not handle fails in its own stages: exit 4 and VerifyError, never 'your code raised'."""
+    """A case verify does not handle fails in its own stages: exit 4 and VerifyError, never 'your code
+    raised'."""
     import accumlib
     from accumlib._verify import oracle
 

@@ -9,27 +9,18 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import K
+from conftest import verify_digits as run
 
 import accumlib
 
 TASK = accumlib.get_task("mlp-digits")
-K = 4
-
-
-def run(fn, n: int):
-    return accumlib.verify(
-        fn,
-        model=TASK.make_model(0),
-        dataset=accumlib.data.digits(n),
-        item_losses=TASK.item_losses,
-        accum_steps=K,
-        batch_size=8,
-    )
 
 
 @pytest.fixture
 def fresh_accelerate():
-    """Accelerate keeps one process-wide state; a different mixed_precision needs it reset (before and after)."""
+    """Accelerate keeps one process-wide state; a different mixed_precision needs it reset (before and
+    after)."""
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(True)
@@ -54,7 +45,7 @@ def accelerate_bf16(model, optimizer, loader):
 
 @pytest.mark.parametrize("n, codes", [(128, set()), (110, {"tail-misscaled", "mean-of-means"})])
 def test_accelerate_mixed_precision(fresh_accelerate, n, codes):
-    report = run(accelerate_bf16, n)
+    report = run(accelerate_bf16, n=n)
     assert report.codes == codes, str(report)
     # bf16 forward: the steps are close, not exact (so the bf16 tolerance was applied, and needed)
     full = [r.rel_error for r in report.steps if r.micro_batches == K]
@@ -99,6 +90,6 @@ def lightning_own_adam_bf16(model, optimizer, loader):
 
 
 def test_lightning_own_optimizer_and_bf16():
-    report = run(lightning_own_adam_bf16, 110)
+    report = run(lightning_own_adam_bf16, n=110)
     assert report.codes == {"tail-misscaled", "mean-of-means"}, str(report)
     assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2]

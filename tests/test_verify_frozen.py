@@ -10,10 +10,12 @@ grad in that window (``torch.autograd.grad`` on a copy), compared with what the 
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import verify_digits
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import accumlib
@@ -21,6 +23,7 @@ from accumlib.tolerances import FLOAT32_RTOL
 
 TASK = accumlib.get_task("mlp-digits")
 K, B, N = 4, 8, 128  # 16 micro-batches: 4 full windows
+run = functools.partial(verify_digits, n=N, k=K, b=B)
 
 
 def frozen_loop(frozen_at, *, divide=True):
@@ -41,17 +44,6 @@ def frozen_loop(frozen_at, *, divide=True):
             opt.zero_grad(set_to_none=True)
 
     return loop
-
-
-def run(loop):
-    return accumlib.verify(
-        loop,
-        model=TASK.make_model(0),
-        dataset=accumlib.data.digits(N),
-        item_losses=TASK.item_losses,
-        accum_steps=K,
-        batch_size=B,
-    )
 
 
 def independent_errors(loop) -> list[float]:
@@ -174,7 +166,8 @@ def test_batchnorm_in_eval_mode_is_no_batchnorm_finding():
 def test_a_frozen_base_costs_verify_its_copy_and_no_buffers():
     """Parameters that never train get no oracle buffers: a 256 MB frozen base under a small head costs verify
     its copy of the model (256 MB) and little else. Measured: 345 MB extra peak; 866 MB when every parameter,
-    frozen or not, got the oracle's two parameter-sized buffers (the first version of requires_grad following).
+    frozen or not, got the oracle's two parameter-sized buffers (the first version of requires_grad
+    following).
     The bound, 2x the base, sits between the two with a wide margin either side."""
     import subprocess
     import sys

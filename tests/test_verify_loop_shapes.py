@@ -6,9 +6,12 @@ exact against the oracle; each buggy one must get its own code and no other."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import exact, verify_digits
 from torch.utils.data import DataLoader
 
 import accumlib
@@ -17,23 +20,8 @@ from accumlib.tolerances import FLOAT32_RTOL
 
 K, B = 4, 8
 TASK = get_task("mlp-digits")
+run = functools.partial(verify_digits, n=110)
 LM = get_task("lm-tokens")
-
-
-def run(fn, *, n: int = 110, k: int = K, b: int = B, **kw):
-    return accumlib.verify(
-        fn,
-        model=TASK.make_model(0),
-        dataset=accumlib.data.digits(n),
-        item_losses=TASK.item_losses,
-        accum_steps=k,
-        batch_size=b,
-        **kw,
-    )
-
-
-def exact(report) -> bool:
-    return report.ok and not report.codes and max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
 
 
 # ---- lengths read before the first micro-batch ----------------------------------------------------
@@ -68,7 +56,8 @@ def test_lengths_read_before_iterating_leave_the_windows_as_drawn():
 
 def length_grouped(model, opt, loader, divide=True):
     """The Trainer's length-grouped sampler, by hand: every item read for its length (by index, up to
-    len(loader.dataset)) before a batch is drawn, then batches of similar lengths through loader.collate_fn."""
+    len(loader.dataset)) before a batch is drawn, then batches of similar lengths through
+    loader.collate_fn."""
     lengths = [len(loader.dataset[i]) for i in range(len(loader.dataset))]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches = DataLoader(
@@ -120,14 +109,14 @@ def closure_loop(model, opt, loader, *, keyword=False, divide=True, returned=Non
         window = batches[s : s + K]
         n = sum(len(y) for _, y in window) if divide else len(window[0][1])
 
-        def loss_of(x, y):
+        def loss_of(x, y, n=n):  # bound now: each window its own n
             return F.cross_entropy(model(x), y, reduction="sum") / (n if divide else len(y))
 
         for x, y in window[:-1]:
             loss_of(x, y).backward()
 
-        def closure():
-            loss = loss_of(*window[-1])
+        def closure(last=window[-1]):
+            loss = loss_of(*last)
             loss.backward()
             return loss
 
@@ -278,7 +267,8 @@ def test_a_second_forward_of_a_used_micro_batch_is_not_a_new_one():
 
 def test_a_new_pass_after_one_left_open_has_its_own_tail():
     """A budget of one window, checked after the next micro-batch was drawn: the first pass stops at 5 of 14
-    micro-batches. The next pass begins afresh, so its short last window (2 = 14 mod 4) is its legitimate tail."""
+    micro-batches. The next pass begins afresh, so its short last window (2 = 14 mod 4) is its legitimate
+    tail."""
 
     def windows(model, opt, batches):
         batches = list(batches)
@@ -305,7 +295,8 @@ def test_a_new_pass_after_one_left_open_has_its_own_tail():
 
 
 def test_a_length_sweep_by_iteration_then_the_loops_own_padding_is_followed():
-    """The loop iterates loader.dataset for lengths (Python's sequence protocol: it ends at an IndexError), then
+    """The loop iterates loader.dataset for lengths (Python's sequence protocol: it ends at an IndexError),
+    then
     draws batches grouped by length with a collate of its own that pads to a multiple of 8: they match none of
     verify's by shape, so verify takes the items the loop just read, the sweep's reads excluded."""
     from accumlib.data import IGNORE_INDEX, PAD_ID, pad_collate

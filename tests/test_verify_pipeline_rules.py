@@ -67,7 +67,8 @@ def test_no_module_writes_a_findings_text_itself(path):
 
 def _codes_named(path: Path) -> list[tuple[int, str, str | None]]:
     """(line, code, form) of every code the module names as a literal: ``Finding.of("c", form="f")``,
-    ``CODES["c"]``, ``x.codes.append("c")``, ``x.codes += ["c"]``, ``x.codes == ["c"]``, ``"c" in x.codes``."""
+    ``CODES["c"]``, ``x.codes.append("c")``, ``x.codes += ["c"]``, ``x.codes == ["c"]``, ``"c" in
+    x.codes``."""
     found: list[tuple[int, str, str | None]] = []
     tree = ast.parse(path.read_text())
 
@@ -143,7 +144,8 @@ def test_every_wording_of_a_code_fills_from_named_fields():
 
 
 def _private_imports(path: Path, top: Path = LIBRARY.parent) -> list[str]:
-    """``from x import _name`` where ``_name`` is no module of package x (``top``: where absolute imports start)."""
+    """``from x import _name`` where ``_name`` is no module of package x (``top``: where absolute imports
+    start)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.ImportFrom):
@@ -157,7 +159,8 @@ def _private_imports(path: Path, top: Path = LIBRARY.parent) -> list[str]:
             private = alias.name.startswith("_") and not alias.name.startswith("__")
             if private and not ((base / f"{alias.name}.py").exists() or (base / alias.name).is_dir()):
                 out.append(
-                    f"{path.relative_to(top)}:{node.lineno} from {'.' * node.level}{node.module or ''} import {alias.name}"
+                    f"{path.relative_to(top)}:{node.lineno} from {'.' * node.level}{node.module or ''} "
+                    f"import {alias.name}"
                 )
     return out
 

@@ -14,6 +14,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import verify_digits as run
 
 import accumlib
 from accumlib import get_task, true_gradient
@@ -21,17 +22,6 @@ from accumlib._verify.diagnose import CAUSES
 from accumlib.tolerances import FLOAT32_RTOL
 
 TASK = get_task("mlp-digits")
-
-
-def run(fn, *, n: int, k: int, b: int):
-    return accumlib.verify(
-        fn,
-        model=TASK.make_model(0),
-        dataset=accumlib.data.digits(n),
-        item_losses=TASK.item_losses,
-        accum_steps=k,
-        batch_size=b,
-    )
 
 
 def over_divided(k, divisor, seen=None):
@@ -112,7 +102,8 @@ def test_a_mean_divided_by_k_on_a_ragged_tail_is_not_also_misscaled():
 
 def test_a_ragged_tail_weighted_by_its_share_of_a_full_window_is_tail_misscaled():
     """Each item of the tail weighs 1/N, then the whole tail m/k = 2/4 of that: divided as if it held k
-    micro-batches. The tail's micro-batches hold 8 and 6 items, yet each item weighs alike: no mean-of-means."""
+    micro-batches. The tail's micro-batches hold 8 and 6 items, yet each item weighs alike: no
+    mean-of-means."""
 
     def loop(model, opt, loader):
         batches = list(loader)

@@ -9,9 +9,12 @@ Expected counts are computed here from the sampler itself.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import verify_digits
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 import accumlib
@@ -19,17 +22,7 @@ from accumlib.tolerances import FLOAT32_RTOL
 
 TASK = accumlib.get_task("mlp-digits")
 K, B, N = 4, 8, 110  # 110 = 13 x 8 + 6: drop_last leaves 6 out per pass; 13 micro-batches = 3 windows + 1
-
-
-def run(loop, n=N, dataset=None):
-    return accumlib.verify(
-        loop,
-        model=TASK.make_model(0),
-        dataset=dataset if dataset is not None else accumlib.data.digits(n),
-        item_losses=TASK.item_losses,
-        accum_steps=K,
-        batch_size=B,
-    )
+run = functools.partial(verify_digits, n=N, k=K, b=B)
 
 
 def window_loop(make_loader, *, epochs=2, step_tail=True):
