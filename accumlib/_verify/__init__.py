@@ -2,13 +2,18 @@
 
 One pipeline, data passed forward only, a module per stage:
 
-- ``record``: hooks on verify's copy of the model, window state, the clip / GradScaler /
-  scheduler patches; feeds the oracle at every micro-batch boundary and leaves ``StepNumbers``;
+- ``record``: hooks on verify's copy of the model, window state (``patches``: the clip / GradScaler /
+  scheduler / DataLoader patches, recording into it); feeds the oracle at every micro-batch boundary
+  and leaves ``StepNumbers``;
 - ``oracle``: the true gradient micro-batch by micro-batch (``accumlib.oracle.sum_grad``) and
-  the per-micro-batch fit of ``.grad``, in a few parameter-sized buffers;
-- ``diagnose``: a pure function of a step's numbers -> its codes;
-- ``report``: ``Report``, ``StepRow``, ``Finding``;
-- ``codes``: the one table of finding codes (kind, message, fix); ``api``: ``verify`` itself.
+  the per-micro-batch fit of ``.grad``, in a few parameter-sized buffers; ``measure``: a finished
+  window's numbers against it; ``coverage``: the items no step used, counted at the run's end;
+- ``diagnose``: a pure function of a step's numbers -> its codes; ``diagnose_run``: the rules across
+  the run (a clip assumed, coverage, the logged loss), each finding worded by the codes table;
+  ``job``: what a multi-rank job's ranks handed in, judged together;
+- ``report``: ``Report`` (immutable; ``with_finding`` for an adapter's note), ``StepRow``, ``Finding``;
+- ``codes``: the one table of finding codes (kind, message, fix, wordings); ``api``: ``verify`` itself,
+  which checks the arguments, makes the copy and runs the stages in that order.
 """
 
 from .api import VerifyError, verify
