@@ -24,7 +24,8 @@ __all__ = ["CheckTable", "Row", "check_reference_loops"]
 
 @dataclass
 class Row:
-    """One loop on one task: what the oracle saw (``verdict``) beside what its contract promised (``expected``).
+    """One loop on one task: what the oracle saw (``verdict``) beside what its contract promised
+    (``expected``).
 
     >>> row = check_reference_loops(tasks=["mlp-digits"], loops=["normalized"]).rows[0]
     >>> row.verdict, row.expected, row.holds, row.cells()[5:7]

@@ -21,7 +21,8 @@ DIGITS = get_task("mlp-digits")  # 110 items in micro-batches of 8: windows of 4
 
 
 def trace_of(*steps: tuple[float, float], windows=None) -> Trace:
-    """A trace whose steps have these (relative error, norm ratio); windows of 4 micro-batches unless given."""
+    """A trace whose steps have these (relative error, norm ratio); windows of 4 micro-batches unless
+    given."""
     comps = [
         Comparison(rel_error=e, cosine=1.0, max_abs_diff=e, norm_ratio=r, per_param={}) for e, r in steps
     ]

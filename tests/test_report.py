@@ -131,7 +131,8 @@ def test_report_results_are_the_known_verdicts(executed):
             and max(cells[("ragged", k)]["rel_errors"]) <= FLOAT32_RTOL
         )
         assert cells[("large_batch", k)]["verdict"] == "exact"
-        # judged as verify judges it: against a bfloat16 replay of each window (the float32 figure is bf16 rounding)
+        # judged as verify judges it: against a bfloat16 replay of each window (the float32 figure is bf16
+        # rounding)
         amp = cells[("amp (bfloat16)", k)]
         assert amp["verdict"] == "close (bfloat16)" and len(amp["replay_rel_errors"]) == amp["steps"]
         assert max(amp["replay_rel_errors"]) < max(amp["rel_errors"])
@@ -200,7 +201,8 @@ def _text(page: str, tag: str = " ") -> str:
 
 
 def _code_on_the_page(page: str, nb) -> list[str]:
-    """Whatever shows code or its prompts: an input area or prompt in a code cell, an ``In [n]``, a line of any code cell."""
+    """Whatever shows code or its prompts: an input area or prompt in a code cell, an ``In [n]``, a line of
+    any code cell."""
     found = []
     cells = re.split(r'(?=<div[^>]*class="jp-Cell )', page)
     found += [
@@ -242,8 +244,8 @@ def test_the_code_check_sees_code_where_nbconvert_shows_it(executed):
     found = "\n".join(_code_on_the_page(default, nb))
     assert "an input area in a code cell" in found and "a prompt" in found
     assert (
-        "a line of code: 'result = report.run(task, accum_steps, batch_size, norm, precision, device, seed, results_path)'"
-        in found
+        "a line of code: 'result = report.run(task, accum_steps, batch_size, norm, precision, device, seed, "
+        "results_path)'" in found
     )
     # both parameters cells
     assert "accum_steps = " in _text(default) and "accum_steps = " not in _text(executed[1])
@@ -325,8 +327,8 @@ def test_the_figures_titles_agree_with_the_computed_numbers(executed):
     ratio = mem["large_batch_bytes"] / mem["micro_batch_bytes"]
     alt = _alt(body, "What accumulation saves")
     assert alt.startswith(
-        f"What accumulation saves: {ratio:.1f}x less activation memory at k = 4, "
-        "and what it cannot fix: batch norm, off at k = 2, 4."
+        f"What accumulation saves: {ratio:.1f}x less activation memory at k = 4, and what it cannot fix: "
+        "batch norm, off at k = 2, 4."
     )
     assert "keeps exact" not in alt
     verdicts: dict[str, set[str]] = {}
@@ -342,7 +344,8 @@ def test_the_figures_titles_agree_with_the_computed_numbers(executed):
 
 
 def test_a_refused_parameter_fails_the_run_by_its_rule_and_writes_no_page(tmp_path, capsys, monkeypatch):
-    """The report's own check, through the command make report calls: exit 1, the rule and the value, no HTML."""
+    """The report's own check, through the command make report calls: exit 1, the rule and the value, no
+    HTML."""
     pytest.importorskip("papermill")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     from accumlib.report import render
@@ -366,8 +369,8 @@ def test_a_refused_parameter_fails_the_run_by_its_rule_and_writes_no_page(tmp_pa
     err = capsys.readouterr().err
     assert status == 1
     assert (
-        "the notebook raised ValueError: accum_steps and batch_size must give every k at least 3 optimizer steps"
-        in err
+        "the notebook raised ValueError: accum_steps and batch_size must give every k at least 3 optimizer "
+        "steps" in err
     )
     assert "batch_size=16" in err
     assert not (tmp_path / "report.html").exists() and not (tmp_path / "report.json").exists()

@@ -140,7 +140,8 @@ def _norm_panel_title(result: ReportResult) -> str:
 
 @_style.styled
 def plot_errors(result: ReportResult) -> Figure:
-    """Each loop's worst step: relative gradient error against the large batch vs k (log axis, 0 drawn as "0")."""
+    """Each loop's worst step: relative gradient error against the large batch vs k (log axis, 0 drawn as
+    "0")."""
     fig, ax = _style.figure(width=9, height=6.5, title=title_errors(result))
     values = []
     style = styles(result.loops)
@@ -165,8 +166,9 @@ def alt_errors(result: ReportResult) -> str:
         for name in result.loops
     )
     return (
-        f"{_sentence(title_errors(result))} Line chart, log scale: the worst optimizer step's relative gradient error against the large batch, "
-        f"for k = {', '.join(map(str, result.ks))} on {result.task} with micro-batches of {result.batch_size}. {lines}."
+        f"{_sentence(title_errors(result))} Line chart, log scale: the worst optimizer step's relative "
+        f"gradient error against the large batch, for k = {', '.join(map(str, result.ks))} on {result.task} "
+        f"with micro-batches of {result.batch_size}. {lines}."
     )
 
 
@@ -240,8 +242,9 @@ def alt_steps(result: ReportResult, k: int | None = None) -> str:
     )
     return (
         f"Two line charts over the {ref.steps} optimizer steps at k = {k} (the last window holds "
-        f"{ref.window_batches[-1]} of {k} micro-batches). Left, log scale: each step's relative gradient error "
-        f"against the large batch, {errors}. Right: each loop's logged loss minus the large-batch run's, {gaps}."
+        f"{ref.window_batches[-1]} of {k} micro-batches). Left, log scale: each step's relative gradient "
+        f"error against the large batch, {errors}. Right: each loop's logged loss minus the large-batch "
+        f"run's, {gaps}."
     )
 
 
@@ -290,8 +293,9 @@ def alt_memory_and_norm(result: ReportResult) -> str:
     )
     norm = ", ".join(f"{_alt_number(e)} at k = {k}" for k, e in result.norm_errors.items())
     return (
-        f"{_sentence(title_memory_and_norm(result))} Two line charts against k. Left: activation memory of one micro-batch against one large batch, {memory}. "
-        f"Right, log scale: worst relative gradient error of accumlib.ragged on SmallCNN with {result.norm} norm, {norm}."
+        f"{_sentence(title_memory_and_norm(result))} Two line charts against k. Left: activation memory of "
+        f"one micro-batch against one large batch, {memory}. Right, log scale: worst relative gradient error "
+        f"of accumlib.ragged on SmallCNN with {result.norm} norm, {norm}."
     )
 
 
