@@ -116,8 +116,9 @@ def test_adding_a_loop_is_one_file(tmp_path, monkeypatch):
     (tmp_path / "broken.py").write_text("def broken(*args, **kwargs):\n    return []\n")
     with pytest.raises(TypeError, match=r"loops/broken.py must end with CONTRACT = Contract"):
         loops._discover()
-    for name in ("accumlib.loops.halved", "accumlib.loops.broken"):
-        sys.modules.pop(name, None)
+    for name in ("halved", "broken"):  # the import bound each name on the package: leave none behind
+        sys.modules.pop(f"accumlib.loops.{name}", None)
+        vars(loops).pop(name, None)
 
 
 def test_a_function_of_ones_own_named_like_a_loop_gets_no_contract():

@@ -65,6 +65,27 @@ class Contract:
         if unknown:
             raise ValueError(f"takes must name task fields among {TASK_KWARGS} (got {unknown})")
 
+    @property
+    def role(self) -> str:
+        """What kind of loop the verdicts make it, the role figures style it by: exact even with
+        BatchNorm is the large batch itself ("oracle"); exact on every other kind of task "correct";
+        close to low-precision rounding "alternative"; off by ~k on full windows "buggy"; anything else
+        (exact on full windows only) "other".
+
+        >>> c = Contract(full_windows=EXACT, ragged_tail=EXACT, token_counts=EXACT, batchnorm=WRONG, order=9)
+        >>> from dataclasses import replace
+        >>> c.role, replace(c, full_windows=OFF_BY_K).role
+        ('correct', 'buggy')
+        """
+        verdicts = {kind: getattr(self, kind.replace("-", "_")) for kind in KINDS}
+        if all(v == EXACT for v in verdicts.values()):
+            return "oracle"
+        if all(v == EXACT for kind, v in verdicts.items() if kind != "batchnorm"):
+            return "correct"
+        if self.low_precision or self.full_windows == CLOSE:
+            return "alternative"
+        return "buggy" if self.full_windows == OFF_BY_K else "other"
+
     def expected(self, tags: Iterable[str]) -> str:
         """The verdict promised on a task with these tags."""
         tags = set(tags)

@@ -9,8 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from .. import _style
-from ..loops import CLOSE, CONTRACTS, EXACT, OFF_BY_K, Contract
-from ..loops._contract import KINDS
+from ..loops import CONTRACTS, Contract
 from ..tolerances import FLOAT32_RTOL
 from .compute import Cell, ReportResult
 
@@ -22,24 +21,15 @@ _SPARE_MARKERS = ("v", "P", "X", "*", "<", ">", "h", "p")
 
 
 def role_of(contract: Contract) -> str:
-    """A loop's style role, read from its contract's verdicts, so a new loop file is styled without an
-    edit here: exact even with BatchNorm is the large batch itself ("oracle"); exact on every other kind
-    of task "correct"; close to low-precision rounding "alternative"; off by ~k on full windows
-    "buggy"; anything else (exact only on full windows) "other".
+    """A loop's style role, read from its contract's verdicts (``Contract.role``), so a new loop file is
+    styled without an edit here.
 
     >>> from accumlib.loops import CONTRACTS
     >>> {name: role_of(c) for name, c in CONTRACTS.items()}  # doctest: +NORMALIZE_WHITESPACE
     {'amp': 'alternative', 'grad_divided': 'other', 'large_batch': 'oracle', 'naive': 'buggy',
      'normalized': 'other', 'ragged': 'correct'}
     """
-    verdicts = [getattr(contract, kind.replace("-", "_")) for kind in KINDS]
-    if all(v == EXACT for v in verdicts):
-        return "oracle"
-    if all(v == EXACT for kind, v in zip(KINDS, verdicts) if kind != "batchnorm"):
-        return "correct"
-    if contract.low_precision or contract.full_windows == CLOSE:
-        return "alternative"
-    return "buggy" if contract.full_windows == OFF_BY_K else "other"
+    return contract.role
 
 
 def _contract(label: str) -> Contract | None:
