@@ -29,8 +29,8 @@ MUTANTS = [
     Mutant(
         "off by ~k when any step is, not all",
         H,
-        "if all(abs(c.norm_ratio - m)",
-        "if any(abs(c.norm_ratio - m)",
+        "    if all(\n        abs(c.norm_ratio - m)",
+        "    if any(\n        abs(c.norm_ratio - m)",
     ),
     Mutant("off-by-k tolerance loosened 10x", H, "<= OFF_BY_K_TOL * m", "<= 10 * OFF_BY_K_TOL * m"),
     Mutant(

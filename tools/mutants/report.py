@@ -14,26 +14,28 @@ TESTS = [
 ]
 PYTEST_ARGS = ["--doctest-modules"]  # the package's and parse_accum's examples are part of the suite
 
-C, F, P = "accumlib/report/compute.py", "accumlib/report/figures.py", "accumlib/report/params.py"
+# compute.py runs the report; _compute_result.py holds its result classes (cells, findings, tables)
+C, CR = "accumlib/report/compute.py", "accumlib/report/_compute_result.py"
+F, P = "accumlib/report/figures.py", "accumlib/report/params.py"
 MUTANTS = [
     # --- compute.py: the cells, the findings, the tables, the amp verdict
     Mutant(
         "a loop's finding names its best k, not its worst",
-        C,
+        CR,
         "worst = max(self.ks, key=lambda k:",
         "worst = min(self.ks, key=lambda k:",
     ),
     Mutant(
         "the norm finding quotes the best k's error, not the maximum",
-        C,
+        CR,
         "norm_worst = max(self.norm_errors.values())",
         "norm_worst = min(self.norm_errors.values())",
     ),
     Mutant(
         "the norm section keeps each k's best step, not its worst",
         C,
-        "k: max(c.rel_error for c in trace_loop(ragged",
-        "k: min(c.rel_error for c in trace_loop(ragged",
+        "        k: max(\n            c.rel_error",
+        "        k: min(\n            c.rel_error",
     ),
     Mutant(
         "the amp verdict is 'close' whatever verify's report says",
@@ -61,27 +63,27 @@ MUTANTS = [
     ),
     Mutant(
         "a cell's error is its last step's, not its worst",
-        C,
+        CR,
         "return max(self.rel_errors)",
         "return self.rel_errors[-1]",
     ),
     Mutant(
         "steps expected taken from the steps seen (a missing step cannot show)",
         C,
-        "expected_steps(trace.n_batches, k), sum(trace.window_items)",
-        "len(trace.comparisons), sum(trace.window_items)",
+        "expected_steps(trace.n_batches, k),\n                sum(trace.window_items),",
+        "len(trace.comparisons),\n                sum(trace.window_items),",
     ),
     Mutant(
         "items stepped counted as micro-batches",
         C,
-        "sum(trace.window_items), trace.n_items",
-        "sum(trace.window_batches), trace.n_items",
+        "sum(trace.window_items),\n                trace.n_items,",
+        "sum(trace.window_batches),\n                trace.n_items,",
     ),
     Mutant(
         "the seed not forwarded to the loops' runs",
         C,
-        "lr=LR, seed=p.seed, device=dev, **kwargs)",
-        "lr=LR, device=dev, **kwargs)",
+        "lr=LR, seed=p.seed, device=dev, **kwargs",
+        "lr=LR, device=dev, **kwargs",
     ),
     Mutant(
         "the large batch's activation memory measured on one micro-batch",
@@ -89,20 +91,20 @@ MUTANTS = [
         "activation_bytes(model, t.merge(window)",
         "activation_bytes(model, first",
     ),
-    Mutant("the memory finding at the smallest k", C, "k_max = max(self.ks)", "k_max = min(self.ks)"),
+    Mutant("the memory finding at the smallest k", CR, "k_max = max(self.ks)", "k_max = min(self.ks)"),
     Mutant(
         "a dropped-items finding even when every item was stepped",
-        C,
+        CR,
         "if c.items_used < c.items]",
         "if c.items_used <= c.items]",
     ),
     Mutant(
         "the settings count steps per epoch without the tail step",
-        C,
+        CR,
         'f"{expected_steps(self.n_batches, k)} at k = {k}"',
         'f"{self.n_batches // k} at k = {k}"',
     ),
-    Mutant("the memory table's saving inverted", C, 'f"{big / m:.2f}x"', 'f"{m / big:.2f}x"'),
+    Mutant("the memory table's saving inverted", CR, 'f"{big / m:.2f}x"', 'f"{m / big:.2f}x"'),
     Mutant(
         "results_path given but no JSON written",
         C,
@@ -152,8 +154,8 @@ MUTANTS = [
     Mutant(
         "a default changed: micro-batches of 4",
         P,
-        "accum_steps=(1, 2, 4, 8), batch_size=3,",
-        "accum_steps=(1, 2, 4, 8), batch_size=4,",
+        "    accum_steps=(1, 2, 4, 8),\n    batch_size=3,\n",
+        "    accum_steps=(1, 2, 4, 8),\n    batch_size=4,\n",
     ),
     Mutant(
         "comma-separated k not accepted", P, 'accum_steps.replace(",", " ").split()', "accum_steps.split()"
@@ -188,8 +190,8 @@ MUTANTS = [
     Mutant(
         "the tolerance band drawn 10x above the float32 bound",
         F,
-        "ax.axhspan(ZERO / 3, FLOAT32_RTOL,",
-        "ax.axhspan(ZERO / 3, 10 * FLOAT32_RTOL,",
+        "        ZERO / 3,\n        FLOAT32_RTOL,\n",
+        "        ZERO / 3,\n        10 * FLOAT32_RTOL,\n",
     ),
     Mutant(
         "the loss panel plots raw logged losses, not the gap to the large batch",
@@ -216,5 +218,11 @@ MUTANTS = [
         "[m / 1024 for m, _ in result.memory.values()]",
     ),
     Mutant("an exact 0 left at 0 on a log axis", F, "return max(value, ZERO)", "return value"),
-    Mutant("naive drawn in the correct loop's style", F, '"naive": "buggy"', '"naive": "correct"'),
+    # a loop's style role is read from its contract's verdicts (figures.role_of -> Contract.role)
+    Mutant(
+        "naive drawn in the correct loop's style",
+        "accumlib/loops/_contract.py",
+        'return "buggy" if self.full_windows == OFF_BY_K else "other"',
+        'return "correct" if self.full_windows == OFF_BY_K else "other"',
+    ),
 ]

@@ -127,8 +127,8 @@ MUTANTS = [
     Mutant(
         "an unknown task not refused by name (a KeyError)",
         M,
-        "    if task not in TASKS:\n        raise",
-        "    if False:\n        raise",
+        'return TASKS[check_choice("task", task, tuple(TASKS))]',
+        "return TASKS[task]",
     ),
     Mutant(
         "the unshifted loss counts padding positions as items (zero losses)",
@@ -166,7 +166,7 @@ MUTANTS = [
     Mutant(
         "a | in a reason not escaped (splits the table cell)", S, "{r.reason.replace('|', '/')}", "{r.reason}"
     ),
-    Mutant("the task lost when reading the JSON", S, 'data.get("task", "causal-lm"))', '"causal-lm")'),
+    Mutant("the task lost when reading the JSON", S, 'data.get("task", "causal-lm"),', '"causal-lm",'),
     Mutant(
         "the file name without the task",
         S,
@@ -211,10 +211,7 @@ MUTANTS = [
         "table = next((f for (v, t), f in _tables().items() if t == task), None)",
     ),
     Mutant(
-        "NoTable does not list the versions accumlib holds",
-        S,
-        "f\"transformers {', '.join(have) or '(none)'} (survey.load",
-        'f"transformers (none) (survey.load',
+        "NoTable does not list the versions accumlib holds", S, "{', '.join(have) or '(none)'} ", "(none) "
     ),
     Mutant(
         "a table without a task suffix read as sequence classification",
