@@ -2,7 +2,7 @@
 repository by touching only the files its row of the "Where to make a change" table names, pass the
 suite's checks, and fail them while a named file is still missing its part.
 
-The scratch copy is every tracked file; its tests run in a subprocess with the copy first on the path
+The scratch copy is every file git tracks or would track; its tests run in a subprocess with the copy first on the path
 (ahead of the editable install), so they read the copy's registry, codes table and README.
 """
 
@@ -48,7 +48,12 @@ class Scratch:
     def __init__(self, tmp: Path, named: set[str]):
         self.root, self.named, self.touched = tmp / "repo", named, set()
         files = (
-            subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+            subprocess.run(
+                ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                cwd=ROOT,
+                capture_output=True,
+                check=True,
+            )
             .stdout.decode()
             .split("\0")
         )
@@ -95,7 +100,7 @@ class Scratch:
 
 # --- a reference loop ------------------------------------------------------------------------------------
 
-LOOP = "global_count"
+LOOP = "counted_window"  # not global_count: test_contracts plants that one in a copy of its own
 # What a contributor runs after adding a loop: the checks that read the registry, and the loop's own test.
 LOOP_CHECKS = (
     "tests/test_api.py",
@@ -162,6 +167,94 @@ def test_a_new_loop_touches_only_the_files_the_map_names_and_passes(tmp_path):
         text=True,
     )
     assert probe.stdout.split() == ["True", "True", "True"], probe.stdout + probe.stderr
+
+
+# --- a finding code ---------------------------------------------------------------------------------------
+
+CODE = "zero-lr"
+CODE_CHECKS = (
+    "tests/test_api.py",
+    "tests/test_readme.py",
+    "tests/test_gallery.py",
+    "tests/test_verify_pipeline_rules.py",
+    "tests/test_verify.py",
+)
+CODE_ENTRY = f"""    "{CODE}": Code(
+        "bug",
+        "the optimizer's learning rate was 0 at this step: the update changed no weight",
+        "set the learning rate you meant; a warmup that starts at 0 spends its first step for nothing",
+    ),
+"""
+CODE_RULE = f"""    if n.lr == 0:  # the scratch code of tests/test_contributing.py
+        out.codes.append("{CODE}")
+"""
+GALLERY_LOOP = """
+
+def bug_zero_lr(model, optimizer, loader):
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0  # a warmup's first value, kept: every window right, every step a no-op
+    for window in windows(loader, K):
+        n = sum(len(y) for _, y in window)
+        for x, y in window:
+            (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+CODE_TEST = f"""
+
+
+def test_a_zero_learning_rate_is_named_and_a_correct_loop_is_not():
+    from accumlib.gallery import GALLERY
+
+    assert GALLERY["bug-{CODE}"].run().codes == {{"{CODE}"}}
+    assert "{CODE}" not in GALLERY["correct-inner-for"].run().codes
+"""
+
+
+def _add_code(scratch: Scratch) -> None:
+    """A finding code added by the book: its entry in the codes table, its rule, a gallery loop that
+    triggers it (registered), its README row, and its test beside a correct loop."""
+    codes = scratch.read("accumlib/_verify/codes.py")
+    head, table = codes.split("CODES: dict[str, Code] = {\n", 1)
+    scratch.write("accumlib/_verify/codes.py", head + "CODES: dict[str, Code] = {\n" + CODE_ENTRY + table)
+    diagnose = scratch.read("accumlib/_verify/diagnose.py")
+    anchor = "    if n.items == 0:\n"
+    assert diagnose.count(anchor) == 1, "diagnose() changed: update the anchor of the scratch rule"
+    scratch.write("accumlib/_verify/diagnose.py", diagnose.replace(anchor, CODE_RULE + anchor))
+    scratch.write("accumlib/gallery/bugs.py", scratch.read("accumlib/gallery/bugs.py") + GALLERY_LOOP)
+    gallery = scratch.read("accumlib/gallery/__init__.py")
+    gallery = gallery.replace("from .bugs import (\n", "from .bugs import (\n    bug_zero_lr,\n", 1)
+    registry = "GALLERY: dict[str, GalleryLoop] = _Gallery(\n    {\n"
+    entry = (
+        f'        "bug-{CODE}": GalleryLoop(bug_zero_lr, _E({{"{CODE}"}}), "the rate set to 0 by hand"),\n'
+    )
+    assert gallery.count(registry) == 1, "the gallery's registry changed: update the scratch entry"
+    scratch.write("accumlib/gallery/__init__.py", gallery.replace(registry, registry + entry))
+    scratch.write("tests/test_verify.py", scratch.read("tests/test_verify.py") + CODE_TEST)
+
+
+def _add_code_to_readme(scratch: Scratch) -> None:
+    row = next(
+        line for line in scratch.read("README.md").splitlines() if line.startswith("| `unscaled-sum` |")
+    )
+    scratch.replace(
+        "README.md", row, row + f"\n| `{CODE}` | bug | the learning rate was 0: the step moved nothing |"
+    )
+
+
+def test_a_new_finding_code_touches_only_the_files_the_map_names_and_passes(tmp_path):
+    named = _named_files(_row("a finding code"), CODE)
+    scratch = Scratch(tmp_path, named)
+    _add_code(scratch)
+
+    # The negative first: the README's table of codes still lacks it, and the suite says so.
+    missing = scratch.pytest("tests/test_readme.py")
+    assert missing.returncode == 1 and CODE in missing.stdout, missing.stdout[-3000:]
+
+    _add_code_to_readme(scratch)
+    done = scratch.pytest(*CODE_CHECKS)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert scratch.touched <= named, scratch.touched - named
 
 
 # --- a notebook re-run after a change ---------------------------------------------------------------------
