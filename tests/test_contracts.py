@@ -137,7 +137,7 @@ from accumlib.loops._contract import WRONG, Contract
 from accumlib.loops.naive import naive as _naive
 
 
-def global_count(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False):
+def scratch_count(model, optimizer, loader, item_losses, *, accum_steps, device=None, progress=False):
     return _naive(model, optimizer, loader, item_losses, accum_steps=accum_steps, device=device)
 
 
@@ -147,22 +147,22 @@ CONTRACT = Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG, b
 
 def test_a_new_loop_file_is_exported_as_its_function(tmp_path):
     """A copy of the package with one more loop file, imported fresh: no other line names the loop, and its
-    name is the function everywhere (also right after ``import accumlib.loops.global_count``, which binds
+    name is the function everywhere (also right after ``import accumlib.loops.scratch_count``, which binds
     a submodule's name to the module when nothing rebinds it)."""
     package = Path(accumlib.__file__).parent
     shutil.copytree(package, tmp_path / "accumlib", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "accumlib" / "loops" / "global_count.py").write_text(SCRATCH_LOOP)
+    (tmp_path / "accumlib" / "loops" / "scratch_count.py").write_text(SCRATCH_LOOP)
     code = f"COPY = {str(tmp_path)!r}\n" + textwrap.dedent(
         """
         import inspect
-        import accumlib.loops.global_count
-        from accumlib.loops import ALL, CONTRACTS, LOOPS, global_count
+        import accumlib.loops.scratch_count
+        from accumlib.loops import ALL, CONTRACTS, LOOPS, scratch_count
         import accumlib
         assert accumlib.__file__.startswith(COPY), accumlib.__file__  # the copy, not the repository
-        assert inspect.isfunction(global_count), global_count
-        assert global_count is ALL["global_count"] is accumlib.global_count
-        assert list(LOOPS)[-1] == "global_count" and CONTRACTS["global_count"].order == 9
-        assert "global_count" in accumlib.loops.__all__ and "global_count" in accumlib.__all__
+        assert inspect.isfunction(scratch_count), scratch_count
+        assert scratch_count is ALL["scratch_count"] is accumlib.scratch_count
+        assert list(LOOPS)[-1] == "scratch_count" and CONTRACTS["scratch_count"].order == 9
+        assert "scratch_count" in accumlib.loops.__all__ and "scratch_count" in accumlib.__all__
         print("ok")
         """
     )
@@ -172,4 +172,4 @@ def test_a_new_loop_file_is_exported_as_its_function(tmp_path):
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     # the negative: the repository's own package never saw the scratch loop
-    assert "global_count" not in ALL and not hasattr(loops, "global_count")
+    assert "scratch_count" not in ALL and not hasattr(loops, "scratch_count")

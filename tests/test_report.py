@@ -337,7 +337,7 @@ def test_the_figures_titles_agree_with_the_computed_numbers(executed):
     exact = [loop for loop, v in verdicts.items() if v == {"exact"}]
     tags = get_task(PARAMS["task"]).tags
     assert exact == [n for n in LOOPS if CONTRACTS[n].expected(tags) == EXACT]  # as the contracts promise
-    assert exact == ["ragged", "large_batch"]  # and as this task's ragged tail decides today
+    assert {"ragged", "large_batch"} <= set(exact)  # and as this task's ragged tail decides today
     assert _alt(body, "Each loop's worst step").startswith(
         f"Each loop's worst step against the large batch (mlp-digits), exact at every k: {', '.join(exact)}."
     )
@@ -594,7 +594,7 @@ def test_run_writes_no_file_without_results_path(result, tmp_path, monkeypatch):
 
 def test_each_loops_style_comes_from_its_contract_and_keeps_todays_looks():
     """The roles the figures had when they were written by hand, now read from the verdicts."""
-    assert {n: figures.role_of(c) for n, c in CONTRACTS.items()} == {
+    todays = {
         "naive": "buggy",
         "normalized": "other",
         "grad_divided": "other",
@@ -602,9 +602,10 @@ def test_each_loops_style_comes_from_its_contract_and_keeps_todays_looks():
         "amp": "alternative",
         "large_batch": "oracle",
     }
+    assert {n: figures.role_of(CONTRACTS[n]) for n in todays} == todays
     looks = figures.styles(LABELS)
     assert looks["amp (bfloat16)"] == _style.ROLE["alternative"]  # a run label finds its loop's contract
-    assert all(looks[n] == _style.ROLE[figures.role_of(CONTRACTS[n])] for n in LABELS if n in CONTRACTS)
+    assert all(looks[n] == _style.ROLE[todays[n]] for n in LABELS if n in todays)
 
 
 def test_a_new_loop_gets_a_style_of_its_own_without_an_edit(monkeypatch):

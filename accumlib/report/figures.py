@@ -25,9 +25,8 @@ def role_of(contract: Contract) -> str:
     styled without an edit here.
 
     >>> from accumlib.loops import CONTRACTS
-    >>> {name: role_of(c) for name, c in CONTRACTS.items()}  # doctest: +NORMALIZE_WHITESPACE
-    {'amp': 'alternative', 'grad_divided': 'other', 'large_batch': 'oracle', 'naive': 'buggy',
-     'normalized': 'other', 'ragged': 'correct'}
+    >>> [role_of(CONTRACTS[name]) for name in ("naive", "ragged", "large_batch")]
+    ['buggy', 'correct', 'oracle']
     """
     return contract.role
 
