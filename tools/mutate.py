@@ -11,7 +11,7 @@ denominator). The score per group is killed / (total - equivalent).
     .venv/bin/python tools/mutate.py                 # every group
     .venv/bin/python tools/mutate.py hf lightning    # some groups
     .venv/bin/python tools/mutate.py hf --only 'num_items'   # mutants whose name contains it (not recorded)
-    .venv/bin/python tools/mutate.py --list          # check the catalogue, nothing run
+    .venv/bin/python tools/mutate.py --list          # check the catalogue (every broken entry), nothing run
 
 A whole group's run replaces that group's entry in ``tools/mutation.json`` and redraws
 ``tools/mutation.md``: the score per module, and every mutant not killed with its argument.
@@ -88,6 +88,32 @@ def groups() -> list[str]:
     return sorted(p.stem for p in CATALOGUE.glob("*.py") if not p.stem.startswith("_"))
 
 
+def problems(group: str, only: str = "") -> list[str]:
+    """What keeps a group's catalogue from running: a test path or a mutant's file that does not exist,
+    an ``old`` not found once (or at ``at``), a mutant that changes nothing or does not compile."""
+    mod = load(group)
+    out = [f"test path {t} does not exist" for t in mod.TESTS if not (ROOT / t.split("::")[0]).exists()]
+    for m in (m for m in mod.MUTANTS if only in m.name):
+        out += [
+            f"mutant {m.name!r}: test path {t} does not exist"
+            for t in m.tests
+            if not (ROOT / t.split("::")[0]).exists()
+        ]
+        if not (ROOT / m.file).is_file():
+            out.append(f"mutant {m.name!r}: {m.file} does not exist")
+            continue
+        text = (ROOT / m.file).read_text()
+        try:
+            mutated = m.apply(text)
+            compile(mutated, m.file, "exec")
+        except (ValueError, SyntaxError) as e:
+            out.append(str(e) if str(e).startswith("mutant") else f"mutant {m.name!r}: {e}")
+            continue
+        if mutated == text:
+            out.append(f"mutant {m.name!r}: old and new are the same text")
+    return out
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -145,13 +171,16 @@ def main(argv=None) -> int:
         ap.error(f"groups must be among {', '.join(groups())} (got {', '.join(sorted(unknown))})")
     chosen = a.groups or groups()
     if a.list:
+        broken = [f"{g}: {p}" for g in chosen for p in problems(g, a.only)]
         for g in chosen:
             for m in (m for m in load(g).MUTANTS if a.only in m.name):
-                # stale, ambiguous or broken: an error here
-                compile(m.apply((ROOT / m.file).read_text()), m.file, "exec")
                 print(
                     f"{g:12} {m.file}: {m.name}" + (f"  [equivalent: {m.equivalent}]" if m.equivalent else "")
                 )
+        # every stale, ambiguous or broken entry at once, not just the first
+        if broken:
+            print("".join(f"\nbroken: {p}" for p in broken), file=sys.stderr)
+            return 1
         return 0
 
     results = {}

@@ -64,7 +64,7 @@ MUTANTS = [
         "trace.window_items.append(len(window))",
     ),
     Mutant(
-        "steps expected taken from the steps seen (a missing step cannot show)",
+        "the reference table's steps expected taken from the steps seen (a missing step cannot show)",
         R,
         "expected_steps=expected_steps(trace.n_batches, task.accum_steps)",
         "expected_steps=len(trace.comparisons)",
