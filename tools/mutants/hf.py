@@ -24,7 +24,7 @@ MUTANTS = [
     Mutant(
         "the user's optimizer state is not copied (momentum buffers start empty)",
         T,
-        "        opt.load_state_dict(copy.deepcopy(user_opt.state_dict()))  # deep: the state tensors must not be shared\n",
+        "        opt.load_state_dict(copy.deepcopy(user_opt.state_dict()))\n",
         "",
     ),
     Mutant(
@@ -36,8 +36,8 @@ MUTANTS = [
     Mutant(
         "the user's parameter-group hyperparameters are dropped (every group gets the defaults)",
         T,
-        'groups = [{**{k: v for k, v in g.items() if k != "params"}, "params"',
-        'groups = [{"params"',
+        '                **{k: v for k, v in g.items() if k != "params"},\n',
+        "",
         equivalent="the next lines load the user's state_dict into the rebuilt optimizer, and torch's "
         "Optimizer.load_state_dict takes every saved group's hyperparameters (keeping only its params): "
         "the groups' settings before it cannot show (the twin-run test sees lr 0.1 and weight decay either way)",
@@ -63,14 +63,14 @@ MUTANTS = [
     Mutant(
         "the user's stateful callbacks are passed as they are, not copied",
         T,
-        "return [copy.deepcopy(cb) for cb in",
-        "return [cb for cb in",
+        "        copy.deepcopy(cb)\n        for cb in",
+        "        cb\n        for cb in",
     ),
     Mutant(
         "the user's callbacks are left out of the copy",
         T,
-        "processing_class=trainer.processing_class, callbacks=callbacks,",
-        "processing_class=trainer.processing_class, callbacks=None,",
+        "                callbacks=callbacks,\n",
+        "                callbacks=None,\n",
     ),
     Mutant(
         "the user's compute_loss_func is not forwarded",
@@ -112,8 +112,8 @@ MUTANTS = [
     Mutant(
         "args.max_steps and max_steps= combined with max (the larger), not min",
         T,
-        "cap = min([n for n in",
-        "cap = max([n for n in",
+        "    cap = min(\n",
+        "    cap = max(\n",
     ),
     Mutant(
         "args.max_steps is not a cap (only max_steps= counts)",
@@ -137,8 +137,8 @@ MUTANTS = [
     Mutant(
         "the copy writes to the user's output_dir",
         T,
-        "output_dir=output_dir, report_to=[]",
-        "output_dir=args.output_dir, report_to=[]",
+        "        output_dir=output_dir,\n        report_to=[],",
+        "        output_dir=args.output_dir,\n        report_to=[],",
     ),
     Mutant(
         "the copy's Trainer prints its end-of-training metrics",
@@ -149,26 +149,30 @@ MUTANTS = [
     Mutant(
         "a length-grouped sampler reads lengths through verify's recording dataset",
         T,
-        "sampler(_as_sampled(copy_of, trainer.train_dataset))",
+        "sampler(\n                _as_sampled(copy_of, trainer.train_dataset)\n            )",
         "sampler(dataset)",
     ),
     Mutant(
         "a length-grouped sampler reads a datasets.Dataset's length column the Trainer removes",
         T,
-        '    return copy_of._remove_unused_columns(dataset, description="Training") if',
-        "    return dataset if",
+        '        copy_of._remove_unused_columns(dataset, description="Training")\n        if',
+        "        dataset\n        if",
     ),
     # --- trainer.py: refusals before any work --------------------------------------------------------
     Mutant("n_gpu > 1 (DataParallel) is not refused", T, "if args.n_gpu > 1:", "if args.n_gpu > 8:"),
-    Mutant("FSDP args are not refused", T, '("fsdp", args.fsdp), ', ""),
+    Mutant("FSDP args are not refused", T, '            ("fsdp", args.fsdp),\n', ""),
     Mutant(
         "a Trainer without a train_dataset is not refused by name",
         T,
         "if trainer.train_dataset is None:",
         "if False:",
     ),
-    Mutant("max_steps=True is taken as 1", T, "(isinstance(max_steps, bool) or not", "(not"),
-    Mutant("max_steps=0 is accepted", T, "or max_steps < 1)", "or max_steps < 0)"),
+    Mutant(
+        "max_steps=0 is accepted",
+        T,
+        'check_int("max_steps", max_steps, low=1, optional=True)',
+        'check_int("max_steps", max_steps, low=0, optional=True)',
+    ),
     # --- trainer.py: the user's process state and randomness -----------------------------------------
     Mutant("the torch RNG is not put back", T, "        torch.set_rng_state(rng[0])\n", ""),
     Mutant(
@@ -218,8 +222,8 @@ MUTANTS = [
     Mutant(
         "causal LM: label smoothing not applied",
         L,
-        "ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)\n    return ce[targets",
-        "ignore_index=IGNORE_INDEX)\n    return ce[targets",
+        "        label_smoothing=label_smoothing,\n    )\n    return ce[targets",
+        "    )\n    return ce[targets",
     ),
     Mutant(
         "causal LM: logits not upcast to float32 (bf16 cross-entropy)",
@@ -263,14 +267,14 @@ MUTANTS = [
     Mutant(
         "one output taken for single-label classification, not regression",
         L,
-        'problem = ("regression" if n_labels == 1 else',
-        'problem = ("regression" if n_labels == 0 else',
+        '            "regression"\n            if n_labels == 1\n',
+        '            "regression"\n            if n_labels == 0\n',
     ),
     Mutant(
         "int32 labels taken for multi-label",
         L,
-        "if labels.dtype in (torch.long, torch.int) else",
-        "if labels.dtype == torch.long else",
+        "if labels.dtype in (torch.long, torch.int)\n",
+        "if labels.dtype == torch.long\n",
         equivalent="int32 labels fail in torch's cross_entropy (Long or Byte only) inside the model's own loss, so "
         "no Trainer trains on them and no verify_trainer run reaches the item losses with them; the "
         "rule mirrors transformers' ForSequenceClassificationLoss, which refuses them the same way",
@@ -290,8 +294,8 @@ MUTANTS = [
     Mutant(
         "classification: label smoothing not applied",
         L,
-        "ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)\n    return ce[labels",
-        "ignore_index=IGNORE_INDEX)\n    return ce[labels",
+        "        label_smoothing=label_smoothing,\n    )\n    return ce[labels",
+        "    )\n    return ce[labels",
     ),
     Mutant(
         "the default item losses drop label smoothing",
@@ -302,8 +306,8 @@ MUTANTS = [
     Mutant(
         "the default for a sequence classifier is the causal LM loss",
         L,
-        '"ForSequenceClassification",\n                                   sequence_classification_losses)',
-        '"ForSequenceClassification",\n                                   causal_lm_losses)',
+        '            "ForSequenceClassification",\n            sequence_classification_losses,\n',
+        '            "ForSequenceClassification",\n            causal_lm_losses,\n',
     ),
     Mutant(
         "a model without a default loss gets the causal LM loss silently",
@@ -325,8 +329,8 @@ MUTANTS = [
     Mutant(
         "DPOTrainer is not refused",
         R,
-        '    raise TypeError(f"trainer must be a transformers.Trainer or trl.SFTTrainer',
-        '    return\n    raise TypeError(f"trainer must be a transformers.Trainer or trl.SFTTrainer',
+        '    raise TypeError(\n        f"trainer must be a transformers.Trainer or trl.SFTTrainer',
+        '    return\n    raise TypeError(\n        f"trainer must be a transformers.Trainer or trl.SFTTrainer',
         tests=TRL,
     ),
     Mutant(
