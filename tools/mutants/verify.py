@@ -37,12 +37,11 @@ RANKS = ("tests/test_verify_ranks.py",)
 # 2 gloo ranks, two loops: ranks holding different parameters
 RANKS_PARAMS = ("tests/test_verify_ranks_params.py",)
 
-D, R, O, A = (
-    "accumlib/_verify/diagnose.py",
-    "accumlib/_verify/record.py",
-    "accumlib/_verify/oracle.py",
-    "accumlib/_verify/api.py",
-)
+# diagnose names one step from its numbers; diagnose_run applies the run-level rules (an assumed clip,
+# a constant divisor, a masked misscale); coverage counts the items a run used; measure a step's numbers
+D, DR = "accumlib/_verify/diagnose.py", "accumlib/_verify/diagnose_run.py"
+CV, ME = "accumlib/_verify/coverage.py", "accumlib/_verify/measure.py"
+R, OR, A = "accumlib/_verify/record.py", "accumlib/_verify/oracle.py", "accumlib/_verify/api.py"
 P, C, T = "accumlib/_verify/report.py", "accumlib/_verify/copying.py", "accumlib/tolerances.py"
 S, SH, PA = "accumlib/_verify/sources.py", "accumlib/_verify/shadow.py", "accumlib/_verify/patches.py"
 J, RK, CLI = "accumlib/_verify/job.py", "accumlib/_verify/ranks.py", "accumlib/_verify/cli.py"
@@ -75,14 +74,14 @@ MUTANTS = [
     Mutant(
         "a clip one micro-batch before the window's end counted as complete",
         D,
-        "if any(c.seen < m for c in n.clips):",
-        "if any(c.seen < m - 1 for c in n.clips):",
+        "if any(0 < c.seen < m for c in n.clips):",
+        "if any(0 < c.seen < m - 1 for c in n.clips):",
     ),
     Mutant(
         "clip-before-unscale ratio loosened 10x",
         D,
-        "if seen > SCALED_CLIP_RATIO:",
-        "if seen > 10 * SCALED_CLIP_RATIO:",
+        "if seen > SCALED_CLIP_RATIO and",
+        "if seen > 10 * SCALED_CLIP_RATIO and",
     ),
     Mutant(
         "every loop judged at the autocast tolerance",
@@ -124,8 +123,8 @@ MUTANTS = [
     Mutant(
         "tail-misscaled judged against m, not k",
         D,
-        "if m < k and _near(v[0] * k, 1.0, tol):",
-        "if m < k and _near(v[0] * m, 1.0, tol):",
+        "if m < k and near(v[0] * k, 1.0, tol):",
+        "if m < k and near(v[0] * m, 1.0, tol):",
     ),
     Mutant(
         "means of unequal micro-batches off by one factor not named (over-division: unexplained)",
@@ -136,20 +135,20 @@ MUTANTS = [
     Mutant(
         "a short window at m/k per micro-batch not tail-misscaled",
         D,
-        "    if m < k and all(_near(x, m / k, tol) for x in w):",
+        "    if m < k and all(near(x, m / k, tol) for x in w):",
         "    if False:",
     ),
     Mutant(
         "misscaled named despite a leak",
         D,
-        "if not n.leak and all(_near(x, w[0], SAME_FACTOR_RTOL) for x in w):",
-        "if all(_near(x, w[0], SAME_FACTOR_RTOL) for x in w):",
+        "if not n.leak and all(near(x, w[0], SAME_FACTOR_RTOL) for x in w):",
+        "if all(near(x, w[0], SAME_FACTOR_RTOL) for x in w):",
     ),
     Mutant(
         "the label-shift cause offered for items that are not tokens",
         D,
-        "if 0 < sequences < items else []",
-        "if 0 < sequences <= items else []",
+        "        if 0 < sequences < items\n",
+        "        if 0 < sequences <= items\n",
     ),
     Mutant("cause 1/m never predicted", D, '([("1/m", 1 / m)] if m > 1 else [])', "[]"),
     Mutant(
@@ -167,48 +166,48 @@ MUTANTS = [
     Mutant(
         "a whole ratio of 1 taken for a reduction",
         D,
-        "if d >= 2 and _near(c, d if c >= 1 else 1 / d, rtol):",
-        "if d >= 1 and _near(c, d if c >= 1 else 1 / d, rtol):",
+        "if d >= 2 and near(c, d if c >= 1 else 1 / d, rtol):",
+        "if d >= 1 and near(c, d if c >= 1 else 1 / d, rtol):",
     ),
     Mutant(
         "one scaled step taken as evidence of a clip",
-        D,
+        DR,
         "if len(scaled) < 2 or any(",
         "if len(scaled) < 1 or any(",
     ),
     Mutant(
         "a clip refuted only when every step scales up, not any",
-        D,
+        DR,
         "any(v.factor is None or v.factor >= 1 for _, v in scaled)",
         "all(v.factor is None or v.factor >= 1 for _, v in scaled)",
     ),
     Mutant(
         "clip norms matched 10x more loosely",
-        D,
-        "if all(_near(x, c, CLIP_NORM_RTOL) for x in norms)",
-        "if all(_near(x, c, 10 * CLIP_NORM_RTOL) for x in norms)",
+        DR,
+        "if all(near(x, c, CLIP_NORM_RTOL) for x in norms)",
+        "if all(near(x, c, 10 * CLIP_NORM_RTOL) for x in norms)",
     ),
     Mutant(
         "ok steps above the clip norm do not refute the clip",
-        D,
-        "and all(x <= c * (1 + CLIP_NORM_RTOL) for x in fine)",
+        DR,
+        " and all(x <= c * (1 + CLIP_NORM_RTOL) for x in fine)",
         "",
     ),
     Mutant(
         "a constant divisor named from a single window size",
-        D,
+        DR,
         "if assumed is None and len({s.items for s, _ in scaled}) > 1:",
         "if assumed is None and len({s.items for s, _ in scaled}) >= 1:",
     ),
     Mutant(
         "a misscale masked by clipping judged on the norm ratio, not the error",
-        D,
+        DR,
         "v.masked = like_for_like(s, done)[1] <= step_tol",
         "v.masked = like_for_like(s, done)[0] <= step_tol",
     ),
     Mutant(
         "the clipped truth ignores the +1e-6 of torch's clip",
-        D,
+        DR,
         "lam *= min(1.0, max_norm / (lam * math.sqrt(n.tt) + 1e-6))",
         "lam *= min(1.0, max_norm / (lam * math.sqrt(n.tt)))",
     ),
@@ -236,8 +235,8 @@ MUTANTS = [
     Mutant(
         "a collate after the loop read the dataset takes the oldest reads as the batch",
         R,
-        "self.dataset.pending[len(self.dataset.pending) - len(samples):]",
-        "self.dataset.pending[:len(samples)]",
+        "self.dataset.pending[len(self.dataset.pending) - len(samples) :]",
+        "self.dataset.pending[: len(samples)]",
     ),
     Mutant(
         "an iterable dataset's drawn count never reset per batch",
@@ -307,9 +306,9 @@ MUTANTS = [
     ),
     Mutant(
         "a recorded clip not undone before the comparison",
-        R,
-        "scales=[1.0 / u, 1.0 / n], scratch=o.scratch)  # G unclipped",
-        "scales=[1.0, 1.0 / n], scratch=o.scratch)  # G unclipped",
+        ME,
+        "gram([grads, o.O()], scales=[1.0 / u, 1.0 / n], scratch=o.scratch)",
+        "gram([grads, o.O()], scales=[1.0, 1.0 / n], scratch=o.scratch)",
     ),
     Mutant(
         "BatchNorm in eval mode treated as batch statistics",
@@ -369,82 +368,82 @@ MUTANTS = [
     # ---- oracle: the true gradient and the per-micro-batch fit ------------------------------------------
     Mutant(
         "collinear gradients (one parameter) solved as a 2x2 system",
-        O,
+        OR,
         "    elif ps * ps >= (1.0 - 1e-9) * pp * ss:",
         "    elif False:",
     ),
     Mutant(
         "a fit's residual relative to |C|^2, not |C|",
-        O,
+        OR,
         "math.sqrt(max(r2, 0.0)) / math.sqrt(cc) if cc > 0",
         "math.sqrt(max(r2, 0.0)) / cc if cc > 0",
     ),
     Mutant(
         "later rescales of .grad not carried to earlier micro-batches' weights",
-        O,
+        OR,
         "            tail *= self.fits[j].beta\n",
         "",
     ),
     Mutant(
         "weights scaled by the group count, not the item count",
-        O,
+        OR,
         "w[j] = self.items * self.fits[j].a * tail",
         "w[j] = len(self.fits) * self.fits[j].a * tail",
     ),
     Mutant(
         "float16 replay at the loop's full scale (the summed loss overflows)",
-        O,
-        "scale = how.scale / max(rows, 1) if how.autocast",
-        "scale = how.scale if how.autocast",
+        OR,
+        "            how.scale / max(rows, 1)\n            if how.autocast",
+        "            how.scale\n            if how.autocast",
     ),
     Mutant(
         "a large model's per-tensor gradient not unscaled",
-        O,
+        OR,
         "                if scale != 1.0:\n                    g = g / scale\n",
         "",
     ),
     Mutant(
         "a leak never seen: .grad at the window's start not checked",
-        O,
+        OR,
         "self.leak = any(g is not None and bool(g.any()) for g in grads)",
         "self.leak = False",
     ),
     Mutant(
         "the oracle's sum not emptied when a window opens",
-        O,
+        OR,
         "            else:\n                leaf.grad.zero_()\n            self._remember(i, g)",
         "            self._remember(i, g)",
     ),
     Mutant(
         "the oracle draws from the loop's random stream",
-        O,
+        OR,
         "        stack.enter_context(torch.random.fork_rng(devices=[]))\n",
         "",
     ),
     Mutant(
         "the oracle runs under the optimizer's no_grad",
-        O,
+        OR,
         "        stack.enter_context(torch.enable_grad())\n",
         "",
     ),
     Mutant(
         "the clip coefficient without torch's +1e-6",
-        O,
+        OR,
         "return min(1.0, max_norm / (norm_value + 1e-6))",
         "return min(1.0, max_norm / norm_value)",
     ),
     Mutant(
-        "Gram matrix scales not applied", O, "    return _scaled(out.cpu(), scales)", "    return out.cpu()"
+        "Gram matrix scales not applied", OR, "    return _scaled(out.cpu(), scales)", "    return out.cpu()"
     ),
     Mutant(
         "the float32 redo adds to the autocast replay instead of replacing it",
-        O,
+        OR,
         "        for leaf in self.leaves:\n            if leaf.grad is not None:\n                leaf.grad.zero_()\n        n, loss, _, _",
         "        n, loss, _, _",
     ),
     Mutant(
         "a chunked dot product fills half the Gram matrix",
-        O,
+        OR,
         "                if a != b:\n                    out[b, a] += d\n",
         "",
         equivalent="every reader of a Gram matrix (fit_group, Recorder._judge, Ranks.step) reads entries (i, j) "
@@ -453,22 +452,27 @@ MUTANTS = [
     ),
     Mutant(
         "a chunk's scratch rows not refreshed past the first chunk",
-        O,
+        OR,
         "        for a in rows:\n            scratch[a, :width].copy_",
         "        for a in rows[:1]:\n            scratch[a, :width].copy_",
     ),
     Mutant(
         "finiteness read from the replay, not the loop's gradient",
-        O,
+        OR,
         "if dots is not None and not math.isfinite(float(dots[0, 0])):",
         "if dots is not None and not math.isfinite(float(dots[2, 2])):",
     ),
-    Mutant("sequences counted as items", O, "self.sequences + rows\n", "self.sequences + n\n"),
+    Mutant(
+        "sequences counted as items",
+        OR,
+        "            self.sequences + rows,\n",
+        "            self.sequences + n,\n",
+    ),
     Mutant(
         "the window's items counted as rows, not item losses",
-        O,
-        "        self.items, self.loss_sum, self.sequences = self.items + n, self.loss_sum + loss, self.sequences + rows",
-        "        self.items, self.loss_sum, self.sequences = self.items + rows, self.loss_sum + loss, self.sequences + rows",
+        OR,
+        "            self.items + n,\n            self.loss_sum + loss,",
+        "            self.items + rows,\n            self.loss_sum + loss,",
     ),
     # ---- api: the run, the copy, coverage ---------------------------------------------------------------
     Mutant("the caller's model trained in place", A, "    net = copy_model(model)  #", "    net = model  #"),
@@ -493,8 +497,8 @@ MUTANTS = [
     Mutant(
         "max_steps not forwarded to the recorder",
         A,
-        "item_losses, max_steps, ranks=job)",
-        "item_losses, None, ranks=job)",
+        "item_losses, max_steps, ranks=job",
+        "item_losses, None, ranks=job",
     ),
     Mutant("a run ended by max_steps not said", A, "        stopped = True\n", "        stopped = False\n"),
     Mutant(
@@ -506,8 +510,8 @@ MUTANTS = [
     Mutant(
         "an optimizer instance over the caller's parameters accepted",
         A,
-        "    if isinstance(optimizer, torch.optim.Optimizer):  # it holds",
-        "    if False:  # it holds",
+        "    if isinstance(optimizer, torch.optim.Optimizer):\n",
+        "    if False:\n",
     ),
     Mutant(
         "items of different sizes without a collate_fn not refused up front",
@@ -516,57 +520,56 @@ MUTANTS = [
         "    if False:\n        _check_default_collate",
     ),
     Mutant(
-        "a model with nothing to train accepted",
+        "batch_size 0 accepted",
         A,
-        "    if not any(p.requires_grad for p in model.parameters()):",
-        "    if False:",
+        'check_int("batch_size", batch_size, low=1)',
+        'check_int("batch_size", batch_size, low=0)',
     ),
-    Mutant("batch_size 0 accepted", A, "batch_size < 1:", "batch_size < 0:"),
     Mutant(
         "items drawn by a complete pass but never stepped counted as left out by design",
-        A,
+        CV,
         "        left = [i for i in left if i in passes.seen]  # the rest was drawn",
         "        pass  # the rest was drawn",
     ),
     Mutant(
         "a logged loss off by k only caught one way",
-        A,
-        "return not near(r, 1.0) and (near(r * k, 1.0) or near(r / k, 1.0))",
-        "return not near(r, 1.0) and near(r * k, 1.0)",
+        DR,
+        "return not close(r, 1.0) and (close(r * k, 1.0) or close(r / k, 1.0))",
+        "return not close(r, 1.0) and close(r * k, 1.0)",
     ),
     Mutant(
         "the true loss leaves out what was forwarded after the last step",
         A,
-        "true_loss = (sum(s.loss_sum for s in steps) + seen_loss) / true_items",
-        "true_loss = sum(s.loss_sum for s in steps) / true_items",
+        "(sum(s.loss_sum for s in steps) + cov.seen_loss) / true_items",
+        "sum(s.loss_sum for s in steps) / true_items",
     ),
     Mutant(
         "the generic fix given for misscaled, not the cause's own",
-        A,
-        'findings[at].message, "; ".join(CAUSES[c][1] for c in found), findings[at].steps)',
-        "findings[at].message, findings[at].fix, findings[at].steps)",
+        DR,
+        '        if found:  # the fix of the cause found, not the generic one\n            fixes["misscaled"]',
+        '        if False:  # the fix of the cause found, not the generic one\n            fixes["misscaled"]',
     ),
     Mutant(
         "the rows of an assumed clip not compared with the clipped truth",
-        A,
+        DR,
         "or ([assumed] if assumed else [])",
         "or []",
     ),
     Mutant(
         "coverage judged after data verify never handed out",
         A,
-        '    if "untracked-data" in by_code:  # the loop drew',
-        "    if False:  # the loop drew",
+        '    if stopped or any(f.code == "untracked-data" for f in found):',
+        "    if stopped:",
     ),
     Mutant(
         "the misscaled span's range collapsed to its first step",
-        A,
-        'span = f"c = {min(cs):.4f}" + (f" to {max(cs):.4f}" if max(cs) - min(cs) >= 5e-5 else "") if cs else ""',
-        'span = f"c = {cs[0]:.4f}" if cs else ""',
+        DR,
+        '            f"c = {min(cs):.4f}" + (f" to {max(cs):.4f}" if max(cs) - min(cs) >= 5e-5 else "") if cs else ""\n',
+        '            f"c = {cs[0]:.4f}" if cs else ""\n',
     ),
     Mutant(
         "the BatchNorm limit reported only for wrong steps",
-        A,
+        DR,
         "s.bn_gap is not None and (v.batchnorm_limit or v.codes)",
         "s.bn_gap is not None and v.codes",
     ),
@@ -688,14 +691,14 @@ MUTANTS = [
     Mutant(
         "only the top module's patched methods rebuilt",
         C,
-        "    for m in model.modules():  # the original's attributes",
-        "    for m in [model]:  # the original's attributes",
+        "    for m in model.modules():\n",
+        "    for m in [model]:\n",
     ),
     Mutant(
         "a rebuilt function keeps the original's default arguments",
         C,
-        "out.__defaults__ = tuple(_rebound(d, memo, done) for d in obj.__defaults__) if obj.__defaults__ else None",
-        "out.__defaults__ = obj.__defaults__",
+        "        out.__defaults__ = (\n            tuple(_rebound(d, memo, done) for d in obj.__defaults__) if obj.__defaults__ else None\n        )\n",
+        "        out.__defaults__ = obj.__defaults__\n",
     ),
     Mutant(
         "closure cells copied as they were",
@@ -748,31 +751,31 @@ MUTANTS = [
     Mutant(
         "another model's clip recorded as this model's",
         PA,
-        "if any(id(p) in self.param_ids for p in params):  # not another model's clip",
-        "if True:  # not another model's clip",
+        "if any(id(p) in rec.param_ids for p in params):",
+        "if True:",
     ),
     Mutant(
         "a step GradScaler skipped merged into the next window",
         PA,
-        "            if len(self.steps) == before and self.window and any(",
-        "            if False and any(",
+        "        if (\n            len(rec.steps) == before\n            and rec.window\n",
+        "        if (\n            False\n            and rec.window\n",
     ),
     Mutant(
         "DataLoader iteration left patched after the run",
         PA,
-        "            DataLoader.__iter__ = original  # type: ignore[method-assign]\n",
+        "        DataLoader.__iter__ = original  # type: ignore[method-assign]\n",
         "",
     ),
     Mutant(
         "GradScaler left patched after the run",
         PA,
-        "            torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]\n",
-        "            pass\n",
+        "        torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]\n",
+        "        pass\n",
     ),
     Mutant(
         "a scheduler stepped between windows flagged",
         PA,
-        "if ours and self.window and _lrs(opt) != before:",
+        "if ours and rec.window and _lrs(opt) != before:",
         "if ours and _lrs(opt) != before:",
     ),
     # ---- job and ranks: a multi-rank job (the ranks test: one launch) ---------------------------------------
