@@ -1,5 +1,6 @@
-"""Mutants of accumlib/_verify/ (accumlib.verify: record, oracle, diagnose, report, the copy) and
-accumlib/tolerances.py: the mistakes a verifier of gradient accumulation could make."""
+"""Mutants of accumlib/_verify/ (accumlib.verify: record, measure, oracle, diagnose and diagnose_run,
+coverage, report, the copy) and accumlib/tolerances.py: the mistakes a verifier of gradient accumulation
+could make. Its argument checks are accumlib/_checks.py's (group checks)."""
 
 from mutate import Mutant
 
@@ -446,7 +447,7 @@ MUTANTS = [
         OR,
         "                if a != b:\n                    out[b, a] += d\n",
         "",
-        equivalent="every reader of a Gram matrix (fit_group, Recorder._judge, Ranks.step) reads entries (i, j) "
+        equivalent="every reader of a Gram matrix (fit_group, measure.measure, Ranks.step) reads entries (i, j) "
         "with i <= j, and the chunked loop fills exactly those (b runs over rows[i:]); the lower "
         "triangle it leaves empty is never read",
     ),
