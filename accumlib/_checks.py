@@ -35,7 +35,8 @@ import torch
 
 
 def _fail(name: str, rule: str, value: Any, why: str = "", *, typed: bool = False, error: type = ValueError):
-    """The one message shape; ``typed`` adds the value's type (where ``2.0`` and ``True`` would read as valid)."""
+    """The one message shape; ``typed`` adds the value's type (where ``2.0`` or ``True`` would read as
+    valid)."""
     got = f"{value!r} of type {type(value).__name__}" if typed else repr(value)
     return error(f"{name} must be {rule}{f'; {why}' if why else ''} (got {got})")
 
@@ -141,11 +142,13 @@ def check_model(model: Any, name: str = "model") -> torch.nn.Module:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(
-            f"{name} must have at least one parameter with requires_grad=True (got {type(model).__name__} with none)"
+            f"{name} must have at least one parameter with requires_grad=True "
+            f"(got {type(model).__name__} with none)"
         )
     if any(p.is_meta for p in model.parameters()):
         raise ValueError(
-            f"{name} must hold real parameters, not parameters on the meta device (got {type(model).__name__}; "
+            f"{name} must hold real parameters, not parameters on the meta device "
+            f"(got {type(model).__name__}; "
             "materialize it with .to_empty(device=...) and load its weights first)"
         )
     return model

@@ -28,7 +28,8 @@ def recording(base: type) -> type:
 
 @contextlib.contextmanager
 def windows_of(cls: type) -> Iterator[list[list[torch.Tensor]]]:
-    """The labels ``cls`` (from ``recording``) trained on, cut into windows right before each optimizer step."""
+    """The labels ``cls`` (from ``recording``) trained on, cut into windows right before each optimizer
+    step."""
     cls.windows = [[]]  # type: ignore[attr-defined]
     hook = register_optimizer_step_pre_hook(lambda opt, a, kw: cls.windows.append([]))  # type: ignore[attr-defined]
     try:

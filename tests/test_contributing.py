@@ -2,8 +2,9 @@
 repository by touching only the files its row of the "Where to make a change" table names, pass the
 suite's checks, and fail them while a named file is still missing its part.
 
-The scratch copy is every file git tracks or would track; its tests run in a subprocess with the copy first on the path
-(ahead of the editable install), so they read the copy's registry, codes table and README.
+The scratch copy is every file git tracks or would track; its tests run in a subprocess with the copy
+first on the path (ahead of the editable install), so they read the copy's registry, codes table and
+README.
 """
 
 from __future__ import annotations

@@ -222,7 +222,9 @@ def test_load_reads_the_installed_version_and_names_the_versions_it_has():
 def test_load_refuses_an_installed_version_without_a_table(monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("accumlib.survey.run"), "_version", lambda dist: "9.9.9")
+    monkeypatch.setattr(
+        importlib.import_module("accumlib.survey.run"), "installed_version", lambda dist: "9.9.9"
+    )
     with pytest.raises(
         survey.NoTable, match=r"transformers 9\.9\.9.*accumlib holds one for transformers 5\.23\.0"
     ):

@@ -77,7 +77,7 @@ def versions() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """No progress bars from datasets' map (TRL tokenises with it) and no library advice, put back after."""
     import datasets
 
@@ -117,7 +117,7 @@ def sft_gpt2(n_texts: int = 14) -> Any:
     from ..hf.tiny import tiny_gpt2, tiny_texts, tiny_tokenizer
 
     args = trl.SFTConfig(**_run_args(), bf16=False, gradient_checkpointing=False)
-    with _quiet():
+    with quiet():
         return trl.SFTTrainer(
             model=tiny_gpt2(),
             args=args,
@@ -179,7 +179,7 @@ def dpo(n_pairs: int = 11) -> Any:
     from ..hf.tiny import tiny_llama, tiny_tokenizer
 
     args = trl.DPOConfig(**_run_args(), bf16=False, gradient_checkpointing=False)
-    with _quiet():
+    with quiet():
         trainer = trl.DPOTrainer(
             model=tiny_llama(seed=0),
             ref_model=tiny_llama(seed=1),
@@ -241,7 +241,7 @@ def dpo_windows(trainer: Any) -> list[DPOWindow]:
     trainer.training_step = training_step
     hook = register_optimizer_step_pre_hook(check)
     try:
-        with _quiet():
+        with quiet():
             trainer.train()
     finally:
         hook.remove()

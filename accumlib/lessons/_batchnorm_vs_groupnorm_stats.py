@@ -27,7 +27,7 @@ def task_for(norm: str) -> Any:
     return get_task(f"cnn-{norm}norm")
 
 
-def _check_split(accum_steps: Any, large_batch: Any) -> tuple[int, int]:
+def check_split(accum_steps: Any, large_batch: Any) -> tuple[int, int]:
     large_batch = check_int("large_batch", large_batch, low=1)
     k = check_int(
         "accum_steps", accum_steps, low=1, high=large_batch, why=f"it splits a large batch of {large_batch}"
@@ -82,7 +82,7 @@ def running_stats(
     alone: k updates per window from micro-batches of ``large_batch // k`` instead of one
     update from the large batch. ``eval_loss`` shows what that does to the model in eval mode.
     """
-    k, large_batch = _check_split(accum_steps, large_batch)
+    k, large_batch = check_split(accum_steps, large_batch)
     dev = resolve_device(device)
     task = task_for("batch")
     models = {
@@ -143,7 +143,7 @@ def momentum_check(
     and what is left is that the k micro-batch means are weighted ``m (1 - m) ** (k - j)``,
     not equally, and that a micro-batch's variance is not the large batch's.
     """
-    k, large_batch = _check_split(accum_steps, large_batch)
+    k, large_batch = check_split(accum_steps, large_batch)
     epochs = check_int("epochs", epochs, low=1)
     dev = resolve_device(device)
     momenta = {"0.1 (PyTorch's default)": 0.1, "0.1 / k": 0.1 / k, "1 - 0.9^(1/k)": 1 - 0.9 ** (1 / k)}
@@ -186,7 +186,7 @@ class Budget:
         )
 
 
-def _held_out(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def held_out(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = digits(None, image=True).tensors
     return x[-512:].to(device), y[-512:].to(device)
 
@@ -205,7 +205,7 @@ def training_budget(
     lr = check_float("lr", lr, low=0.0, low_open=True)
     dev = resolve_device(device)
     data = digits(n, image=True)
-    x_test, y_test = _held_out(dev)
+    x_test, y_test = held_out(dev)
     train_loss: dict[str, list[float]] = {}
     accuracy: dict[str, list[float]] = {}
     for norm in NORMS:

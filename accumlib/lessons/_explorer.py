@@ -46,7 +46,7 @@ class Explorer:
         # Runs in a widget callback, which JupyterLab 4.6 delivers on a kernel subshell thread:
         # the output area is filled by setting its outputs (see _style.show_in), never with
         # ``with self.out:`` or pyplot.
-        if result is None and _in_kernel():
+        if result is None and in_kernel():
             try:
                 result = self.compute(**self.values())
             except Exception as e:  # a callback's error would only reach the server log: show it here
@@ -56,7 +56,7 @@ class Explorer:
         self.error = None
         self.result = result if result is not None else self.compute(**self.values())
         shown = self.show(self.result)
-        if not _in_kernel():
+        if not in_kernel():
             if isinstance(shown, Figure):
                 plt.close(shown)  # a pyplot figure (pyplot-free ones are simply dropped)
             return  # no frontend (pytest): the result is what a test checks
@@ -70,7 +70,7 @@ class Explorer:
         display(self.widget)
 
 
-def _in_kernel() -> bool:
+def in_kernel() -> bool:
     try:
         from IPython import get_ipython
     except ImportError:

@@ -15,19 +15,19 @@ from torch import nn
 
 from .. import compare, grads_of, true_gradient
 from ..tolerances import COEF_RTOL, FIT_RTOL, FLOAT32_RTOL
-from ._gans_two_optimizers_model import _bce, _d_loss, d_item_losses, make_gan, noise, real_points
+from ._gans_two_optimizers_model import bce, d_item_losses, discriminator_loss, make_gan, noise, real_points
 
 # --- the exercise: D's side of an accumulated GAN loop, checked by accumlib.verify -------------------
 
 
 def d_loss(D: nn.Module, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """D's mean loss over a micro-batch of fakes (label 0) and reals (label 1)."""
-    return _d_loss(D, fake, real)
+    return discriminator_loss(D, fake, real)
 
 
 def g_loss(D: nn.Module, fake: torch.Tensor) -> torch.Tensor:
     """G's mean loss over a micro-batch: D should call every fake real."""
-    return _bce(D(fake), 1.0).mean()
+    return bce(D(fake), 1.0).mean()
 
 
 @dataclass
@@ -54,7 +54,7 @@ def exercise(n: int = 64, seed: int = 0) -> GanSetup:
         z, x = batch
         with torch.no_grad():
             fake = G(z)
-        return torch.cat([_bce(D(fake), 0.0), _bce(D(x), 1.0)])
+        return torch.cat([bce(D(fake), 0.0), bce(D(x), 1.0)])
 
     return GanSetup(G, torch.optim.Adam(G.parameters(), lr=1e-3), D, dataset, item_losses)
 
@@ -129,7 +129,7 @@ def leak_share(train_fn: Callable[..., Any], seed: int = 0) -> float | None:
     D = make_gan(seed)[1]  # D before any step, as at the first window
     batches = [(f, torch.zeros(len(f))) for f in fakes] + [(x, torch.ones(len(x))) for _, x in window]
     own = true_gradient(D, batches, d_item_losses)
-    leak = true_gradient(D, fakes, lambda D, f: _bce(D(f), 1.0))  # G's loss, a mean over the window's fakes
+    leak = true_gradient(D, fakes, lambda D, f: bce(D(f), 1.0))  # G's loss, a mean over the window's fakes
     both = {name: own[name] + leak[name] for name in own}
     return compare(seen["grad"], both).rel_error
 
@@ -162,7 +162,7 @@ def g_findings(train_fn: Callable[..., Any], seed: int = 0) -> list[GanFinding]:
         else:
             G = copy.deepcopy(ex.G)
             n = sum(len(z) for z, _ in window)
-            loss = sum(_bce(D(G(z)), 1.0).sum() for z, D in window) / n
+            loss = sum(bce(D(G(z)), 1.0).sum() for z, D in window) / n
             true = dict(
                 zip(
                     (name for name, _ in G.named_parameters()),
@@ -240,7 +240,7 @@ def _g_verdict(got: dict[str, torch.Tensor], true: dict[str, torch.Tensor], befo
     return "g-unexplained", rel
 
 
-def _verify_gan_exercise(train_fn: Callable[..., Any]) -> GanReport:
+def verify_gan_exercise(train_fn: Callable[..., Any]) -> GanReport:
     """``accumlib.verify`` on D's steps in the learner's loop, a GAN-specific finding where verify has no name
     for it, and G's steps judged against G's own large-batch gradient."""
     from .. import verify

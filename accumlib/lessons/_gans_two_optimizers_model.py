@@ -31,7 +31,7 @@ def noise(n: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, NOISE_DIM, generator=torch.Generator().manual_seed(seed))
 
 
-def _bce(logits: torch.Tensor, label: float) -> torch.Tensor:
+def bce(logits: torch.Tensor, label: float) -> torch.Tensor:
     """Per-item binary cross-entropy on logits (the seed's BCELoss on a sigmoid, stably)."""
     return F.binary_cross_entropy_with_logits(
         logits.squeeze(1), torch.full((len(logits),), label), reduction="none"
@@ -46,9 +46,9 @@ def d_item_losses(D: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tor
 
 def g_item_losses(D: nn.Module) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
     """The task contract for G, given D: items are noise vectors, the target is "real"."""
-    return lambda G, z: _bce(D(G(z)), 1.0)
+    return lambda G, z: bce(D(G(z)), 1.0)
 
 
-def _d_loss(D: nn.Module, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+def discriminator_loss(D: nn.Module, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """D's loss: the mean over all its items, fake (label 0) and real (label 1)."""
-    return torch.cat([_bce(D(fake), 0.0), _bce(D(real), 1.0)]).mean()
+    return torch.cat([bce(D(fake), 0.0), bce(D(real), 1.0)]).mean()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._gans_two_optimizers_model import _bce, _d_loss
+from ._gans_two_optimizers_model import bce, discriminator_loss
 
 # --- one GAN step, the seed's orderings ---------------------------------------------------------
 
@@ -24,12 +24,12 @@ def seed_as_written(G, D, g_opt, d_opt, z, x_real) -> None:
     x_fake = G(z)
     y_fake = D(x_fake)
     g_opt.zero_grad(set_to_none=True)
-    g_loss = _bce(y_fake, 1.0).mean()
+    g_loss = bce(y_fake, 1.0).mean()
     g_loss.backward(retain_graph=True)
     g_opt.step()
     y_real = D(x_real)
     d_opt.zero_grad(set_to_none=True)
-    d_loss = torch.cat([_bce(y_fake, 0.0), _bce(y_real, 1.0)]).mean()
+    d_loss = torch.cat([bce(y_fake, 0.0), bce(y_real, 1.0)]).mean()
     d_loss.backward()  # raises: G's weights are needed here and have been changed
     d_opt.step()
 
@@ -37,11 +37,11 @@ def seed_as_written(G, D, g_opt, d_opt, z, x_real) -> None:
 def leaky(G, D, g_opt, d_opt, z, x_real) -> None:
     """The seed's "this will break" ordering (fake detached for D so it runs): D steps on the leak too."""
     x_fake = G(z)
-    g_loss = _bce(D(x_fake), 1.0).mean()
+    g_loss = bce(D(x_fake), 1.0).mean()
     g_loss.backward()  # writes G's .grad AND D's .grad (the leak)
     g_opt.step()
     g_opt.zero_grad(set_to_none=True)
-    d_loss = _d_loss(D, x_fake.detach(), x_real)
+    d_loss = discriminator_loss(D, x_fake.detach(), x_real)
     d_loss.backward()  # D's .grad = its own gradient + the leak
     d_opt.step()
     d_opt.zero_grad(set_to_none=True)
@@ -53,10 +53,10 @@ def zero_grad_after_g(G, D, g_opt, d_opt, z, x_real) -> None:
     """
     x_fake = G(z)
     g_opt.zero_grad(set_to_none=True)
-    _bce(D(x_fake), 1.0).mean().backward()
+    bce(D(x_fake), 1.0).mean().backward()
     g_opt.step()
     d_opt.zero_grad(set_to_none=True)  # placed here, it clears what G's backward wrote into D
-    _d_loss(D, x_fake.detach(), x_real).backward()
+    discriminator_loss(D, x_fake.detach(), x_real).backward()
     d_opt.step()
 
 
@@ -64,11 +64,11 @@ def requires_grad_toggle(G, D, g_opt, d_opt, z, x_real) -> None:
     """The article's fix: D's parameters stop requiring grad while G trains, so nothing leaks at all."""
     D.requires_grad_(False)  # autograd no longer writes D's .grad (and skips that work)
     x_fake = G(z)
-    _bce(D(x_fake), 1.0).mean().backward()
+    bce(D(x_fake), 1.0).mean().backward()
     g_opt.step()
     g_opt.zero_grad(set_to_none=True)
     D.requires_grad_(True)
-    _d_loss(D, x_fake.detach(), x_real).backward()  # detach: D's loss must not reach G
+    discriminator_loss(D, x_fake.detach(), x_real).backward()  # detach: D's loss must not reach G
     d_opt.step()
     d_opt.zero_grad(set_to_none=True)
 
@@ -77,10 +77,10 @@ def d_first_detach(G, D, g_opt, d_opt, z, x_real) -> None:
     """The usual DCGAN order: D on a detached fake, then G; each optimizer zeroes its own grads first."""
     x_fake = G(z)
     d_opt.zero_grad(set_to_none=True)
-    _d_loss(D, x_fake.detach(), x_real).backward()  # detach: D's loss does not reach G
+    discriminator_loss(D, x_fake.detach(), x_real).backward()  # detach: D's loss does not reach G
     d_opt.step()
     g_opt.zero_grad(set_to_none=True)
-    _bce(D(x_fake), 1.0).mean().backward()  # leaks into D, cleared by d_opt.zero_grad() next time
+    bce(D(x_fake), 1.0).mean().backward()  # leaks into D, cleared by d_opt.zero_grad() next time
     g_opt.step()
 
 
@@ -101,13 +101,13 @@ def accumulate_two_phase(G, D, g_opt, d_opt, z_batches, real_batches) -> None:
     n_d = sum(len(z) + len(x) for z, x in zip(z_batches, real_batches))
     for z, x in zip(z_batches, real_batches):
         fake = G(z).detach()  # D's loss must not reach G
-        (torch.cat([_bce(D(fake), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
+        (torch.cat([bce(D(fake), 0.0), bce(D(x), 1.0)]).sum() / n_d).backward()
     d_opt.step()
     d_opt.zero_grad(set_to_none=True)
     n_g = sum(len(z) for z in z_batches)
     D.requires_grad_(False)  # G's loss must not reach D
     for z in z_batches:
-        (_bce(D(G(z)), 1.0).sum() / n_g).backward()
+        (bce(D(G(z)), 1.0).sum() / n_g).backward()
     D.requires_grad_(True)
     g_opt.step()
     g_opt.zero_grad(set_to_none=True)
@@ -119,8 +119,8 @@ def accumulate_interleaved_leaky(G, D, g_opt, d_opt, z_batches, real_batches) ->
     n_g = sum(len(z) for z in z_batches)
     for z, x in zip(z_batches, real_batches):
         fake = G(z)
-        (torch.cat([_bce(D(fake.detach()), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
-        (_bce(D(fake), 1.0).sum() / n_g).backward()  # also adds to D's .grad
+        (torch.cat([bce(D(fake.detach()), 0.0), bce(D(x), 1.0)]).sum() / n_d).backward()
+        (bce(D(fake), 1.0).sum() / n_g).backward()  # also adds to D's .grad
     g_opt.step()
     d_opt.step()
     g_opt.zero_grad(set_to_none=True)
@@ -133,9 +133,9 @@ def accumulate_interleaved_zero_d(G, D, g_opt, d_opt, z_batches, real_batches) -
     n_g = sum(len(z) for z in z_batches)
     for z, x in zip(z_batches, real_batches):
         fake = G(z)
-        (_bce(D(fake), 1.0).sum() / n_g).backward()
+        (bce(D(fake), 1.0).sum() / n_g).backward()
         d_opt.zero_grad(set_to_none=True)  # clears the leak, and every earlier micro-batch of D's window
-        (torch.cat([_bce(D(fake.detach()), 0.0), _bce(D(x), 1.0)]).sum() / n_d).backward()
+        (torch.cat([bce(D(fake.detach()), 0.0), bce(D(x), 1.0)]).sum() / n_d).backward()
     g_opt.step()
     d_opt.step()
     g_opt.zero_grad(set_to_none=True)

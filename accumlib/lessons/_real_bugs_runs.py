@@ -121,7 +121,7 @@ RUNS: dict[str, Run] = {
 def run(name: str) -> Any:
     """verify's report of run ``name`` (made once per process: every run is seeded)."""
     check_choice("name", name, tuple(RUNS))
-    from ..survey.run import _quiet
+    from ..survey.run import quiet
 
-    with _quiet():
+    with quiet():
         return RUNS[name].make()

@@ -86,10 +86,10 @@ def trainer_run(model_type: str = "gpt2") -> TrainerRun:
     check_choice("model_type", model_type, MODEL_TYPES)
     from ..hf import verify_trainer
     from ..survey import TASKS, own_item_losses, tiny_model
-    from ..survey.run import _quiet
+    from ..survey.run import quiet
     from ._real_bugs_runs import make_trainer
 
-    with _quiet():
+    with quiet():
         model = tiny_model(model_type)
         # the loss the model's own averages (BART's causal LM does not
         # shift its labels), as the survey judges it
@@ -120,9 +120,9 @@ class TrainerWidget:
             self._show(initial)
 
     def _show(self, *objs: Any) -> None:
-        from ._explorer import _in_kernel
+        from ._explorer import in_kernel
 
-        if _in_kernel():
+        if in_kernel():
             _style.show_in(self.out, *objs)
 
     def _picked(self, change: Any = None) -> None:
@@ -157,9 +157,9 @@ def widget(report: Any = None, value: str = "gpt2") -> TrainerWidget:
         raise TypeError(f"report must be an accumlib.Report (got {type(report).__name__})")
     initial = None
     if report is not None:
-        from ..survey.models import _mapping
+        from ..survey.models import model_mapping
 
-        initial = TrainerRun(value, _mapping("causal-lm")[value], report, _survey_says(value))
+        initial = TrainerRun(value, model_mapping("causal-lm")[value], report, _survey_says(value))
     return TrainerWidget(initial, value)
 
 
@@ -180,9 +180,9 @@ def _grade_trainer(train_fn: Callable[..., Any]) -> Any:
     from ..examples.data import collate, token_sequences
     from ..hf import verify_trainer
     from ..survey import tiny_model
-    from ..survey.run import _quiet
+    from ..survey.run import quiet
 
-    with _quiet(), tempfile.TemporaryDirectory(prefix="accumlib-ex9-") as out:
+    with quiet(), tempfile.TemporaryDirectory(prefix="accumlib-ex9-") as out:
         model = tiny_model("gpt2")
         trainer = train_fn(model, token_sequences(), collate, out)
         if not isinstance(trainer, transformers.Trainer):

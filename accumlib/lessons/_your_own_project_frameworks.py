@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .._checks import check_choice
 from .._text import Table
-from ..survey.run import _quiet  # the libraries' advice (config warnings, logging) is not the lesson
+from ..survey.run import quiet  # the libraries' advice (config warnings, logging) is not the lesson
 from ._real_bugs_runs import make_trainer
 
 
@@ -59,7 +59,7 @@ def _gpt2(loss_type: str | None = None) -> Any:
 def _hf(trainer: Any) -> Any:
     from ..hf import verify_trainer
 
-    with _quiet():
+    with quiet():
         return verify_trainer(trainer)
 
 
@@ -70,7 +70,7 @@ def _accelerate(counted: bool) -> Any:
 
     accelerate_clm.reset_accelerate()  # Accelerate keeps one process-wide state
     try:
-        with _quiet():
+        with quiet():
             return accumlib.verify(
                 accelerate_clm.train_counted if counted else accelerate_clm.train,
                 **accelerate_clm.verify_args(),
@@ -107,7 +107,7 @@ def _lightning(n_digits: int) -> Any:
 def _trl_peft(which: str) -> Any:
     from ..examples import trl_peft
 
-    with _quiet():  # TRL's config warns of renamed arguments while it is built
+    with quiet():  # TRL's config warns of renamed arguments while it is built
         trainer = trl_peft.sft_gpt2() if which == "sft" else trl_peft.prompt_tuning()
     return _hf(trainer)
 

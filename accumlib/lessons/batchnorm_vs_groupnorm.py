@@ -30,8 +30,8 @@ from ._batchnorm_vs_groupnorm_stats import (  # noqa: F401 (the notebook reads t
     Budget,
     MomentumCheck,
     RunningStats,
-    _check_split,
-    _held_out,
+    check_split,
+    held_out,
     momentum_check,
     running_stats,
     task_for,
@@ -83,7 +83,7 @@ def error_vs_k(
     ValueError: accum_steps must divide large_batch=32, so every micro-batch holds 32/accum_steps ... (got 3)
     """
     large_batch = check_int("large_batch", large_batch, low=1)
-    ks = [_check_split(k, large_batch)[0] for k in check_ints("accum_steps", accum_steps, low=1)]
+    ks = [check_split(k, large_batch)[0] for k in check_ints("accum_steps", accum_steps, low=1)]
     n_images = check_int(
         "n_images", n_images, low=large_batch, high=1797, why="at least one large batch of the 1797 digits"
     )
@@ -186,7 +186,7 @@ def training_curves(
     Each run is cached, and the large-batch run does not depend on k (the same windows,
     merged), so a new k trains only the two accumulated runs.
     """
-    k, large_batch = _check_split(accum_steps, large_batch)
+    k, large_batch = check_split(accum_steps, large_batch)
     epochs = check_int("epochs", epochs, low=1)
     n = check_int("n", n, low=large_batch, high=1797 - 512, why="the last 512 digits are held out")
     lr = check_float("lr", lr, low=0.0, low_open=True)
@@ -211,7 +211,7 @@ def _train(
     dev = torch.device(device)
     loop = ragged if name == "accumulated" else large_batch_loop
     data = digits(n, image=True)
-    x_test, y_test = _held_out(dev)
+    x_test, y_test = held_out(dev)
     task = task_for(norm)
     torch.manual_seed(0)
     model = task.make_model(0).to(dev)

@@ -32,13 +32,13 @@ from ._gans_two_optimizers_exercise import (  # noqa: F401 (the notebook reads t
     GanFinding,
     GanReport,
     GanSetup,
-    _verify_gan_exercise,
     d_loss,
     exercise,
     g_loss,
     leak_share,
+    verify_gan_exercise,
 )
-from ._gans_two_optimizers_model import _bce, d_item_losses, g_item_losses, make_gan, noise, real_points
+from ._gans_two_optimizers_model import bce, d_item_losses, g_item_losses, make_gan, noise, real_points
 from ._gans_two_optimizers_steps import (  # noqa: F401 (the notebook and tests read them here)
     ACCUMULATIONS,
     STEPS,
@@ -102,7 +102,7 @@ def leak_norm(seed: int = 0, n: int = 64) -> float:
     """Norm of what G's backward writes into D's ``.grad`` (relative to D's own gradient)."""
     G, D = make_gan(seed)
     z, x = noise(n, seed + 1), real_points(n, seed)
-    _bce(D(G(z)), 1.0).mean().backward()
+    bce(D(G(z)), 1.0).mean().backward()
     leak = grads_of(D)
     with torch.no_grad():
         fake = G(z)
@@ -258,7 +258,7 @@ explorer = widget
 EXERCISE = Exercise(
     "06-keep-g-out-of-d",
     "Accumulate a GAN with two optimizers",
-    run=_verify_gan_exercise,
+    run=verify_gan_exercise,
     call="gan.EXERCISE",
     hints={
         "leak-into-D": (

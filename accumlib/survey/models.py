@@ -105,7 +105,7 @@ def tiny_model(model_type: str, task: str = "causal-lm", seed: int = 0) -> torch
     Refuses one that is not tiny (counted on the meta device first, so nothing large is allocated)."""
     import transformers
 
-    cls = getattr(transformers, _mapping(task)[model_type])
+    cls = getattr(transformers, model_mapping(task)[model_type])
     config = tiny_config(model_type, task)
     with torch.device("meta"):
         n = sum(p.numel() for p in cls(config).parameters())
@@ -174,21 +174,21 @@ TASKS = {
 }
 
 
-def _task(task: str) -> Task:
+def task_spec(task: str) -> Task:
     return TASKS[check_choice("task", task, tuple(TASKS))]
 
 
-def _mapping(task: str) -> dict[str, str]:
+def model_mapping(task: str) -> dict[str, str]:
     from transformers.models.auto import modeling_auto
 
-    return getattr(modeling_auto, _task(task).mapping)
+    return getattr(modeling_auto, task_spec(task).mapping)
 
 
 def own_item_losses(model: torch.nn.Module, task: str = "causal-lm") -> str:
     """Which of the task's item losses the model's own ``loss`` is the mean of, on the first
     micro-batch in training mode; raises ``ValueError`` when none, or when two identical forwards
     differ (a random training-mode forward cannot be compared exactly)."""
-    t = _task(task)
+    t = task_spec(task)
     batch = t.collate(t.data()[:BATCH])
     was = model.training
     model.train()
@@ -217,7 +217,7 @@ def trainer_for(model: torch.nn.Module, output_dir: str, task: str = "causal-lm"
     """The Trainer every class gets: micro-batches of 2, k = 4, one epoch, no clipping, seed 0."""
     from transformers import Trainer, TrainingArguments
 
-    t = _task(task)
+    t = task_spec(task)
     args = dict(
         per_device_train_batch_size=BATCH,
         gradient_accumulation_steps=K,

@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
-from .models import TASKS, _task
+from .models import TASKS, task_spec
 
 
 @dataclass
@@ -203,7 +203,7 @@ def versions(task: str = "causal-lm") -> list[str]:
     >>> "5.23.0" in versions("causal-lm")
     True
     """
-    _task(task)
+    task_spec(task)
     return sorted((v for v, t in _tables() if t == task), key=_version_key)
 
 
@@ -223,11 +223,11 @@ def load(task: str = "causal-lm", *, version: str | None = None) -> Survey:
 accumlib holds one for transformers 5.23.0 (survey.load(version=...) reads it; \
 `accumlib survey transformers --out DIR` makes one for 0.0.1)
     """
-    _task(task)
+    task_spec(task)
     if version is None:
-        from .run import _version
+        from .run import installed_version
 
-        version = _version("transformers")
+        version = installed_version("transformers")
     if not isinstance(version, str):
         raise ValueError(f"version must be a transformers version string such as '5.23.0' (got {version!r})")
     table = _tables().get((version, task))

@@ -26,7 +26,7 @@ from .models import (
     VOCAB,
     K,
     NotTiny,
-    _mapping,
+    model_mapping,
     own_item_losses,
     tiny_model,
     trainer_for,
@@ -35,7 +35,7 @@ from .results import Row, Survey
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """transformers' and Accelerate's advice (config warnings, loss_type fallbacks) is not a result."""
     import transformers
 
@@ -77,7 +77,7 @@ def survey_one(model_type: str, task: str = "causal-lm") -> Row:
     """Build ``model_type``'s ``task`` class tiny, find its item loss, and verify one Trainer epoch."""
     from ..hf import verify_trainer
 
-    row = Row(model_type, _mapping(task)[model_type], "skipped")
+    row = Row(model_type, model_mapping(task)[model_type], "skipped")
     start = time.perf_counter()
     try:
         with _time_limit(SECONDS_PER_MODEL):
@@ -122,7 +122,7 @@ def _one_line(err: BaseException) -> str:
 
 def resolve(models: Sequence[str] | None, task: str = "causal-lm") -> list[str]:
     """Model types to survey: all of the task's model types, or those named (model types or class names)."""
-    names = _mapping(task)
+    names = model_mapping(task)
     if not models:
         return list(names)
     by_class: dict[str, str] = {}
@@ -139,7 +139,7 @@ def resolve(models: Sequence[str] | None, task: str = "causal-lm") -> list[str]:
     if unknown:
         raise ValueError(
             f"models must name {TASKS[task].title} model types or classes of transformers "
-            f"{_version('transformers')} (e.g. gpt2, llama, GPT2LMHeadModel) "
+            f"{installed_version('transformers')} (e.g. gpt2, llama, GPT2LMHeadModel) "
             f"(got unknown {', '.join(unknown)})"
         )
     return list(dict.fromkeys(out))
@@ -153,7 +153,7 @@ def _own_type(cls_name: str) -> str | None:
     return getattr(getattr(cls, "config_class", None), "model_type", None)
 
 
-def _version(dist: str) -> str:
+def installed_version(dist: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -180,14 +180,14 @@ def run(models: Sequence[str] | None = None, task: str = "causal-lm", progress: 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is as fast, and rounding is the same everywhere
     try:
-        with _quiet():
+        with quiet():
             for t in types:
                 rows.append(survey_one(t, task))
                 if progress is not None:
                     progress(rows[-1])
     finally:
         torch.set_num_threads(threads)
-    versions = {d: _version(d) for d in ("transformers", "torch", "accelerate")} | {
+    versions = {d: installed_version(d) for d in ("transformers", "torch", "accelerate")} | {
         "python": platform.python_version()
     }
     setup = SETUP.format(labels=", one of 3 labels each" if task == "sequence-classification" else "")
