@@ -108,10 +108,9 @@ def test_every_finding_code_is_in_the_readme_with_its_kind():
     assert rows == {code: c.kind for code, c in CODES.items()}
 
 
-def test_gallery_size_in_the_readme_is_the_gallerys():
-    from accumlib.gallery import GALLERY
-
-    assert f"`accumlib.gallery.GALLERY` holds {len(GALLERY)} example loops" in " ".join(README.split())
+def test_the_readme_states_no_gallery_size():
+    """A gallery loop added by the map touches no README sentence: the size is not stated."""
+    assert not re.search(r"GALLERY` holds \d+", " ".join(README.split()))
 
 
 def _section(heading: str) -> str:
