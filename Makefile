@@ -78,8 +78,9 @@ verify: $(STAMP)
 
 # Figures, not tests: memory and time of accumulation, every goal of issue 7 stated as met or
 # MISSED; writes benchmarks/results/latest.{json,md,png} (under 10 minutes on 2 cores).
+# ONLY=memory,price runs those sections and keeps the others' last figures (bench.py --only ... --merge).
 bench: $(STAMP)
-	$(PY) benchmarks/bench.py
+	$(PY) benchmarks/bench.py $(if $(ONLY),--only $(ONLY) --merge)
 
 # Every causal-LM class and every sequence classifier of the pinned transformers, one Trainer
 # epoch each under verify_trainer: writes surveys/transformers-<version>[-sequence-classification].{md,json}

@@ -12,6 +12,10 @@ from __future__ import annotations
 # what we measure (~1e-6) and stays 1000x below the smallest real bug (a 2/4 tail: 0.5).
 FLOAT32_RTOL = 1e-4
 
+# float64: the same argument with 2^-53 rounding gives ~1e-15 over a few hundred terms; 1e-12 keeps a
+# 1000x margin, for tests that recompute the oracle in float64.
+FLOAT64_RTOL = 1e-12
+
 # bfloat16 keeps 8 bits of mantissa (eps 2^-8 ~ 4e-3); activations rounded layer by
 # layer give gradients ~1e-2 off the float32 large batch (2e-2 to 5e-2 measured on
 # digits). Only for figures read against the float32 oracle, never for a verdict.

@@ -38,11 +38,11 @@ from accumlib.models import MLP, TinyLM
 from accumlib.tasks import classification_losses, token_losses
 from accumlib.tolerances import BF16_RTOL
 from accumlib.tolerances import FLOAT32_RTOL as F32_RTOL
+from accumlib.tolerances import FLOAT64_RTOL as F64_RTOL
 
 # float32 (F32_RTOL, imported): the loops and the oracle sum the same few hundred terms in different
 # orders; the sums agree to ~1e-6, 5000x below the smallest bug we must see (a 1-of-2 tail: 0.5).
-# float64: the same argument with 2^-53 rounding gives ~1e-15; 1e-12 has a 1000x margin.
-F64_RTOL = 1e-12
+# float64 (F64_RTOL, imported): the same argument with 2^-53 rounding.
 
 LM_MERGE = lambda bs: cat_batches(bs, pad_values=(PAD_ID, IGNORE_INDEX))  # noqa: E731
 

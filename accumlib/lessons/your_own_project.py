@@ -29,6 +29,7 @@ from .. import _style, get_task, naive, normalized, ragged
 from .._checks import check_choice, check_float, check_int, resolve_device
 from .._text import Table
 from ..data import TokenSequences
+from ..loops import CONTRACTS
 from ..tolerances import FLOAT32_RTOL
 from ._exercise import Exercise
 from ._explorer import Explorer
@@ -67,7 +68,6 @@ LABELS = {
     "normalized": "mean / k (accumlib.normalized)",
     "naive": "naive sum (accumlib.naive)",
 }
-ROLES = {"ragged": "correct", "normalized": "other", "naive": "buggy"}
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def plot(result: CurveResult) -> Figure:
     seen: dict[str, int] = {}
     for c in _shown(result):
         i = seen[c.loop] = seen.get(c.loop, -1) + 1
-        role = _style.ROLE[ROLES[c.loop]]
+        role = _style.ROLE[CONTRACTS[c.loop].role]  # the look the report gives the same loop
         kw = dict(
             color=role["color"],
             linestyle=role["linestyle"],
