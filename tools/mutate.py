@@ -149,6 +149,11 @@ def run_tests(tree: Path, tests, extra, timeout: float) -> tuple[str, float, str
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
         return "timeout", time.perf_counter() - t, f"no result within {timeout:.0f} s"
+    except BaseException:
+        # Ctrl-C, or SIGTERM (main turns it into SystemExit): the tests in their own session would run on,
+        # orphaned, with their ranks and kernels; they end with this run
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
     # pytest's exit codes: 0 all passed, 1 some failed, 2 interrupted or a collection error;
     # anything else (5: nothing collected) means the group's test list is wrong
     status = {0: "survived", 1: "killed", 2: "killed"}.get(p.returncode, f"error rc={p.returncode}")
@@ -159,6 +164,8 @@ def run_tests(tree: Path, tests, extra, timeout: float) -> tuple[str, float, str
 
 
 def main(argv=None) -> int:
+    # a plain `kill` ends the run through run_tests' cleanup, as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("groups", nargs="*", help=f"groups to run (default all: {', '.join(groups())})")
     ap.add_argument(
