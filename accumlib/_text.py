@@ -61,12 +61,13 @@ class Table:
         return html_table(self.header, self.rows, self.caption)
 
 
-def fmt_error(rel_error: float) -> str:
-    """A relative error as printed in the lessons: float32 rounding shows as a bound, stable across machines.
+def fmt_error(rel_error: float, tolerance: float = FLOAT32_RTOL, rounding: str = "float32 rounding") -> str:
+    """A relative error as printed in the lessons: rounding (at most ``tolerance``) shows as a bound, stable
+    across machines; larger errors with 3 digits.
 
-    >>> fmt_error(3e-8), fmt_error(0.51296)
-    ('<= 1e-04 (float32 rounding)', '0.513')
+    >>> fmt_error(3e-8), fmt_error(0.51296), fmt_error(1.7e-3, 1e-2, "autocast rounding")
+    ('<= 1e-04 (float32 rounding)', '0.513', '<= 1e-02 (autocast rounding)')
     """
-    if rel_error <= FLOAT32_RTOL:
-        return f"<= {FLOAT32_RTOL:.0e} (float32 rounding)"
+    if rel_error <= tolerance:
+        return f"<= {tolerance:.0e} ({rounding})"
     return f"{rel_error:.3g}"

@@ -103,15 +103,42 @@ def test_cells_keep_each_loops_worst_step(summary):
         )
 
 
-def test_the_findings_name_each_loops_worst_k(summary):
+def test_the_findings_name_each_loops_worst_k(result, summary):
     cells = _cells(summary)
     for loop in ("naive", "normalized"):
-        worst = max(KS, key=lambda k: cells[(loop, k)]["max_rel_error"])
+        worst = result.worst_k(loop)
+        assert worst == max(KS, key=lambda k: cells[(loop, k)]["max_rel_error"])  # no tie here
         finding = _finding(summary, f"{loop}: ")
         assert f"relative error {fmt_error(cells[(loop, worst)]['max_rel_error'])} at k = {worst}" in finding
     naive = _finding(summary, "naive: ")
     assert "exact at k = 1; off by ~k at k = 2, 3" in naive
     assert "at k = 1," not in naive  # k = 1 is naive's best step (exact), never its worst
+
+
+def _with_errors(result, loop, errors):
+    """``result`` with ``loop``'s worst step at each k set to ``errors[k]`` (the rest kept)."""
+    from dataclasses import replace
+
+    cells = dict(result.cells)
+    for k, e in errors.items():
+        cells[(loop, k)] = replace(cells[(loop, k)], rel_errors=(e,))
+    return replace(result, ks=tuple(errors), cells=cells)
+
+
+def test_the_worst_k_does_not_rest_on_a_difference_below_float32_rounding(result):
+    """Which k is worst must be the same on every CPU (an AMD host named k = 8 where Intel named k = 4):
+    errors within FLOAT32_RTOL (relative) of the largest tie, and a tie goes to the smallest k."""
+    tie = {1: 3e-8, 2: 0.5, 3: 0.75 * (1 + FLOAT32_RTOL / 10)}
+    assert _with_errors(result, "normalized", {**tie, 2: 0.75}).worst_k("normalized") == 2
+    # swapping the last digits between the two tied k names the same k
+    assert _with_errors(result, "normalized", {1: 3e-8, 2: tie[3], 3: 0.75}).worst_k("normalized") == 2
+    # all rounding: no k is worse than another, the smallest is named
+    assert _with_errors(result, "ragged", {1: 2e-7, 2: 9e-8, 3: 3e-7}).worst_k("ragged") == 1
+    # a difference above float32 rounding still decides (the negative side)
+    assert _with_errors(result, "normalized", {1: 3e-8, 2: 0.5, 3: 0.75}).worst_k("normalized") == 3
+    assert _with_errors(result, "naive", {1: 2e-7, 2: 3e-4, 3: 1e-7}).worst_k("naive") == 2
+    findings = _with_errors(result, "normalized", {**tie, 2: 0.75}).findings()
+    assert "relative error 0.75 at k = 2," in next(f for f in findings if f.startswith("normalized: "))
 
 
 def test_no_finding_of_dropped_items_when_every_loop_steps_its_tail(summary):
