@@ -61,8 +61,35 @@ def pinned_floors() -> dict[str, Version]:
     return out
 
 
+def floor_mismatch(stated: SpecifierSet, floors: dict[str, Version]) -> str | None:
+    """Why `stated` does not start exactly where the pinned set (`floors`, as `pinned_floors()` gives) starts
+    installing, or None when it does: the pins that refuse its first release, or that none needs it."""
+    lowest, needed = floor(stated), max(floors.values())
+    if lowest < needed:
+        refusing = ", ".join(f"{n} needs {f}" for n, f in sorted(floors.items()) if f > lowest)
+        return f"requires-python {stated} admits Python {lowest}, which the pins refuse ({refusing})"
+    if lowest > needed:
+        return f"requires-python {stated} starts at Python {lowest}; no pin needs more than {needed}"
+    return None
+
+
+def shown(version: Version) -> str:
+    """A floor as the README writes it: 3.11 for 3.11.0, 3.11.5 for 3.11.5."""
+    return f"{version.major}.{version.minor}" + (f".{version.micro}" if version.micro else "")
+
+
+def readme_minimums(text: str) -> list[str]:
+    """Every "Python ≥ X.Y[.Z]" in `text`, as written."""
+    return re.findall(r"Python\s*(?:≥|>=)\s*(\d+\.\d+(?:\.\d+)?)", text)
+
+
+def admits_minor(spec: SpecifierSet, minor: Version) -> bool:
+    """Whether `spec` admits some CPython release of `minor` (3.11: any of 3.11.0 ... 3.11.30)."""
+    return any(v in spec for v in CANDIDATES if v.release[:2] == minor.release[:2])
+
+
 MINIMUM = floor(REQUIRES_PYTHON)
-STATED = f"{MINIMUM.major}.{MINIMUM.minor}"
+STATED = shown(MINIMUM)
 
 
 def test_floor_reads_a_specifier():
@@ -74,39 +101,50 @@ def test_floor_reads_a_specifier():
         floor(SpecifierSet(">=4"))
 
 
-def test_requires_python_is_the_pinned_sets_minor():
-    """The stated minimum is the Python minor the pinned set needs: not lower (3.10 was stated while
-    numpy 2.4.6, SciPy 1.17 and IPython 9 refuse it), not higher than any pin asks."""
+def test_requires_python_is_the_pinned_sets_floor():
+    """The stated minimum is the first Python the whole pinned set installs on, to the patch release:
+    not lower (3.10 was stated while numpy 2.4.6, SciPy 1.17 and IPython 9 refuse it; 3.11 while
+    soupsieve 4.1.2 refuses 3.11.0-3.11.4), not higher than any pin asks."""
     floors = pinned_floors()
-    needed = max(floors.values())
-    assert (MINIMUM.major, MINIMUM.minor) == (needed.major, needed.minor), (
-        f"requires-python {REQUIRES_PYTHON} starts at {MINIMUM}, the pins need {needed} "
-        f"({sorted(n for n, f in floors.items() if f == needed)})"
-    )
-    # The previous minor is refused by the pins the issue named: the bump is needed, not cosmetic.
+    assert floor_mismatch(REQUIRES_PYTHON, floors) is None, floor_mismatch(REQUIRES_PYTHON, floors)
+    # The previous minor is refused by the pins the issue named: the minor is needed, not cosmetic.
     previous = Version(f"{MINIMUM.major}.{MINIMUM.minor - 1}.99")
     refusing = {n for n, f in floors.items() if f > previous}
     assert {"numpy", "scipy", "ipython"} <= refusing
     assert previous not in REQUIRES_PYTHON
 
 
-def test_a_patch_floor_above_x_y_0_is_stated_in_the_readme():
-    """soupsieve 4.1.2 asks for 3.11.5: the README says so beside "Python ≥ 3.11"."""
-    needed = max(pinned_floors().values())
-    readme = (REPO / "README.md").read_text()
-    if needed.micro:
-        assert f"{needed} or later" in readme, (
-            f"the pinned set needs Python {needed}; the README does not say so"
-        )
+def test_a_floor_off_by_a_patch_release_is_caught():
+    """The check compares the whole floor, patch included: `>=3.11` (stated until soupsieve 4.1.2 was
+    seen to need 3.11.5) is refused, naming soupsieve alone; a floor above every pin's is refused too."""
+    floors = pinned_floors()
+    needed = max(floors.values())
+    assert needed == Version("3.11.5")  # soupsieve 4.1.2's Requires-Python; the cases below assume it
+    found = floor_mismatch(SpecifierSet(">=3.11"), floors)
+    assert (
+        found == "requires-python >=3.11 admits Python 3.11.0, which the pins refuse (soupsieve needs 3.11.5)"
+    )
+    below = floor_mismatch(SpecifierSet(">=3.10"), floors)
+    assert all(f"{n} needs 3.11" in below for n in ("numpy", "scipy", "ipython", "soupsieve")), below
+    above = floor_mismatch(SpecifierSet(">=3.11.6"), floors)
+    assert above == "requires-python >=3.11.6 starts at Python 3.11.6; no pin needs more than 3.11.5"
+    assert floor_mismatch(SpecifierSet(">=3.11.5"), floors) is None
 
 
 def test_readme_states_the_minimum():
-    readme = (REPO / "README.md").read_text()
-    stated = re.findall(r"Python\s*(?:≥|>=)\s*(\d+\.\d+)", readme)
+    """The README says "Python ≥ 3.11.5" wherever it states a minimum: the floor to the patch release
+    where the pins need one (a learner on 3.11.4 would otherwise be told the install works)."""
+    stated = readme_minimums((REPO / "README.md").read_text())
     assert stated, "the README states no minimum Python (Python ≥ X.Y)"
     assert set(stated) == {STATED}, (
         f"README says Python ≥ {stated}; pyproject's requires-python is {REQUIRES_PYTHON}"
     )
+
+
+def test_the_readme_check_reads_the_patch_release():
+    assert readme_minimums("Python ≥ 3.11 (or Python >= 3.11.5)") == ["3.11", "3.11.5"]
+    assert shown(Version("3.11.0")) == "3.11" and shown(Version("3.11.5")) == "3.11.5"
+    assert {"3.11"} != {shown(Version("3.11.5"))}  # the README's old "Python ≥ 3.11" fails the check
 
 
 def test_classifiers_agree_with_requires_python():
@@ -117,23 +155,26 @@ def test_classifiers_agree_with_requires_python():
         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
     ]
     assert versions, "no 'Programming Language :: Python :: 3.X' classifier"
-    assert min(versions) == Version(STATED), (
+    assert min(versions).release == MINIMUM.release[:2], (
         f"classifiers start at {min(versions)}, requires-python at {STATED}"
     )
-    assert all(Version(f"{v}.0") in REQUIRES_PYTHON for v in versions)
+    assert all(admits_minor(REQUIRES_PYTHON, v) for v in versions)
+    assert not admits_minor(SpecifierSet(">=3.12"), Version("3.11"))
     assert "Programming Language :: Python :: 3 :: Only" in classifiers
 
 
 def test_binder_and_conda_pythons_are_admitted():
+    """binder/runtime.txt and environment.yml name a minor; repo2docker and conda install its newest
+    patch release, which requires-python must admit."""
     python = binder_check.binder_python()
-    assert Version(python) >= Version(STATED) and Version(f"{python}.99") in REQUIRES_PYTHON, (
+    assert Version(f"{python}.99") in REQUIRES_PYTHON, (
         f"binder/runtime.txt asks for Python {python}; requires-python is {REQUIRES_PYTHON}"
     )
     conda = re.search(
         r"^\s*-\s*python\s*=\s*(\d+\.\d+)\s*(#.*)?$", (REPO / "environment.yml").read_text(), re.M
     )
     assert conda, "environment.yml pins no python=X.Y"
-    assert Version(f"{conda.group(1)}.99") in REQUIRES_PYTHON and Version(conda.group(1)) >= Version(STATED)
+    assert Version(f"{conda.group(1)}.99") in REQUIRES_PYTHON
 
 
 def test_this_environment_is_one_the_readme_admits():
