@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ FIGURES = {
     "verify_scale": ("alone_s", "verify_s", "time_ratio", "verify_extra_peak_bytes"),
     "verify_trainer": ("alone_s", "verify_s", "ratio"),
     "verify_ranks": ("alone_s", "verify_s", "ratio", "param_bytes", "bytes_per_step", "calls_per_step"),
+    "kernel_memory": ("start_mib", "peak_mib", "held_mib", "held_private_mib", "with_processes_peak_mib"),
 }
 
 
@@ -151,6 +153,7 @@ def test_goals_table_has_one_entry_per_goal(quick_run):
         "verify_ranks_time",
         "verify_ranks_memory",
         "verify_ranks_traffic",
+        "kernel_memory",
     ):
         assert goals[key]["met"] is None and goals[key]["status"] == "not measured"
     # the memory goal depends on sizes, not speed: it is decided even on tiny sizes
@@ -422,3 +425,124 @@ def test_widget_section_table_states_each_control(scratch_run):
         assert f"| {control} |" in md
     assert "**ERROR**" in md and "Exempt from the 0.5 s goal" in md and "Run (Button)" in md
     assert "No redraw on change" in md and "name" in md
+
+
+# --- section 11, kernel memory after Run All (benchmarks/kernel_memory.py) ----------------------------------
+
+kernel_memory = bench.MODULES["kernel_memory"]
+proc = sys.modules["_kernel_memory_proc"]  # the helper bench.py's sections loaded
+MIB = proc.MIB
+
+# A process that allocates 100 MiB (written, so resident) and frees it ("free") or keeps it ("hold"), or
+# allocates nothing ("control"); it waits on stdin before and after, so the test reads /proc at known moments.
+HOLDER = """
+import sys
+print("baseline", flush=True)
+sys.stdin.readline()
+if sys.argv[1] != "control":
+    b = bytearray(b"x") * (100 * 2**20)
+if sys.argv[1] == "free":
+    del b  # the peak keeps it, the resident set does not
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+# A parent that runs HOLDER as its child (stdin and stdout shared) and waits: the child's memory is not
+# its own.
+PARENT = """
+import subprocess, sys
+subprocess.run([sys.executable, "-c", sys.argv[1], sys.argv[2]], check=True)
+"""
+
+
+def _run_holder(argv, read):
+    """Start ``argv``, call ``read(pid, step)`` at "baseline" and at "done", return what it returned."""
+    import subprocess
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout.readline() == "baseline\n"
+        before = read(p.pid, "baseline")
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == "done\n"
+        return before, read(p.pid, "done")
+    finally:
+        p.stdin.close()
+        assert p.wait() == 0
+
+
+@pytest.mark.parametrize("mode", ["free", "control"])
+def test_the_peak_reader_sees_a_freed_100_mib_and_the_control_does_not(mode):
+    base, after = _run_holder([HOLDER, mode], lambda pid, step: proc.status(pid))
+    rise = (after["peak"] - base["rss"]) / MIB
+    held = (after["rss"] - base["rss"]) / MIB
+    assert base["peak"] >= base["rss"] > 0 and 0 < after["anon"] <= after["rss"]
+    if mode == "free":
+        # 1 MiB: pages the interpreter hands back between the two readings (99.8 MiB seen on 100)
+        assert rise >= 100 - 1, rise
+    else:
+        assert rise < 20, rise  # a few MiB of interpreter work, far from the 100 MiB
+    assert held < 20, held  # freed either way: what a process holds is not its peak
+
+
+@pytest.mark.parametrize("mode", ["hold", "control"])
+def test_the_tree_adds_a_child_that_the_parent_peak_leaves_out(mode):
+    tree = None
+
+    def read(pid, step):
+        nonlocal tree
+        tree = tree or proc.Tree(pid)
+        tree.sample()  # by hand, at a known moment: no sampling thread, nothing timed
+        return proc.status(pid)["peak"]
+
+    _, parent_peak = _run_holder([PARENT, HOLDER, mode], read)
+    assert len(tree.children) == 1 and tree.samples == 2
+    (child_peak,) = tree.children.values()
+    assert parent_peak / MIB < 60  # the parent never held the 100 MiB
+    if mode == "hold":
+        assert child_peak / MIB >= 100 - 1 and tree.children_peak / MIB >= 100 - 1  # 1 MiB as above
+        assert tree.peak >= tree.children_peak + 5 * MIB  # the parent's interpreter beside it
+    else:
+        assert child_peak / MIB < 60 and tree.children_peak / MIB < 60 and tree.peak / MIB < 120
+
+
+def test_kernel_memory_is_a_section_and_its_quick_run_sees_the_freed_allocation(quick_run):
+    assert "kernel_memory" in bench.SECTIONS and kernel_memory.NAME == "kernel_memory"
+    _, report = quick_run
+    res = report["sections"]["kernel_memory"]
+    (row,) = res["rows"]
+    assert row["notebook"] == "quick_check.ipynb" and row["errors"] == [] and row["processes"] == 0
+    # the kernel allocated and freed QUICK_MIB in two cells: its peak keeps it, its resident set does not
+    assert row["peak_mib"] - row["held_mib"] >= kernel_memory.QUICK_MIB - 1
+    assert row["start_mib"] <= row["held_mib"] and row["held_private_mib"] <= row["held_mib"]
+    assert res["goals"]["kernel_memory"]["met"] is None  # --quick: never a verdict
+
+
+def test_kernel_memory_table_states_each_notebook_its_processes_and_the_routes():
+    row = dict(start_mib=60.0, held_private_mib=150.0, processes=0, wall_s=2.0, errors=[])
+    res = {
+        "rows": [
+            row | {"notebook": "notebooks/01_a.ipynb", "peak_mib": 310.4, "held_mib": 300.0, "met": True},
+            row
+            | {
+                "notebook": "notebooks/08_b.ipynb",
+                "peak_mib": 420.0,
+                "held_mib": 390.0,
+                "met": False,
+                "processes": 2,
+                "with_processes_peak_mib": 950.0,
+            },
+            {"notebook": "notebooks/09_c.ipynb", "not_available": "RuntimeError: no kernel"},
+        ],
+        "routes": [
+            {"route": "short", "notebooks": ["01", "08"], "held_mib": 690.0, "held_private_mib": 300.0}
+        ],
+    }
+    md = "\n".join(kernel_memory.lines(res))
+    assert "| 01_a | 310 | 300 | 150 | 0 |  | 2.0 | met |" in md
+    assert "| 08_b | 420 | 390 | 150 | 2 | 950 | 2.0 | **MISSED** |" in md
+    assert "the short route's 2 kernels (01, 08) hold 690 MiB together (300 MiB of it private)" in md
+    assert "not available: notebooks/09_c.ipynb: RuntimeError: no kernel" in md
