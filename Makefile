@@ -41,8 +41,11 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # JupyterLab on notebooks/. Without a display it only serves and prints the URL
-# (containers often run as root, which JupyterLab refuses unless told).
+# (containers often run as root, which JupyterLab refuses unless told). binder/overrides.json, the
+# defaults Binder's postBuild installs too, goes where JupyterLab reads it: closing a notebook's tab
+# shuts its kernel down (tests/test_browser_kernels.py).
 lab: $(STAMP)
+	mkdir -p $(VENV)/share/jupyter/lab/settings && cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(if $(DISPLAY),,--no-browser) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Every test: unit and property tests, nbval over every notebook, the browser tests. Test files are
