@@ -356,7 +356,9 @@ def test_command_line_world_size_judges_the_job_as_the_readme_shows(tmp_path):
         timeout=300,
     )
     assert run.returncode == 1, run.stderr[-3000:]
-    assert run.stdout.strip() == shown.strip()
+    from _any_machine import assert_same_printout
+
+    assert_same_printout(run.stdout, shown)  # within float32 rounding: the last digits are the CPU's
 
 
 def test_command_line_world_size_below_one_is_a_usage_error(tmp_path):
