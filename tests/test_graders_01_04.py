@@ -49,9 +49,8 @@ def _passes(exercise, loop):
 # --- lesson 1: divide the loss ---------------------------------------------------------------------------
 
 
-def l1_loop(divide=lambda loss, k, y: loss / k, freeze=None, zero_each=False):
+def l1_loop(divide=lambda loss, k, y: loss / k, freeze=None, zero_each=False, k=2):
     def train_fn(model, optimizer, loader):
-        k = 2
         if freeze:
             freeze(model)
         for i, (x, y) in enumerate(loader):
@@ -82,6 +81,34 @@ def test_lesson_1_a_frozen_parameter_gets_a_verdict_not_your_code_raised():
     assert "raised" not in str(grade) and "every parameter" in grade.messages[0]
 
 
+def _per_epoch(k):
+    """The learner's loss / k with one optimizer step after the whole epoch."""
+
+    def train_fn(model, optimizer, loader):
+        for x, y in loader:
+            (F.cross_entropy(model(x), y) / k).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return train_fn
+
+
+def _late(exercise, loop, *, where, also=()):
+    """Issues 27 and 30: a window longer than asked passed ("Every optimizer step matched the true large-batch
+    gradient"); it fails as late-step first, and the hint says in words what the loop did. ``also``: the
+    loop's other mistakes (its scale, c = m / k, follows from its window: never misscaled)."""
+    grade = _fails(exercise, loop, "late-step", where=where)
+    assert grade.codes == ("late-step", *also), grade.codes
+    assert "more micro-batches" in grade.stages[0]
+    return grade
+
+
+def test_lesson_1_a_window_longer_than_asked_fails():
+    # batch 128 where 64 is asked: 4 micro-batches of 32, one step
+    _late(why.EXERCISE, l1_loop(k=4), where="the last step (step 0)")
+    _late(why.EXERCISE, _per_epoch(2), where="the last step (step 0)")
+
+
 def test_lesson_1_correct_variants_pass():
     _passes(why.EXERCISE, l1_loop())  # mean / k
     # sum / N, written from the mean
@@ -91,9 +118,8 @@ def test_lesson_1_correct_variants_pass():
 # --- lesson 2: log the true loss ---------------------------------------------------------------------------
 
 
-def l2_loop(log, ret=lambda total, n, last: total / n):
+def l2_loop(log, ret=lambda total, n, last: total / n, k=4):
     def train_fn(model, optimizer, loader):
-        k = 4
         total, n = 0.0, 0
         for i, (x, y) in enumerate(loader):
             loss = F.cross_entropy(model(x), y)
@@ -130,6 +156,14 @@ def test_lesson_2_wrong_answers():
     )
 
 
+def test_lesson_2_a_window_longer_than_asked_fails():
+    # k = 8 where 4 is asked: the gradient of its own window, the epoch loss right, the batch twice as large
+    def k8(model, optimizer, loader):
+        return l2_loop(lambda loss, k, y: loss.item() * len(y), k=8)(model, optimizer, loader)
+
+    _late(normalizing.EXERCISE, k8, where="the last step (step 0)")
+
+
 def test_lesson_2_correct_variants_pass():
     _passes(normalizing.EXERCISE, l2_loop(lambda loss, k, y: loss.item() * len(y)))  # weighted by items
     # the mean of equal micro-batches' means: 8 micro-batches of 8
@@ -141,9 +175,8 @@ def test_lesson_2_correct_variants_pass():
 # --- lesson 3: weigh every item --------------------------------------------------------------------------
 
 
-def l3_loop(divisor, step_tail=True):
+def l3_loop(divisor, step_tail=True, k=4):
     def train_fn(model, optimizer, loader):
-        k = 4
         sizes = [len(y) for _, y in loader]
         for i, (x, y) in enumerate(loader):
             window = sizes[i - i % k : i - i % k + k]
@@ -166,6 +199,14 @@ def test_lesson_3_wrong_answers():
     assert "every step" not in tail.stages[0]  # only the tail is off: the hint says so
     _fails(ex, l3_loop(lambda w, y, k: sum(w), step_tail=False), "tail-dropped")
     _fails(ex, l3_loop(lambda w, y, k: len(w) * len(y)), "mean-of-means", where="the last step (step 3)")
+
+
+def test_lesson_3_a_window_longer_than_asked_fails():
+    """k = 8 steps windows of 8 and 6 micro-batches, each divided by its own count: no short tail is left,
+    so the tail this exercise is about is skipped, not solved."""
+    _late(ragged_windows.EXERCISE, l3_loop(lambda w, y, k: sum(w), k=8), where="every step (steps 0-1)")
+    # loss / k on means of 8 and 6 samples in one window: weighed per micro-batch as well
+    _late(ragged_windows.EXERCISE, _per_epoch(4), where="the last step (step 0)", also=("mean-of-means",))
 
 
 def test_lesson_3_correct_variants_pass():

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import K
+from conftest import K, windows_of, within_rounding
 from conftest import exact_loop as exact
 from conftest import verify_digits as run
 from hypothesis import given, settings
@@ -147,6 +147,72 @@ def test_step_without_micro_batch_is_early_step():
     report = run(double_step)
     assert report.codes == {"early-step"}
     assert report.steps[-1].micro_batches == 0
+
+
+# ---- a window longer than accum_steps: late-step (issues 27, 30: each of these passed before) -----------
+
+
+def test_k_typed_larger_than_asked_is_late_step_and_the_correct_loop_beside_it_is_not():
+    """k = 4 typed where accum_steps = 2 is asked: each step averages 4 micro-batches, 32 items where 16
+    were asked. Every step matches the large batch of its own window, so verify said OK before."""
+    report = run(lambda model, opt, loader: exact(model, opt, loader, k=4), k=2)
+    assert report.codes == {"late-step"}, str(report)
+    assert not report.ok and report.findings[0].steps == (0, 1, 2)  # the last window, 2, is what was asked
+    assert "4 micro-batches" in report.findings[0].message
+    # the step is what was not asked for: its gradient is its own window's large batch, to float32 rounding
+    assert within_rounding(report)
+    correct = run(lambda model, opt, loader: exact(model, opt, loader, k=2), k=2)
+    assert correct.ok and not correct.codes and [r.micro_batches for r in correct.steps] == [2] * 7
+
+
+def _one_step_per_epoch(divide):
+    def loop(model, opt, loader):
+        for x, y in loader:
+            divide(F.cross_entropy(model(x), y, reduction="sum"), y, loader).backward()
+        opt.step()  # once, after the epoch: every micro-batch in one window
+        opt.zero_grad()
+
+    return loop
+
+
+def test_one_step_per_epoch_is_late_step_and_only_the_codes_it_deserves():
+    # divided by the epoch's item count: exactly the epoch's large batch, still not the batch asked for
+    by_items = run(_one_step_per_epoch(lambda s, y, dl: s / len(dl.dataset)))
+    assert by_items.codes == {"late-step"}, str(by_items)
+    assert by_items.steps[0].micro_batches == 14 and within_rounding(by_items)
+    assert "14 micro-batches" in by_items.findings[0].message
+    # the textbook loss / k over 16 equal micro-batches: c = m / k = 4 follows from the window, no misscale
+    by_k = run(_one_step_per_epoch(lambda s, y, dl: s / len(y) / K), n=128)
+    assert by_k.codes == {"late-step"}, str(by_k)
+    assert by_k.steps[0].scale == pytest.approx(16 / K, rel=FLOAT32_RTOL)
+    # on 110 items the last micro-batch holds 6, the rest 8: each mean weighed 1/k is mean-of-means as well
+    assert run(_one_step_per_epoch(lambda s, y, dl: s / len(y) / K)).codes == {"late-step", "mean-of-means"}
+    correct = run(exact)
+    assert correct.ok and not correct.codes  # the correct loop beside them
+
+
+def test_a_tail_merged_into_the_last_full_window_is_late_step():
+    """Windows 4, 4, 6: a last window longer than k is no tail (a tail is shorter), it is a late step."""
+
+    def merged_tail(model, opt, loader):
+        ws = windows_of(loader)
+        ws[-2:] = [ws[-2] + ws[-1]]
+        for window in ws:
+            n = sum(len(y) for _, y in window)
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+            opt.step()
+            opt.zero_grad()
+
+    report = run(merged_tail)
+    assert report.codes == {"late-step"} and report.findings[0].steps == (2,), str(report)
+    assert [r.micro_batches for r in report.steps] == [4, 4, 6]
+
+
+def test_a_late_step_still_names_what_else_is_wrong():
+    """naive steps every 4 where 2 is asked and never divides: both are named, the window first."""
+    report = run(naive, k=2)
+    assert [f.code for f in report.findings] == ["late-step", "unscaled-sum"], str(report)
 
 
 def test_non_finite_gradient_is_a_finding():

@@ -94,6 +94,13 @@ CODES: dict[str, Code] = {
         "the optimizer stepped more often than every {k} micro-batches",
         "step once per window: when (i + 1) % accum_steps == 0 or at the last micro-batch",
     ),
+    "late-step": Code(
+        "bug",
+        "the optimizer stepped less often than every {k} micro-batches: a step averaged more micro-batches "
+        "than accum_steps = {k}, so its effective batch is larger than the one asked for",
+        "step once per window of accum_steps micro-batches, with the accum_steps asked for (not a larger k, "
+        "not once per epoch): when (i + 1) % accum_steps == 0 or at the last micro-batch",
+    ),
     "scheduler-per-micro-batch": Code(
         "bug",
         "the learning rate changed between micro-batches of one window (a scheduler stepped per micro-batch)",

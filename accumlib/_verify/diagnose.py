@@ -35,6 +35,7 @@ class StepVerdict:
     batchnorm_limit: bool = False  # right as an accumulation; BatchNorm keeps it from the large batch
     clip_assumed: bool = False  # ok against the truth clipped at the run's assumed max_norm (``infer_clip``)
     masked: bool = False  # misscaled, but a recorded clip made the update equal the correct one
+    window_scale: bool = False  # late-step: c = m/k, each micro-batch divided by k over m > k of them
 
 
 def step_tol(precision: str) -> float:
@@ -173,6 +174,10 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
     if early:
         out.codes.append("early-step")
         out.detail = f"stepped after {m} of {k} micro-batches, not as the last window of a pass over the data"
+    # a long window is never legitimate (a pass's tail is shorter than k, never longer): it trains on a
+    # larger batch than asked even where its gradient is its own window's large batch exactly
+    if m > k:
+        out.codes.append("late-step")
     # a clip with no micro-batch of this window before it ran after the previous step: it cut a gradient
     # no step used (zero_grad discards it), so it is no clip of this window, partial or whole
     if any(0 < c.seen < m for c in n.clips):
@@ -260,8 +265,10 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
 
 
 def _explains(out: StepVerdict) -> bool:
-    """True when a code names why the gradient itself is off (not just a schedule problem)."""
-    return any(c not in ("scheduler-per-micro-batch", "frozen-inside-window") for c in out.codes)
+    """True when a code names why the gradient itself is off (not just a schedule or a window's length),
+    or the gradient is off by the factor a late window's length explains (``window_scale``)."""
+    schedule = ("scheduler-per-micro-batch", "frozen-inside-window", "late-step")
+    return out.window_scale or any(c not in schedule for c in out.codes)
 
 
 def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> None:
@@ -308,6 +315,9 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
 
 
 def _misscaled(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, tol: float) -> None:
+    if m > k and near(c, m / k, tol):  # loss / k over m > k micro-batches: right for k, the window is late
+        out.window_scale = True
+        return
     out.codes.append("misscaled")
     out.factor = c
     out.cause = causes(c, m=m, k=k, items=n.items, sequences=n.sequences, rtol=tol, ranks=n.ranks)

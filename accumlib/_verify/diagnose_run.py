@@ -150,6 +150,9 @@ def step_findings(numbers: list[StepNumbers], verdicts: list[StepVerdict], *, k:
             if v.detail and v.detail not in details[c]:
                 details[c].append(v.detail)
     fixes: dict[str, str] = {}
+    if "late-step" in at:  # its own numbers: a late step's detail may be another code's
+        ms = sorted({numbers[t].micro_batches for t in at["late-step"]})
+        details["late-step"] = [f"{m} micro-batches in a step: {m / k:.3g} x the batch asked" for m in ms]
     if "misscaled" in at:
         cs = [verdicts[t].factor for t in at["misscaled"] if verdicts[t].factor is not None]
         found = sorted({verdicts[t].cause for t in at["misscaled"] if verdicts[t].cause})

@@ -37,6 +37,7 @@ from .bugs import (
     bug_early_step,
     bug_frozen_inside_window,
     bug_labels_before_shift,
+    bug_late_step,
     bug_logged_loss_scaled,
     bug_misscaled,
     bug_no_zero_grad,
@@ -187,6 +188,9 @@ GALLERY: dict[str, GalleryLoop] = _Gallery(
         ),
         "bug-early-step": GalleryLoop(
             bug_early_step, _E({"early-step"}), "step every micro-batch", n_items=128
+        ),
+        "bug-late-step": GalleryLoop(
+            bug_late_step, _E({"late-step"}), "one step per epoch, loss / K", n_items=128
         ),
         "bug-scheduler-per-micro-batch": GalleryLoop(
             bug_scheduler_per_micro_batch,

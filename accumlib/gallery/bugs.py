@@ -55,6 +55,15 @@ def bug_early_step(model, optimizer, loader):
         optimizer.zero_grad()
 
 
+def bug_late_step(model, optimizer, loader):
+    """One step per epoch: each micro-batch's loss / K is right for a window of K, but all 16 share one
+    step, a batch 4 x the one asked for (c = m / K = 4 follows from the window: no misscale)."""
+    for x, y in loader:
+        (F.cross_entropy(model(x), y) / K).backward()
+    optimizer.step()  # once, after the loop, not every K micro-batches
+    optimizer.zero_grad()
+
+
 def bug_scheduler_per_micro_batch(model, optimizer, loader):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     for i, (x, y) in enumerate(loader):

@@ -359,6 +359,13 @@ EXERCISE = Exercise(
             ".grad.",
             "Call optimizer.zero_grad() only right after optimizer.step().",
         ),
+        "late-step": (
+            "Your loop waited for more micro-batches than k = 4 before stepping: each step averaged more "
+            "micro-batches of 8 than the 4 x 8 = 32 items the exercise asks for.",
+            "Check the k your loop uses, and where optimizer.step() sits: every k-th micro-batch, or less "
+            "often?",
+            "Use k = 4 and step (and zero) when (i + 1) % k == 0.",
+        ),
         "early-step": (
             "The optimizer stepped before all k micro-batches of a window were in .grad.",
             "Which values of i should reach optimizer.step()?",

@@ -315,6 +315,15 @@ EXERCISE = Exercise(
             "backward F.cross_entropy(..., reduction='sum') / n_window, n_window the samples of the "
             "micro-batch's window.",
         ),
+        "late-step": (
+            "Your loop waited for more micro-batches than k = 4 before stepping: each step averaged more "
+            "micro-batches than the exercise's k, so the windows are larger than asked, and the short last "
+            "window this exercise is about never appears.",
+            "Check the k your loop uses, and where optimizer.step() sits: every k-th micro-batch and the "
+            "loader's last, or less often (a larger k, once per epoch)?",
+            "Use k = 4 and step when (i + 1) % k == 0 or i + 1 == len(loader), each window's samples divided "
+            "by that window's own sample count.",
+        ),
         "early-step": (
             "The optimizer stepped before a full window of k micro-batches (other than the last one) was in "
             ".grad.",

@@ -286,6 +286,13 @@ EXERCISE = Exercise(
             "Which micro-batches should the condition around optimizer.step() let through? Count i from 0.",
             "Step (and zero) only after the k-th backward of a window: if (i + 1) % k == 0.",
         ),
+        "late-step": (
+            "Your loop waited for more micro-batches than k = 2 before stepping: each step averaged more "
+            "micro-batches of 32 than the 2 x 32 = 64 digits the exercise asks for, a larger batch.",
+            "Check the k your loop uses, and where optimizer.step() sits: inside the loop, under a condition "
+            "that lets every k-th micro-batch through, or after the loop, once per epoch?",
+            "Use k = 2 and step (and zero) inside the loop: if (i + 1) % k == 0.",
+        ),
         "zero-grad-inside-window": (
             ".grad is emptied between the micro-batches of one window, so only the last one reaches the "
             "step.",
