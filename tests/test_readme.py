@@ -145,3 +145,22 @@ def test_survey_summaries_in_the_readme_are_the_committed_surveys():
     assert len(files) == 2
     for f in files:
         assert survey.summary(survey.Survey.from_json(f.read_text())).strip() in section
+
+
+def test_no_link_leads_to_a_placeholder():
+    """A learner who clicks a link gets a page: no link with an unfilled owner (the Binder badge pointed at
+    OWNER/accumlib, an error page), in the README, the notebooks' text or the instructor's guide."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    texts = {
+        "README.md": README,
+        "notebooks/INSTRUCTORS.md": (root / "notebooks" / "INSTRUCTORS.md").read_text(),
+    }
+    for nb in sorted((root / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        texts[nb.name] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    for name, text in texts.items():
+        targets = re.findall(r"\]\(([^)\s]+)\)", text)  # markdown link targets: what a click opens
+        bad = [t for t in targets if re.search(r"OWNER|<owner>|<repository>", t, re.I)]
+        assert not bad, f"{name} links to a page that does not exist yet: {bad}"
