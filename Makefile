@@ -25,7 +25,7 @@ PRECISION ?= float32
 DEVICE    ?= auto
 SEED      ?= 0
 
-.PHONY: install lab test lint format notebooks verify report bench survey clean
+.PHONY: install lab test lint format notebooks verify report bench survey gpu-check clean
 
 install: $(STAMP)
 
@@ -117,6 +117,16 @@ app: $(STAMP)
 .PHONY: binder-check
 binder-check: $(STAMP)
 	$(PY) tools/binder_check.py
+
+# The GPU check (tools/gpu_check.py): the reference table, every lesson's computations, mixed precision
+# under verify and verify at GPT-2-small size, on CUDA (under 5 minutes on one H100), figures in GPU_OUT.
+# No venv needed: .venv's python when there is one, else $(PYTHON), or the one named (make gpu-check
+# PY=python on a GPU machine's own image). DRY=1 rehearses it on the CPU. Exit 3: no CUDA device;
+# 4: checks skipped (a package missing).
+GPU_OUT ?= reports/gpu-check
+GPU_PY = $(if $(filter command line,$(origin PY))$(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	PYTHONPATH=. $(GPU_PY) tools/gpu_check.py --out "$(GPU_OUT)" $(if $(DRY),--dry-run)
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache .hypothesis
