@@ -86,6 +86,23 @@ def test_a_task_with_several_tags_takes_the_strongest_kind(tags, verdict):
     assert c.expected(tags) == (CLOSE if verdict == "batchnorm" else verdict)
 
 
+@pytest.mark.parametrize(
+    "tags, kind",
+    [
+        (("ragged-tail", "token-counts"), "token-counts"),  # token counts spoil every window, a tail one
+        (("token-counts", "ragged-tail"), "token-counts"),  # the order the task lists them in does not matter
+        (("token-counts", "batchnorm"), "batchnorm"),
+        (("ragged-tail", "token-counts", "batchnorm"), "batchnorm"),
+        (("ragged-tail",), "ragged-tail"),
+    ],
+)
+def test_several_tags_are_taken_by_priority_each_kind_its_own_verdict(tags, kind):
+    """Issue 27: with ragged_tail and token_counts promised alike, taking them in another order survived;
+    here every kind promises a verdict of its own."""
+    c = Contract(full_windows=EXACT, ragged_tail=OFF_BY_K, token_counts=WRONG, batchnorm=CLOSE, order=None)
+    assert c.expected(tags) == getattr(c, kind.replace("-", "_"))
+
+
 def test_a_contract_refuses_an_unknown_verdict_or_task_field():
     with pytest.raises(ValueError, match=r"ragged_tail must be one of .* \(got 'fine'\)"):
         Contract(full_windows=EXACT, ragged_tail="fine", token_counts=EXACT, batchnorm=WRONG, order=None)

@@ -229,6 +229,41 @@ def test_amp_with_float32_autocast_disabled_matches_ragged_exactly():
         assert compare(seen, oracle).rel_error <= F32_RTOL
 
 
+def test_amp_autocasts_to_bfloat16_on_cpu_and_float16_on_cuda(monkeypatch):
+    """The default dtype, read where autocast receives it (issue 27: swapping the two survived every test,
+    none having a GPU). On CUDA the loop is stopped at its first autocast, before a tensor would move to a
+    device this machine may lack: only the choice is under test."""
+    import importlib
+
+    real, seen = torch.autocast, []
+
+    class Stop(Exception):
+        pass
+
+    def autocast(device_type, dtype=None, enabled=True):
+        seen.append((device_type, dtype))
+        if device_type != "cpu":
+            raise Stop
+        return real(device_type, dtype=dtype, enabled=enabled)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+
+    def go():
+        model, loader = mlp_setup(16, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")  # a CUDA scaler would warn on a machine without one
+        amp(model, opt, loader, classification_losses, accum_steps=2, scaler=scaler)
+
+    go()
+    assert set(seen) == {("cpu", torch.bfloat16)}
+    monkeypatch.setattr(
+        importlib.import_module("accumlib.loops.amp"), "check_device", lambda d, m: torch.device("cuda")
+    )
+    with pytest.raises(Stop):
+        go()
+    assert seen[-1] == ("cuda", torch.float16)
+
+
 @pytest.mark.parametrize("loop", sorted(ALL))
 def test_parameters_do_not_move_inside_a_window(loop):
     model, loader = mlp_setup(40, 4)

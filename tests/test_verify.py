@@ -210,9 +210,14 @@ def test_a_tail_merged_into_the_last_full_window_is_late_step():
 
 
 def test_a_late_step_still_names_what_else_is_wrong():
-    """naive steps every 4 where 2 is asked and never divides: both are named, the window first."""
+    """naive steps every 4 where 2 is asked and never divides: both are named, the window first. A factor
+    other than m / k is a misscale of its own, and a gradient no bug explains is unexplained."""
     report = run(naive, k=2)
     assert [f.code for f in report.findings] == ["late-step", "unscaled-sum"], str(report)
+    off = run(_one_step_per_epoch(lambda s, y, dl: s / (1.04 * len(dl.dataset))))
+    assert off.codes == {"late-step", "misscaled"} and off.steps[0].scale == pytest.approx(1 / 1.04), str(off)
+    uneven = run(_one_step_per_epoch(lambda s, y, dl: s / len(y) / (K + int(y[0]) % 3)))
+    assert uneven.codes == {"late-step", "unexplained"}, str(uneven)
 
 
 def test_non_finite_gradient_is_a_finding():

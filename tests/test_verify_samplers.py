@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import verify_digits
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 
 import accumlib
 from accumlib.tolerances import FLOAT32_RTOL
@@ -100,6 +100,33 @@ def test_a_sampler_with_replacement_repeats_items_and_says_so():
     assert repeats > 0 and never == repeats  # 110 draws from 110 items
     assert report.ok and report.codes == {"duplicate-items", "loader-left-out"}, str(report)
     assert f"{repeats} draw(s) repeated" in str(report) and f"{never} dataset item(s) left out" in str(report)
+    assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
+
+
+class Unsized(Sampler):
+    """A shuffled order with no ``__len__`` (a sampler written as a generator): its DataLoader has no
+    length, so nothing says where a pass ends but the items it has drawn."""
+
+    def __init__(self, n, seed=0):
+        self.n, self.seed = n, seed
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist())
+
+
+def test_a_sampler_without_a_length_ends_its_pass_at_its_last_item():
+    """The pass ends with the micro-batch that draws its 110th item, so the 2-micro-batch window there is
+    the pass's tail, not an early step. Issue 27: a pass ending only past the dataset's size survived every
+    test, and a probe showed early-step at steps 3 and 7."""
+
+    def unsized(loader):
+        return DataLoader(loader.dataset, batch_size=B, sampler=Unsized(N), collate_fn=loader.collate_fn)
+
+    with pytest.raises(TypeError):
+        len(unsized(DataLoader(accumlib.data.digits(N))))  # no length: verify counts items
+    report = run(window_loop(unsized))
+    assert report.ok and not report.codes, str(report)
+    assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2] * 2
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
 
 

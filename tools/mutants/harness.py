@@ -1,4 +1,6 @@
-"""Mutants of accumlib/harness.py and accumlib/reference.py: the reference loops' judge and table."""
+"""Mutants of accumlib/harness.py and accumlib/reference.py: the reference loops' judge and table; and of
+what the table reads from the loops (a contract's verdict per kind of task) and one loop's own default that
+no reference run can show (amp's autocast dtype on CUDA: its test stops the loop at autocast)."""
 
 from mutate import Mutant
 
@@ -12,6 +14,7 @@ TESTS = [
 PYTEST_ARGS = ["--doctest-modules"]  # the modules' own examples are part of the suite
 
 H, R = "accumlib/harness.py", "accumlib/reference.py"
+CT, AMP = "accumlib/loops/_contract.py", "accumlib/loops/amp.py"
 MUTANTS = [
     Mutant(
         "classify judges the best step instead of the worst (any step, not all steps)",
@@ -90,6 +93,25 @@ MUTANTS = [
     ),
     Mutant(
         "every loop gets the bf16 tolerance", R, "low_precision=contract.low_precision", "low_precision=True"
+    ),
+    Mutant(
+        "several tags taken alphabetically, not by priority (a ragged tail before token counts)",
+        CT,
+        'kind = next((k for k in KINDS if k in tags), "full-windows")',
+        'kind = next((k for k in sorted(tags) if k in KINDS), "full-windows")',
+    ),
+    Mutant(
+        "token counts and a ragged tail swapped in priority",
+        CT,
+        'KINDS = ("batchnorm", "token-counts", "ragged-tail", "full-windows")',
+        'KINDS = ("batchnorm", "ragged-tail", "token-counts", "full-windows")',
+    ),
+    Mutant(
+        "amp's default dtypes swapped: float16 on CPU, bfloat16 on CUDA",
+        AMP,
+        'dtype = dtype or (torch.float16 if device.type == "cuda" else torch.bfloat16)',
+        'dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float16)',
+        tests=("tests/test_loops.py::test_amp_autocasts_to_bfloat16_on_cpu_and_float16_on_cuda",),
     ),
     Mutant(
         "an unknown loop name is not refused up front",

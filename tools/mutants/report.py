@@ -22,8 +22,8 @@ MUTANTS = [
     Mutant(
         "a loop's finding names its best k, not its worst",
         CR,
-        "worst = max(self.ks, key=lambda k:",
-        "worst = min(self.ks, key=lambda k:",
+        "top = max(errors.values())",
+        "top = min(errors.values())",
     ),
     Mutant(
         "the norm finding quotes the best k's error, not the maximum",

@@ -73,6 +73,42 @@ MUTANTS = [
         "early = m < k and not n.epoch_end",
     ),
     Mutant(
+        "a window longer than k not named (k = 4 where 2 is asked, one step per epoch pass)",
+        D,
+        '    if m > k:\n        out.codes.append("late-step")',
+        '    if False:\n        out.codes.append("late-step")',
+    ),
+    Mutant(
+        "a long window that ends a pass excused like a short tail (a tail merged into the last window)",
+        D,
+        '    if m > k:\n        out.codes.append("late-step")',
+        '    if m > k and not n.epoch_end:\n        out.codes.append("late-step")',
+    ),
+    Mutant(
+        "c = m/k on a late window named misscaled (loss / k is right for the k asked)",
+        D,
+        "    if m > k and near(c, m / k, tol):",
+        "    if False:",
+    ),
+    Mutant(
+        "every factor on a late window excused, not only c = m/k",
+        D,
+        "    if m > k and near(c, m / k, tol):",
+        "    if m > k:",
+    ),
+    Mutant(
+        "a late step taken to explain a gradient no bug explains (unexplained not said)",
+        D,
+        'schedule = ("scheduler-per-micro-batch", "frozen-inside-window", "late-step")',
+        'schedule = ("scheduler-per-micro-batch", "frozen-inside-window")',
+    ),
+    Mutant(
+        "a late step's count said as the asked k, not the micro-batches it averaged",
+        DR,
+        'ms = sorted({numbers[t].micro_batches for t in at["late-step"]})',
+        "ms = [k]",
+    ),
+    Mutant(
         "a clip one micro-batch before the window's end counted as complete",
         D,
         "if any(0 < c.seen < m for c in n.clips):",
@@ -159,6 +195,12 @@ MUTANTS = [
         "        known += []",
     ),
     Mutant(
+        "cause 1/b predicted as k/N (right on full windows only: a short tail's m/N named a reduction)",
+        D,
+        '        known += [("1/b", m / items)]',
+        '        known += [("1/b", k / items)]',
+    ),
+    Mutant(
         "cause 1/b predicted as 1/m",
         D,
         '        known += [("1/b", m / items)]',
@@ -215,7 +257,7 @@ MUTANTS = [
     Mutant(
         "a scheduler code counted as explaining the gradient",
         D,
-        'return any(c not in ("scheduler-per-micro-batch", "frozen-inside-window") for c in out.codes)',
+        "return out.window_scale or any(c not in schedule for c in out.codes)",
         "return bool(out.codes)",
     ),
     Mutant(
@@ -736,6 +778,12 @@ MUTANTS = [
         S,
         'drop = getattr(loader, "drop_last", False) or getattr(batches, "drop_last", False)',
         'drop = getattr(loader, "drop_last", False)',
+    ),
+    Mutant(
+        "a pass without a length ends only past the dataset's size (its short tail read as early-step)",
+        S,
+        "else self.items >= self.held",
+        "else self.items > self.held",
     ),
     Mutant(
         "a pass ends only once every item was drawn, whatever the loader's length",
