@@ -14,7 +14,9 @@ v_j = w_j n_j / N the weight of micro-batch j's *mean*:
   not zeroed: the leak coefficient is 1;  one factor for all: w_j = c != 1 (misscaled), however small
   (a mean divided by k x b gives c = 1/b: small, but the same for every j, so not a zeroing);
   means with different n_j all weighted v (a mean divided by N, as if it were a sum: v = 1/N):
-  mean-of-means, and misscaled by c = v m against the mean of means (1/b again).
+  mean-of-means, and misscaled by c = v m against the mean of means (1/b again);
+  a late window (m > k micro-batches: late-step, whatever its gradient) divided by k: c = m/k, which its
+  length explains, so no misscale is named; any other factor is one.
 """
 
 from __future__ import annotations

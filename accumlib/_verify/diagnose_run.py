@@ -5,7 +5,8 @@ record and compute stages handed forward (``StepNumbers`` per step, ``Coverage``
   (``infer_clip``), a misscale a recorded clip hid from the update is marked masked, one divisor for
   the whole run is named;
 - ``step_rows``: each step's row, compared like for like with the truth clipped as the loop clipped;
-- ``step_findings``: one finding per code over the steps that have it, a misscale's range of c and causes;
+- ``step_findings``: one finding per code over the steps that have it, a misscale's range of c and causes,
+  the micro-batches a late step averaged;
 - ``run_notes``: BatchNorm's own gap, the clip assumed, dropout switched off, ``max_steps``;
 - ``coverage_findings``: items no step used, a loader that leaves items out by design, repeated draws;
 - the loss the loop reports, off by about k (``logged_loss_off``, ``logged_findings``).
