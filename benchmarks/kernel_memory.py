@@ -12,6 +12,9 @@ committed, in order, as Run All does (an error is recorded and the next cell sti
 - **processes**: processes the kernel started (lesson 8's ranks), their resident memory summed with the
   kernel's at the same moment, sampled every 20 ms (_kernel_memory_proc.py); reported beside the goal.
 
+Beside them, never judged, the floor: a kernel that imports torch, draws one figure and builds one optimizer,
+what every lesson that trains pays before its own work.
+
     python benchmarks/bench.py --only kernel_memory --merge   # this section into benchmarks/results/latest.*
     python benchmarks/kernel_memory.py 01 09                  # print the table for some notebooks only
 """
@@ -45,11 +48,17 @@ CELL_TIMEOUT_S = 600  # as `make notebooks`: a cell that takes longer is an erro
 QUICK_MIB = 64  # --quick's notebook allocates this much, then frees it: peak above held by as much
 
 
-def _notebooks(quick: bool, scratch: Path) -> list[Path]:
-    """Every notebook in notebooks/; --quick: a two-cell notebook that allocates and frees QUICK_MIB."""
-    if not quick:
-        return sorted((ROOT / "notebooks").glob("*.ipynb"))
-    cells = [f"x = bytearray(b'x') * ({QUICK_MIB} * 2**20)  # written, so resident", "del x"]
+# What every lesson that trains pays before its own work: torch, the inline backend's figure, and one
+# optimizer (torch.optim imports torch._dynamo on its first use). Measured beside the notebooks, never judged.
+FLOOR_CELLS = (
+    "%matplotlib inline\nimport ipywidgets\nimport matplotlib.pyplot as plt\nimport torch",
+    "opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)",
+    "plt.plot([0, 1])\nplt.show()",
+)
+QUICK_CELLS = (f"x = bytearray(b'x') * ({QUICK_MIB} * 2**20)  # written, so resident", "del x")
+
+
+def _scratch_notebook(path: Path, cells: tuple[str, ...]) -> Path:
     nb = {
         "cells": [
             {
@@ -66,9 +75,8 @@ def _notebooks(quick: bool, scratch: Path) -> list[Path]:
         "nbformat": 4,
         "nbformat_minor": 5,
     }
-    path = scratch / "quick_check.ipynb"
     path.write_text(json.dumps(nb))
-    return [path]
+    return path
 
 
 def run(quick: bool = False) -> dict:
@@ -78,8 +86,11 @@ def run(quick: bool = False) -> dict:
         import nbformat  # noqa: F401
     except ImportError as err:
         return {"not_available": f"nbclient / nbformat is not installed ({err})"}
-    with tempfile.TemporaryDirectory() as scratch:  # --quick's notebook lives here
-        return measure(_notebooks(quick, Path(scratch)), quick=quick)
+    with tempfile.TemporaryDirectory() as scratch:  # --quick's notebook and the floor's live here
+        if quick:  # a two-cell notebook that allocates and frees QUICK_MIB: a real notebook takes seconds
+            return measure([_scratch_notebook(Path(scratch) / "quick_check.ipynb", QUICK_CELLS)], quick=True)
+        floor = _scratch_notebook(Path(scratch) / "floor.ipynb", FLOOR_CELLS)
+        return measure(sorted((ROOT / "notebooks").glob("*.ipynb")), floor=floor)
 
 
 def run_all(path: Path, *, threads: int = 1) -> dict:
@@ -181,8 +192,16 @@ def _routes(rows: list[dict]) -> list[dict]:
     return found
 
 
-def measure(paths: list[Path], *, quick: bool = False, threads: int | None = None, log=print) -> dict:
-    """Every notebook of ``paths`` run in its own fresh kernel, judged against the goal."""
+def measure(
+    paths: list[Path],
+    *,
+    quick: bool = False,
+    threads: int | None = None,
+    floor: Path | None = None,
+    log: Any = print,
+) -> dict:
+    """Every notebook of ``paths`` run in its own fresh kernel, judged against the goal; ``floor``, a notebook
+    measured the same way for reference, never judged."""
     if threads is None:
         import torch
 
@@ -208,6 +227,12 @@ def measure(paths: list[Path], *, quick: bool = False, threads: int | None = Non
     else:
         measured = "no notebook could be measured"
     routes = [] if quick else _routes(rows)
+    reference = None
+    if floor is not None:
+        reference = _row(floor, threads)
+        log("    " + _line(reference) + "  (reference: torch, a figure, one optimizer)", flush=True)
+        if "peak_mib" in reference:
+            measured += f"; the floor (torch, a figure, one optimizer): {reference['peak_mib']:.0f} MiB"
     goal = {
         "measured": measured,
         "met": (not missed and not unavailable) if measured_rows else None,
@@ -230,7 +255,13 @@ def measure(paths: list[Path], *, quick: bool = False, threads: int | None = Non
         )
         note += "not measured for real"
         goal["met"] = None
-    return {"rows": rows, "routes": routes, "goals": {"kernel_memory": goal}, "note": note}
+    return {
+        "rows": rows,
+        "routes": routes,
+        "floor": reference,
+        "goals": {"kernel_memory": goal},
+        "note": note,
+    }
 
 
 def _line(row: dict) -> str:
@@ -280,6 +311,15 @@ def lines(res: dict, short: bool = False) -> list[str]:
             for r in rows
         ],
     )
+    floor = res.get("floor") or {}
+    if "peak_mib" in floor:
+        out += [
+            "",
+            "The floor, for reference: a kernel that imports torch, draws one figure and builds one "
+            "optimizer (torch.optim imports torch._dynamo on first use) peaks at "
+            f"{floor['peak_mib']:.0f} MiB and holds {floor['held_mib']:.0f} MiB "
+            f"({floor['held_private_mib']:.0f} MiB private).",
+        ]
     for r in res.get("routes", []):
         out += [
             "",

@@ -540,9 +540,14 @@ def test_kernel_memory_table_states_each_notebook_its_processes_and_the_routes()
         "routes": [
             {"route": "short", "notebooks": ["01", "08"], "held_mib": 690.0, "held_private_mib": 300.0}
         ],
+        "floor": row | {"notebook": "floor.ipynb", "peak_mib": 399.6, "held_mib": 398.0, "met": True},
     }
     md = "\n".join(kernel_memory.lines(res))
     assert "| 01_a | 310 | 300 | 150 | 0 |  | 2.0 | met |" in md
     assert "| 08_b | 420 | 390 | 150 | 2 | 950 | 2.0 | **MISSED** |" in md
     assert "the short route's 2 kernels (01, 08) hold 690 MiB together (300 MiB of it private)" in md
     assert "not available: notebooks/09_c.ipynb: RuntimeError: no kernel" in md
+    assert (
+        "one optimizer (torch.optim imports torch._dynamo on first use) peaks at 400 MiB and holds 398" in md
+    )
+    assert "| floor |" not in md  # a reference, not a row judged against the goal
