@@ -219,3 +219,151 @@ def test_lesson_1_marks_its_optional_parts_and_states_the_core_path():
     ]
     assert headings and all("(optional)" in h for h in headings), headings
     assert not any("exercise" in c["metadata"].get("tags", []) for c in optional)
+
+
+# --- sources cited by their own addresses, links that lead somewhere ------------------------------------
+
+GUIDE = NOTEBOOKS / "INSTRUCTORS.md"
+ALL_NOTEBOOKS = sorted(NOTEBOOKS.glob("*.ipynb"))
+URL = re.compile(r"https?://[^\s)>\]\"'`]+")
+SEARCH = re.compile(r"[?&]q=|search\?")  # a search engine's (or a site's own search) query, not a source
+HREF = re.compile(r"""(?:href|src)=["']([^"']+)["']""")
+
+
+def _cited_texts() -> dict[str, str]:
+    """Every text that cites or links: each notebook's markdown, the instructor's guide."""
+    texts = {p.name: "\n".join(_markdown(p)) for p in ALL_NOTEBOOKS}
+    texts[GUIDE.name] = GUIDE.read_text()
+    return texts
+
+
+def _search_links(text: str) -> list[str]:
+    return [u for u in URL.findall(text) if SEARCH.search(u)]
+
+
+def test_no_cited_link_is_a_search_query():
+    """A cited source links to its own address or to nothing (title, author, venue): never to a search for
+    its words."""
+    for key, ref in course.REFERENCES.items():
+        assert ref.url is None or not SEARCH.search(ref.url), (key, ref.url)
+    for name, text in _cited_texts().items():
+        assert not _search_links(text), (name, _search_links(text))
+
+
+def test_the_search_query_check_can_fail():
+    for query in (
+        "[A post](https://www.google.com/search?q=%22How+Gradient+accumulation+is+implemented%22)",
+        "[Q](https://stackoverflow.com/search?q=gradient+accumulation+GradScaler)",
+        "see https://duckduckgo.com/?q=gradient+accumulation",
+        "[A](https://www.bing.com/search?form=QBLH&q=GANs+and+other+Nightmares)",
+    ):
+        assert _search_links(query), query
+    assert not _search_links(course.cite("huggingface") + " https://unsloth.ai/blog/gradient")
+
+
+def test_a_source_without_an_address_is_cited_by_title_author_and_venue():
+    for key, ref in course.REFERENCES.items():
+        if ref.url is None:
+            assert ref.by and ref.link() == f"*{ref.title}* ({ref.by})" and "](" not in ref.link(), key
+        else:
+            assert ref.url.startswith("https://") and ref.link() == f"[{ref.title}]({ref.url})", key
+    assert "none: " in str(course.references())
+
+
+def _strings(path: Path) -> list[str]:
+    """Every string constant of a module: the texts a lesson shows (tables, hints, captions, alt text)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _bad_links(text: str) -> list[str]:
+    """Relative link targets that leave notebooks/ or lead nowhere: in a notebooks-only copy, an installed
+    package or JupyterLab, only notebooks/ is there. Anchors into a notebook must name one of its headings."""
+    bad = []
+    for target in [t for _, t in LINK.findall(text)] + HREF.findall(text):
+        target = target.strip().split(" ", 1)[0]  # [t](path "title")
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # an address (https:, mailto:) or an anchor in the same document
+        path, _, anchor = target.partition("#")
+        resolved = (NOTEBOOKS / path).resolve()
+        if resolved != NOTEBOOKS and NOTEBOOKS not in resolved.parents:
+            bad.append(f"{target} (outside notebooks/)")
+        elif not resolved.exists():
+            bad.append(f"{target} (no such file in notebooks/)")
+        elif anchor and resolved.suffix == ".ipynb":
+            headings = [
+                line.lstrip("#").strip().replace(" ", "-")
+                for cell in _markdown(resolved)
+                for line in cell.splitlines()
+                if line.startswith("#")
+            ]
+            if anchor not in headings:
+                bad.append(f"{target} (no such heading)")
+    return bad
+
+
+def test_links_stay_inside_notebooks_and_resolve():
+    """Notebooks' markdown, the instructor's guide and the lessons' texts link only to files in notebooks/
+    that exist (other lessons, solutions/, the guide); a path elsewhere in the repository is named, not
+    linked."""
+    for name, text in _cited_texts().items():
+        assert not _bad_links(text), (name, _bad_links(text))
+    for module in sorted(LESSONS_DIR.glob("*.py")):
+        text = "\n".join(_strings(module))
+        assert not _bad_links(text), (module.name, _bad_links(text))
+    linked = {
+        t for text in _cited_texts().values() for _, t in LINK.findall(text) if not t.startswith("http")
+    }
+    assert {"09_real_bugs.ipynb", "INSTRUCTORS.md", "solutions/"} <= linked  # the check saw real links
+
+
+def test_the_link_check_can_fail():
+    assert _bad_links("[trace](../docs/transformers-label-count.md)") == [
+        "../docs/transformers-label-count.md (outside notebooks/)"
+    ]
+    assert _bad_links("[trace](docs/transformers-label-count.md)") == [
+        "docs/transformers-label-count.md (no such file in notebooks/)"
+    ]
+    assert _bad_links('<a href="../tests/test_verify_trl.py">tests</a>') == [
+        "../tests/test_verify_trl.py (outside notebooks/)"
+    ]
+    assert _bad_links("[10](10_your_own_project.ipynb#1.-No-such-section)") == [
+        "10_your_own_project.ipynb#1.-No-such-section (no such heading)"
+    ]
+    assert _bad_links("[ten](99_no_lesson.ipynb)") == ["99_no_lesson.ipynb (no such file in notebooks/)"]
+    fine = (
+        "[9](09_real_bugs.ipynb) [10](10_your_own_project.ipynb#1.-The-loop-to-copy) [s](solutions/) [h](#a)"
+    )
+    assert _bad_links(fine + " [HF](https://huggingface.co/blog/gradient_accumulation)") == []
+
+
+REPO_PATH = re.compile(r"`((?:docs|tests|surveys|benchmarks|tools)/[^`]*)`")
+
+
+def _unnamed_repository_paths(text: str) -> list[str]:
+    """Paths of the repository outside notebooks/ (docs/, tests/, ...) mentioned without saying they are
+    the repository's: a learner with the package or a copy of notebooks/ would look for them in vain."""
+    unnamed = []
+    for m in REPO_PATH.finditer(text):
+        start = max(text.rfind(". ", 0, m.start()), text.rfind("\n\n", 0, m.start()), 0)
+        if "repository" not in text[start : m.start()]:
+            unnamed.append(m.group(1))
+    return unnamed
+
+
+@pytest.mark.parametrize("name", [*(lesson.file for lesson in course.COURSE), GUIDE.name])
+def test_a_path_outside_notebooks_is_named_as_the_repositorys(name):
+    text = GUIDE.read_text() if name == GUIDE.name else "\n\n".join(_markdown(NOTEBOOKS / name))
+    assert not _unnamed_repository_paths(text), (name, _unnamed_repository_paths(text))
+
+
+def test_the_repository_path_check_can_fail():
+    assert _unnamed_repository_paths("The cause is traced in `docs/transformers-label-count.md`.") == [
+        "docs/transformers-label-count.md"
+    ]
+    assert _unnamed_repository_paths("Exact on Llama (`tests/test_verify_trl.py`).") == [
+        "tests/test_verify_trl.py"
+    ]
+    assert not _unnamed_repository_paths("The accumlib repository traces it in `docs/trl-peft-bugs.md`.")

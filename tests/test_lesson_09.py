@@ -315,3 +315,85 @@ def test_the_notebook_has_the_lessons_shape():
     assert course.cite("huggingface").lower() in learner and course.cite("unsloth").lower() in learner
     headings = [line for line in learner.splitlines() if line.startswith("## ")]
     assert [h.split(".")[0] for h in headings] == [f"## {i}" for i in range(1, len(headings) + 1)], headings
+
+
+# --- what GPT-2's c does to a step, per optimizer ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def updates() -> real_bugs.UpdateRatios:
+    return real_bugs.update_ratios(real_bugs.run("trainer-gpt2"))
+
+
+def test_sgd_passes_c_through_to_every_update(updates):
+    """SGD's update is -lr G, so each step of the run as configured is c times the fixed run's. Within
+    float32 rounding (FLOAT32_RTOL): step 0 starts both runs from the same parameters and differs only by the
+    loss's float32 logits (measured 6e-8); later steps start where the bug's smaller steps left the
+    parameters, lr (1 - c) |g| apart at lr 5e-5 (measured <= 8e-7)."""
+    sgd = updates.ratios["SGD"]
+    assert len(sgd) == len(updates.c) == len(S)
+    for step, (ratio, c) in enumerate(zip(sgd, updates.c, strict=True)):
+        assert abs(ratio - c) <= FLOAT32_RTOL, (step, ratio, c)
+    # the negative side: SGD does not hide the bug, every step is 9 to 13 % short
+    assert all(abs(1 - ratio) > 5 * real_bugs.ADAMW_RTOL for ratio in sgd), sgd
+
+
+def test_adamw_nearly_cancels_the_factor(updates):
+    """AdamW divides by the running RMS of the gradient: ratio 1 within ADAMW_RTOL (its reason: eps and a c
+    that moves between steps are all that is left, measured <= 9.1e-4), at every step 10x closer to 1 than
+    SGD's."""
+    adamw, sgd = updates.ratios["AdamW"], updates.ratios["SGD"]
+    for step, ratio in enumerate(adamw):
+        assert abs(ratio - 1) <= real_bugs.ADAMW_RTOL, (step, ratio)
+        assert abs(ratio - 1) * 10 < abs(sgd[step] - 1), (step, ratio, sgd[step])
+    assert adamw != (1.0,) * len(adamw)  # a trace is left: the ratios are measured, not assumed
+    table = str(updates.table())
+    assert f"{updates.c[1]:.4f}" in table and f"{adamw[1]:.4f}" in table and "AdamW" in table
+
+
+def _adam_updates(scales, eps, grads):
+    """Each step's update of one tensor under torch's AdamW, its gradient at step t scaled by scales[t]."""
+    import torch
+
+    p = torch.zeros(grads.shape[1], dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.AdamW([p], lr=1e-3, eps=eps, weight_decay=0.0)
+    out = []
+    for g, c in zip(grads, scales, strict=True):
+        before = p.detach().clone()
+        p.grad = c * g
+        opt.step()
+        out.append(p.detach() - before)
+    return out
+
+
+def test_the_rule_adamw_cancels_a_constant_scale_only_up_to_eps_and_a_changing_c():
+    """The lesson's explanation, on one tensor: with eps = 0 a constant c cancels exactly (float64 rounding);
+    eps leaves a trace where gradient entries are as small as eps; a c that changes between steps leaves one
+    too."""
+    import torch
+
+    grads = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    fixed = _adam_updates([1.0] * 3, 0.0, grads)
+
+    def ratios(scales, eps, g=grads, base=fixed):
+        return [float(a.norm() / b.norm()) for a, b in zip(_adam_updates(scales, eps, g), base, strict=True)]
+
+    assert ratios([0.9] * 3, 0.0) == pytest.approx([1, 1, 1], abs=1e-12)  # constant c: cancelled
+    tiny = grads * 1e-8  # entries of eps's size: eps is no longer negligible beside sqrt(v)
+    tiny_fixed = _adam_updates([1.0] * 3, 1e-8, tiny)
+    assert all(abs(r - 1) > 1e-2 for r in ratios([0.9] * 3, 1e-8, tiny, tiny_fixed))
+    moving = ratios([82 / 90, 57 / 65, 55 / 61], 0.0)  # the lesson's c per step
+    assert moving[0] == pytest.approx(1, abs=1e-12) and all(abs(r - 1) > 1e-4 for r in moving[1:]), moving
+
+
+def test_update_ratios_refuses_what_is_not_a_report():
+    with pytest.raises(TypeError, match=r"report must be an accumlib.Report \(got str\)"):
+        real_bugs.update_ratios("trainer-gpt2")
+
+
+def test_the_guide_quotes_the_measured_ratios(updates):
+    guide = (REPO / "notebooks" / "INSTRUCTORS.md").read_text()
+    answer = guide[guide.index("### Lesson 9 ") : guide.index("### Lesson 10 ")]
+    answer = " ".join(answer.split())
+    for name in ("SGD", "AdamW"):
+        assert ", ".join(f"{r:.3f}" for r in updates.ratios[name]) in answer, name

@@ -141,28 +141,37 @@ WIDGET_CALL = re.compile(r"\b(widget|explorer|paste_box)\(")
 
 @dataclass(frozen=True)
 class Reference:
-    """A source the course cites: its title, where to read it, and what the course takes from it."""
+    """A source the course cites: its title, its own address (``None`` where the course could not establish
+    one: then ``by`` names its author and venue), what the course takes from it, and the lessons citing it."""
 
     title: str
-    url: str
+    url: str | None
     where: str
     lessons: tuple[int, ...]
+    by: str = ""
 
     def link(self) -> str:
-        return f"[{self.title}]({self.url})"
+        """The title linked to the source's address; without one, the title in italics and who published it
+        where (never a search-engine query in its place).
+
+        >>> Reference("A post", None, "what it is", (2,), by="blog post, author not recorded").link()
+        '*A post* (blog post, author not recorded)'
+        """
+        return f"[{self.title}]({self.url})" if self.url else f"*{self.title}* ({self.by})"
 
 
-# Every source the lessons cite, by title with a link. Four have no address the course could check
-# (the Stack Overflow question, the GAN article on GitHub, two blog posts); their links search for
-# the title (or, for the question, for its words).
+# Every source the lessons cite, by title, linked to its own address. Four have no address the course
+# could establish (the Stack Overflow question, the GAN article on GitHub, two blog posts: the copies the
+# course worked from carry none): they are cited by title, author and venue, without a link, rather than
+# linked to a search for their words (tests/test_course.py refuses a search query as a cited link).
 REFERENCES: dict[str, Reference] = {
     "stackoverflow": Reference(
         "Stack Overflow: gradient accumulation with GradScaler when the last window is short",
-        "https://stackoverflow.com/search?q=gradient+accumulation+GradScaler+drop_last+iters_to_accumulate",
-        "question and accepted answer (Shai, January 2021): 110 samples, micro-batch 8, k = 4; the copy the "
-        "course worked from lacks the question's own title and address, so the title here says what it asks "
-        "and the link searches for it",
+        None,
+        "110 samples, micro-batch 8, k = 4; the copy the course worked from lacks the question's own title "
+        "and address, so the title here says what it asks and no link is given",
         (3, 7),
+        by="question by andrea, accepted answer by Shai, January 2021",
     ),
     "mindspore": Reference(
         "Gradient Accumulation Algorithm",
@@ -193,21 +202,24 @@ REFERENCES: dict[str, Reference] = {
     ),
     "gan-article": Reference(
         "Gradient Accumulation in PyTorch, GANs and other Nightmares",
-        "https://github.com/search?q=%22GANs+and+other+Nightmares%22&type=repositories",
-        "article on GitHub: loss / n or .grad / n; two optimizers and the generator's leak into D",
+        None,
+        "loss / n or .grad / n; two optimizers and the generator's leak into D",
         (2, 6),
+        by="article on GitHub, author and address not recorded",
     ),
     "bert-post": Reference(
         "How Gradient accumulation is implemented",
-        "https://www.google.com/search?q=%22How+Gradient+accumulation+is+implemented%22+BERT+n_accumulate",
-        "blog post on a BERT project: train_one_epoch with loss / n_accumulate and a tqdm running loss",
+        None,
+        "a BERT project's train_one_epoch with loss / n_accumulate and a tqdm running loss",
         (2,),
+        by="blog post, author and address not recorded",
     ),
     "explained": Reference(
-        "Gradient Accumulation explained",
-        "https://www.google.com/search?q=%22%E3%80%90ML%E3%80%91Gradient+Accumulation+explained%22",
-        "blog post '【ML】Gradient Accumulation explained': an extra optimizer step for the last batch",
+        "【ML】Gradient Accumulation explained",
+        None,
+        "an extra optimizer step for the last batch",
         (3,),
+        by="blog post, author and address not recorded",
     ),
     # the libraries' own documentation of the settings lesson 10 tells you to write
     "accelerate-docs": Reference(
@@ -255,7 +267,10 @@ def cite(key: str) -> str:
 
 def references() -> Table:
     """Every cited source: title with its address, what it is, the lessons that use it."""
-    rows = [(ref.title, ref.url, ref.where, ", ".join(map(str, ref.lessons))) for ref in REFERENCES.values()]
+    rows = [
+        (ref.title, ref.url or f"none: {ref.by}", ref.where, ", ".join(map(str, ref.lessons)))
+        for ref in REFERENCES.values()
+    ]
     return Table(("source", "address", "what it is", "lessons"), rows)
 
 

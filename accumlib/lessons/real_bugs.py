@@ -4,11 +4,14 @@
 optimizer step of the libraries' own loops: Accelerate's ``accumulate()``, Lightning's
 ``accumulate_grad_batches`` and the Transformers ``Trainer`` (``RUNS``; a run the notebook has not
 made is made here). ``plot(result)`` draws c per step per library, ``alt(result)`` says the same
-in words. ``widget()`` builds a tiny causal LM of a class the learner picks and runs the Trainer
-under ``accumlib.hf.verify_trainer`` live; ``EXERCISE`` grades a Trainer configuration
-(``train_fn(model, train_dataset, data_collator, output_dir)`` returns the Trainer) by
-``verify_trainer``. The parts are in ``_real_bugs_runs.py`` (the runs) and
-``_real_bugs_widget.py`` (the widget and the exercise).
+in words. ``update_ratios(report)`` says what GPT-2's c does to the parameter updates: each step's
+||Δθ_bug|| / ||Δθ_fixed||, the Trainer as configured over ``loss_type = "ForCausalLM"``, under SGD
+(c itself) and under the Trainer's default AdamW (about 1). ``widget()`` builds a tiny causal LM of
+a class the learner picks and runs the Trainer under ``accumlib.hf.verify_trainer`` live;
+``EXERCISE`` grades a Trainer configuration (``train_fn(model, train_dataset, data_collator,
+output_dir)`` returns the Trainer) by ``verify_trainer``. The parts are in ``_real_bugs_runs.py``
+(the runs), ``_real_bugs_widget.py`` (the widget and the exercise) and ``_real_bugs_updates.py``
+(the update sizes per optimizer).
 
 >>> sorted(RUNS)
 ['accelerate', 'accelerate-clm', 'lightning', 'trainer-gpt2', 'trainer-gpt2-fixed']
@@ -29,14 +32,18 @@ from matplotlib.figure import Figure
 from .. import _style
 from .._text import Table
 from ._real_bugs_runs import RUNS, make_trainer, run
+from ._real_bugs_updates import ADAMW_RTOL, OPTIMIZERS, UpdateRatios, update_ratios
 from ._real_bugs_widget import EXERCISE, MODEL_TYPES, TrainerRun, trainer_run, widget
 
 __all__ = [
+    "ADAMW_RTOL",
     "EXERCISE",
     "MODEL_TYPES",
+    "OPTIMIZERS",
     "RUNS",
     "LibraryRuns",
     "TrainerRun",
+    "UpdateRatios",
     "alt",
     "compute",
     "make_trainer",
@@ -44,6 +51,7 @@ __all__ = [
     "run",
     "show",
     "trainer_run",
+    "update_ratios",
     "widget",
 ]
 
