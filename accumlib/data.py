@@ -7,6 +7,7 @@ scikit-learn, so the notebooks train on real data without a network.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,11 +39,19 @@ def synthetic_classification(
 @functools.lru_cache(maxsize=1)
 def _digits_arrays() -> tuple:
     """scikit-learn parses its bundled CSV on every call; parse once per process."""
-    from sklearn.datasets import load_digits
+    import gzip
+    import importlib.util
 
-    bunch = load_digits()
-    bunch.data.flags.writeable = bunch.target.flags.writeable = False  # shared: nobody may edit it
-    return bunch.data, bunch.target
+    import numpy as np
+
+    # scikit-learn's own file, parsed as load_digits parses it, without importing scikit-learn (with
+    # scipy and pandas it adds ~150 MiB to every kernel that loads the digits)
+    folder = Path(importlib.util.find_spec("sklearn").submodule_search_locations[0])
+    with gzip.open(folder / "datasets" / "data" / "digits.csv.gz", "rt", encoding="utf-8") as f:
+        table = np.loadtxt(f, delimiter=",")
+    data, target = table[:, :-1], table[:, -1].astype(int, copy=False)
+    data.flags.writeable = target.flags.writeable = False  # shared: nobody may edit it
+    return data, target
 
 
 def digits(n: int | None = None, *, image: bool = False, seed: int = 0) -> TensorDataset:
