@@ -60,14 +60,14 @@ CAUSES = {
         "count labels[:, 1:] != -100, after the shift; with a transformers Trainer whose model has loss_type "
         "None "
         "(GPT2LMHeadModel among others), set model.loss_type = 'ForCausalLM' "
-        "(docs/transformers-label-count.md)",
+        "(the trace: docs/transformers-label-count.md in the accumlib repository)",
     ),
     "virtual-tokens": (
         "c = N/(N-S) at every step (N items, S sequences): one item too few per sequence, i.e. a PEFT "
         "prompt-learning model (prompt tuning, p-tuning) scores each sequence's first token from its last "
         "virtual token, but the count took labels[:, 1:] of the unpadded labels",
         "divide by the labels the model scores (labels != -100 after PEFT prepends its virtual tokens: the "
-        "first token counts); see docs/trl-peft-bugs.md",
+        "first token counts); the trace: docs/trl-peft-bugs.md in the accumlib repository",
     ),
     "1/R": (
         "c = 1/R (R ranks): the loss was divided by the rank count on top of DDP's own mean over ranks",
