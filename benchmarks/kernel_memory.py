@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> dict:
     paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
     if args.notebooks:
         paths = [x for x in paths if any(x.name.startswith(n) for n in args.notebooks)]
+        if not paths:
+            p.error(f"notebooks must name prefixes of notebooks/*.ipynb (got {' '.join(args.notebooks)})")
     res = measure(paths, threads=args.threads)
     print("\n".join(lines(res)))
     return res

@@ -551,3 +551,12 @@ def test_kernel_memory_table_states_each_notebook_its_processes_and_the_routes()
         "one optimizer (torch.optim imports torch._dynamo on first use) peaks at 400 MiB and holds 398" in md
     )
     assert "| floor |" not in md  # a reference, not a row judged against the goal
+
+
+def test_kernel_memory_refuses_a_prefix_that_names_no_notebook(capsys):
+    import kernel_memory
+
+    with pytest.raises(SystemExit) as exit_:
+        kernel_memory.main(["99"])
+    assert exit_.value.code == 2
+    assert "notebooks must name prefixes of notebooks/*.ipynb (got 99)" in capsys.readouterr().err
