@@ -29,6 +29,7 @@ from .diagnose_run import (
     step_rows,
 )
 from .job import judge_job
+from .lock import one_run
 from .patches import patched
 from .ranks import Ranks, in_group, sharded
 from .record import Recorder, StopRun
@@ -179,67 +180,75 @@ def verify(
     """
     check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn, max_steps, ranks)
     k = check_int("accum_steps", accum_steps, low=1)
-    where = in_group()
-    # refuses non-data-parallel
-    job = Ranks.join(model) if ranks == "all" and where is not None and where[1] > 1 else None
-    net = copy_model(model)  # the caller's model is never touched, nor reached through a patched forward
-    dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
-    opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
-    if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError(
-            "optimizer must return a torch.optim.Optimizer when called with the parameters (got "
-            f"{type(opt).__name__})"
+    with one_run("accumlib.verify"):  # refused by name while another run records (lock.py)
+        where = in_group()
+        # refuses non-data-parallel
+        job = Ranks.join(model) if ranks == "all" and where is not None and where[1] > 1 else None
+        net = copy_model(model)  # the caller's model is never touched, nor reached through a patched forward
+        dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
+        opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(
+                "optimizer must return a torch.optim.Optimizer when called with the parameters (got "
+                f"{type(opt).__name__})"
+            )
+        tracked = TrackedIterable(dataset) if isinstance(dataset, IterableDataset) else Tracked(dataset)
+        rec = Recorder(
+            net,
+            make_shadow(net),
+            opt,
+            tracked,
+            collate_fn or default_collate,
+            item_losses,
+            max_steps,
+            ranks=job,
         )
-    tracked = TrackedIterable(dataset) if isinstance(dataset, IterableDataset) else Tracked(dataset)
-    rec = Recorder(
-        net, make_shadow(net), opt, tracked, collate_fn or default_collate, item_losses, max_steps, ranks=job
-    )
-    loader = DataLoader(
-        tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn
-    )
-    # a global step hook: it also sees an optimizer the loop builds itself
-    hooks = [
-        net.register_forward_pre_hook(rec.on_forward, with_kwargs=True),
-        first_layer(net).register_forward_pre_hook(rec.inside_forward),
-        register_optimizer_step_pre_hook(rec.on_step),
-    ]
-    returned, stopped = None, False
-    try:
-        with patched(rec):
-            returned = train_fn(net, opt, loader)
-    except StopRun:
-        stopped = True
-    except Exception as err:
-        where = (
-            f"after {rec.forwards} micro-batch forwards and {len(rec.steps)} optimizer steps "
-            f"(accum_steps={k}, batch_size={batch_size})"
+        loader = DataLoader(
+            tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn
         )
-        if _raised_by_verify(err):
-            raise VerifyError(
-                f"accumlib.verify could not judge this run: its own recording failed {where} with "
-                f"{type(err).__name__}: {err}. This is a limit of verify, not a bug found in the loop; "
-                "please report it with the loop"
-            ) from err
-        err.add_note(f"accumlib.verify: train_fn raised {where}")
-        raise
-    finally:
-        for h in hooks:
-            h.remove()
-        rec.unwatch()
-    if job is None:
-        return _judge(rec, k, batch_size, _number(returned), dropout, stopped)
-    # on every rank at once: FSDP2 gathers its parameters here
-    rec.oracle.leaves, rec.counting = rec.sync(), True
-    mine = dict(
-        steps=len(rec.steps),
-        used=sorted(rec.used_indices),
-        drawn=job.drawn,
-        leftover=leftover(rec),
-        returned=returned if isinstance(returned, (numbers.Real, list, tuple)) else None,
-        codes=[v.codes for v in diagnose_run(rec.steps, k=k)[0]],
-        numbers=rec.steps,
-    )
-    return _judge(rec, k, batch_size, None, dropout, stopped, job.finish(mine))
+        # a global step hook: it also sees an optimizer the loop builds itself
+        hooks = [
+            net.register_forward_pre_hook(rec.on_forward, with_kwargs=True),
+            first_layer(net).register_forward_pre_hook(rec.inside_forward),
+            register_optimizer_step_pre_hook(rec.on_step),
+        ]
+        returned, stopped = None, False
+        try:
+            with patched(rec):
+                returned = train_fn(net, opt, loader)
+        except StopRun:
+            stopped = True
+        except Exception as err:
+            where = (
+                f"after {rec.forwards} micro-batch forwards and {len(rec.steps)} optimizer steps "
+                f"(accum_steps={k}, batch_size={batch_size})"
+            )
+            if _raised_by_verify(err):
+                raise VerifyError(
+                    f"accumlib.verify could not judge this run: its own recording failed {where} with "
+                    f"{type(err).__name__}: {err}. This is a limit of verify, not a bug found in the loop; "
+                    "please report it with the loop"
+                ) from err
+            err.add_note(f"accumlib.verify: train_fn raised {where}")
+            raise
+        finally:
+            for h in hooks:
+                h.remove()
+            rec.unwatch()
+        if job is None:
+            return _judge(rec, k, batch_size, _number(returned), dropout, stopped)
+        # on every rank at once: FSDP2 gathers its parameters here
+        rec.oracle.leaves, rec.counting = rec.sync(), True
+        mine = dict(
+            steps=len(rec.steps),
+            used=sorted(rec.used_indices),
+            drawn=job.drawn,
+            leftover=leftover(rec),
+            returned=returned if isinstance(returned, (numbers.Real, list, tuple)) else None,
+            codes=[v.codes for v in diagnose_run(rec.steps, k=k)[0]],
+            numbers=rec.steps,
+        )
+        return _judge(rec, k, batch_size, None, dropout, stopped, job.finish(mine))
 
 
 def _number(returned: Any) -> Any:

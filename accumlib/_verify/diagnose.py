@@ -53,6 +53,18 @@ def near(a: float, b: float, rtol: float) -> bool:
 # Known causes of one factor c, as (prediction, what it means, how to fix it). Each prediction is
 # exact, so a match is tight; the explanation names the quantities, the table shows each step's c.
 CAUSES = {
+    "hook": (
+        "a function hooked on the parameters' gradients (Tensor.register_hook) changes what every backward "
+        "deposits in .grad, so the loss was not the only thing scaling the gradient (the hook: {hooks})",
+        "remove the gradient hook, or make it return the gradient unchanged, and scale the loss instead: "
+        "the window's summed item losses divided by its item count N",
+    ),
+    "rescaled": (
+        ".grad was multiplied by {r:.4g} after the window's last backward and before the step (a "
+        "p.grad.mul_ or div_ in the loop: neither a clip torch performed nor GradScaler's unscale_)",
+        "rescale .grad by exactly 1/N of the window's summed item losses (or not at all, dividing the loss "
+        "by N instead): any other factor is the c in the table",
+    ),
     "shift": (
         "c = N/(N+S) at every step (N items, S sequences): one item too many per sequence, i.e. a causal "
         "LM's "
@@ -323,6 +335,11 @@ def _misscaled(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, to
     out.codes.append("misscaled")
     out.factor = c
     out.cause = causes(c, m=m, k=k, items=n.items, sequences=n.sequences, rtol=tol, ranks=n.ranks)
+    # what verify saw change the gradient outside the loss comes first: it is where the factor came from
+    if n.grad_hooks:
+        out.cause = "hook"
+    elif math.isfinite(n.rescaled) and not near(n.rescaled, 1.0, COEF_RTOL):
+        out.cause = "rescaled"
     out.detail = f"c = {c:.4f}"
 
 

@@ -162,7 +162,18 @@ def step_findings(numbers: list[StepNumbers], verdicts: list[StepVerdict], *, k:
         )
         divisor = next((s.items / v.factor for s, v in zip(numbers, verdicts) if v.cause == "constant"), None)
         span += f" (D = {divisor:.4g})" if divisor else ""
-        details["misscaled"] = [span + "".join(f"; {CAUSES[c][0]}" for c in found)]
+        said = {  # the two causes verify saw happen say where and by how much
+            "hook": dict(
+                hooks=", ".join(sorted({h for t in at["misscaled"] for h in numbers[t].grad_hooks}))
+            ),
+            "rescaled": dict(
+                r=next((numbers[t].rescaled for t in at["misscaled"] if verdicts[t].cause == "rescaled"), 1.0)
+            ),
+        }
+        details["misscaled"] = [
+            span
+            + "".join(f"; {CAUSES[c][0].format(**said[c]) if c in said else CAUSES[c][0]}" for c in found)
+        ]
         masked = [t for t in at["misscaled"] if verdicts[t].masked]
         if masked:
             said = CODES["misscaled"].said["masked"]

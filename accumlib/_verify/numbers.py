@@ -43,6 +43,11 @@ class StepNumbers:
     epoch_end: bool = False  # the window's last micro-batch ended a pass over the data
     pass_length: int = 0  # micro-batches in that pass (its legitimate tail holds pass_length % k)
     clips: list[Clip] = field(default_factory=list)
+    # file:line of each function hooked on a parameter's gradient (Tensor.register_hook) at the step
+    grad_hooks: list[str] = field(default_factory=list)
+    # the one factor .grad was multiplied by between the window's last backward and the step, clips and
+    # GradScaler's unscale_ included (1.0: untouched; nan: not one factor, or not measured)
+    rescaled: float = 1.0
     untracked: int = 0  # forwards on data that came from no loader verify knows
     skipped: bool = False
     finite: bool = True

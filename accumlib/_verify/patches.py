@@ -1,5 +1,5 @@
-"""The record stage's patches of torch, each undone on exit: ``clip_grad_norm_`` (which window
-clipped, to what), ``GradScaler`` (the scale a window's losses carried, the windows it skipped)
+"""The record stage's patches of torch, each undone on exit: gradient clipping (which window
+clipped, to what; ``clips.py``), ``GradScaler`` (the scale a window's losses carried, the windows it skipped)
 ``LRScheduler.step`` (a rate changed inside a window) and ``DataLoader.__iter__`` (where a pass
 over the data ends).
 
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .clips import on_clip
 from .numbers import Clip, StepNumbers
 
 if TYPE_CHECKING:
@@ -63,23 +64,15 @@ def _loaders(rec: Recorder) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _clipping(rec: Recorder) -> Iterator[None]:
-    import torch.nn.utils as nn_utils
-    import torch.nn.utils.clip_grad as clip_mod
+    """Every clip by norm torch performs (``clips.on_clip``: any import style, a framework's own call,
+    torch's ``get_total_norm`` + ``clip_grads_with_norm_`` pair)."""
 
-    original = clip_mod.clip_grad_norm_
-
-    def recorded(parameters: Any, max_norm: float, *a: Any, **kw: Any) -> torch.Tensor:
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        total = original(params, max_norm, *a, **kw)
+    def seen(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
         if any(id(p) in rec.param_ids for p in params):  # not another model's clip (a GAN's other half)
-            rec.clips.append(Clip(len(rec.window), float(max_norm), float(total)))
-        return total
+            rec.clips.append(Clip(len(rec.window), max_norm, float(total_norm)))
 
-    nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = recorded  # type: ignore[assignment]
-    try:
+    with on_clip(seen):
         yield
-    finally:
-        nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = original  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +41,8 @@ from .shadow import sync_shadow
 from .sources import WORKERS, Passes, Tracked, TrackedIterable, tensors
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
+PRINT = 4  # entries of each parameter's .grad fingerprinted after each backward
+_OWN_CODE = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
 
 
 class StopRun(BaseException):
@@ -84,6 +87,8 @@ class Recorder:
     frozen_changed: bool = False  # requires_grad changed between micro-batches of the window being recorded
     counting: bool = False  # the run ended and the shadow holds its last parameters (``count_and_loss``)
     ranks: Ranks | None = None  # a multi-rank job: the exchange stage makes each step's oracle the job's
+    # per parameter id: the first few entries of .grad right after its latest backward (``rescale``)
+    prints: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # every parameter, frozen or not: a loop may unfreeze some later (and freeze others)
@@ -239,6 +244,12 @@ class Recorder:
     # -- hooks ------------------------------------------------------------------------------
     def on_backward(self, p: torch.Tensor) -> None:
         self.backwards += 1
+        g = p.grad
+        # a fingerprint of what .grad holds right after this backward: at the step, any factor applied to
+        # .grad in between (a manual p.grad.mul_, a clip, unscale_) shows as the ratio; a few numbers, no
+        # copy of the gradient, no device sync. A job's .grad is averaged across ranks after this: not read
+        if self.ranks is None and type(g) is torch.Tensor:
+            self.prints[id(p)] = g.detach().reshape(-1)[:PRINT].clone()
 
     def on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         ids = self.identify(args, kwargs)
@@ -331,6 +342,7 @@ class Recorder:
         numbers.leak, numbers.finite = o.leak, o.finite
         numbers.lrs = [lrs for opt, lrs in self.lrs if opt == id(optimizer)]
         numbers.frozen_changed = self.frozen_changed
+        numbers.rescaled, numbers.grad_hooks = self._unexplained_rescale(numbers.unclip), self.hooked()
         grads = self.grads()
         if self.ranks is not None and not self.ranks.step(numbers, o, grads, self.params):
             self.finish_step(numbers)  # another rank's run had ended: nothing to judge this step against
@@ -348,6 +360,54 @@ class Recorder:
             )
         self.finish_step(numbers)
 
+    def rescale(self) -> float:
+        """The one factor every parameter's .grad was multiplied by since its last backward (1.0 when
+        untouched; nan when the entries disagree: not one factor, or nothing to compare)."""
+        ratios = []
+        for p in self.params:
+            before, g = self.prints.get(id(p)), p.grad
+            if before is None or type(g) is not torch.Tensor:
+                continue
+            now = g.detach().reshape(-1)[: before.numel()]
+            keep = before != 0
+            ratios.append(now[keep].double() / before[keep].double())
+        if not ratios:
+            return 1.0 if self.ranks is None else math.nan
+        r = torch.cat(ratios).tolist()
+        if not r:
+            return 1.0
+        # one factor applied to float32 numbers: equal ratios up to a float32 rounding each (~1e-7)
+        return r[0] if all(abs(x - r[0]) <= 1e-5 * abs(r[0]) for x in r) else math.nan
+
+    def _unexplained_rescale(self, unclip: float) -> float:
+        """``rescale()`` less what verify saw do it: the clips torch performed after the last backward
+        (``unclip``) and GradScaler's unscale_ (1/scale); 1.0 when those explain it."""
+        r = self.rescale()
+        if not math.isfinite(r):
+            return r
+        for known in (unclip, unclip / self.scale):
+            if abs(r - known) <= 1e-4 * abs(known):
+                return 1.0
+        return r / unclip
+
+    def hooked(self) -> list[str]:
+        """file:line of every function the loop hooked on a parameter's gradient (``Tensor.register_hook``),
+        torch's and accumlib's own left out."""
+        out = []
+        for p in self.params:
+            for fn in (getattr(p, "_backward_hooks", None) or {}).values():
+                fn = getattr(fn, "func", fn)  # functools.partial
+                # a function, or a callable object (its class's __call__)
+                code = getattr(fn, "__code__", None) or getattr(
+                    vars(type(fn)).get("__call__"), "__code__", None
+                )
+                if code is None or str(Path(code.co_filename).resolve()).startswith(_OWN_CODE):
+                    continue
+                at = f"{code.co_filename}:{code.co_firstlineno}"
+                if at not in out:
+                    out.append(at)
+        return out
+
     def _merged(self, ids: list[int]) -> Any:
         """The window as one large batch: re-collated from its items when known (padding as a k*B
         DataLoader would pad), else the micro-batches concatenated."""
@@ -363,6 +423,7 @@ class Recorder:
             self.used_indices.update(self.mbs[b].indices or ())
         self._release(self.window)
         self.window, self.group, self.lrs, self.clips = [], [], [], []
+        self.prints.clear()
         self.how, self.lr_changed, self.untracked, self.frozen_changed = Replay(), False, 0, False
         if self.max_steps is not None and len(self.steps) >= self.max_steps:
             raise StopRun

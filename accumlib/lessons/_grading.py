@@ -12,6 +12,7 @@ from 0, as in verify's table.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .._verify.clips import on_clip
 from ..tolerances import FLOAT32_RTOL
 
 # The codes a grader adds to verify's (``accumlib.CODES``): what
@@ -97,25 +99,20 @@ class Watch:
                 self.forwards += 1
 
             hooks = [optimizer.register_step_pre_hook(before_step), model.register_forward_pre_hook(forward)]
-            import torch.nn.utils as nn_utils
-            import torch.nn.utils.clip_grad as clip_mod
 
-            original = clip_mod.clip_grad_norm_
-
-            def clip(parameters: Any, *a: Any, **kw: Any) -> Any:
+            def clip(params: Any, max_norm: float, total_norm: Any) -> None:
                 if self.forwards == 0 and self.steps:
                     self.clip_after.append(self.steps - 1)
                 elif self.forwards:
                     self.clipped = True
-                return original(parameters, *a, **kw)
 
-            if self.clip_each_step:
-                nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = clip  # type: ignore[assignment]
+            # every clip by norm torch performs, whatever name the learner imported it by
+            watch = on_clip(clip) if self.clip_each_step else contextlib.nullcontext()
             try:
-                self.returned = train_fn(model, optimizer, loader)
+                with watch:
+                    self.returned = train_fn(model, optimizer, loader)
                 self.ran = True
             finally:
-                nn_utils.clip_grad_norm_ = clip_mod.clip_grad_norm_ = original  # type: ignore[assignment]
                 for h in hooks:
                     h.remove()
                 self.all_frozen = bool(params) and not any(p.requires_grad for p in params)

@@ -1,0 +1,91 @@
+"""Every gradient clip by norm that torch performs, whatever name the loop called it by.
+
+A loop may write ``torch.nn.utils.clip_grad_norm_(...)``, ``from torch.nn.utils import
+clip_grad_norm_`` (a name bound before verify starts, which no patch of a module attribute reaches),
+or torch's two-part form ``get_total_norm`` + ``clip_grads_with_norm_``; frameworks (Accelerate,
+Lightning, the Trainer) call the first. All of them end in one function object,
+``torch.nn.utils.clip_grad._clip_grads_with_norm_`` (``clip_grad_norm_`` calls it by its module's
+global name; ``torch.nn.utils.clip_grads_with_norm_`` *is* it). That object is torch's
+``_no_grad`` wrapper around the real function, held in a closure cell: replacing the cell's contents
+reaches every alias at once, because every alias is the same wrapper. It receives the parameters,
+``max_norm`` and the ``total_norm`` it scales by, which is all verify needs.
+
+``on_clip(listener)`` calls ``listener(params, max_norm, total_norm)`` after each clip for as long
+as the context is open; listeners nest (verify's recorder and a lesson's grader watch the same run),
+and the cell holds torch's own function again once the last one exits, on any exit.
+
+>>> import torch
+>>> from torch.nn.utils import clip_grad_norm_          # bound before anything is watched
+>>> w = torch.nn.Parameter(torch.ones(4)); w.grad = torch.full((4,), 3.0)
+>>> seen = []
+>>> with on_clip(lambda ps, max_norm, total: seen.append((max_norm, round(float(total), 3)))):
+...     _ = clip_grad_norm_([w], 1.0)
+>>> seen
+[(1.0, 6.0)]
+>>> _ = clip_grad_norm_([w], 1.0); seen                # nothing is watched any more
+[(1.0, 6.0)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from types import CellType
+from typing import Any
+
+import torch
+import torch.nn.utils.clip_grad as _clip_mod
+
+Listener = Callable[[list[torch.Tensor], float, torch.Tensor], None]
+
+_listeners: list[Listener] = []
+_guard = threading.Lock()
+
+
+def _cell() -> CellType:
+    """The closure cell of torch's ``_no_grad`` wrapper that holds the real ``_clip_grads_with_norm_``."""
+    wrapper = _clip_mod._clip_grads_with_norm_
+    for name, cell in zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()):
+        if name == "func":
+            return cell
+    raise RuntimeError(  # a torch whose clip is not the wrapper verify knows: say so, never guess
+        f"accumlib cannot observe gradient clipping under torch {torch.__version__}: "
+        "torch.nn.utils.clip_grad._clip_grads_with_norm_ is no longer the _no_grad wrapper it knows "
+        "(no 'func' in its closure); please report it"
+    )
+
+
+_CELL = _cell()
+_TORCH_CLIP = _CELL.cell_contents  # torch's own function, put back when the last listener leaves
+
+
+def _observed(parameters: Any, max_norm: float, total_norm: torch.Tensor, *a: Any, **kw: Any) -> Any:
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    out = _TORCH_CLIP(params, max_norm, total_norm, *a, **kw)
+    for listener in list(_listeners):
+        listener(params, float(max_norm), total_norm)
+    return out
+
+
+@contextlib.contextmanager
+def on_clip(listener: Listener) -> Iterator[None]:
+    """Call ``listener(params, max_norm, total_norm)`` after every clip by norm while the context is open."""
+    with _guard:
+        _listeners.append(listener)
+        _CELL.cell_contents = _observed
+    try:
+        yield
+    finally:
+        with _guard:
+            _listeners.remove(listener)
+            if not _listeners:
+                _CELL.cell_contents = _TORCH_CLIP
+
+
+def watching() -> bool:
+    """True while any listener is registered (the cell holds accumlib's observer)."""
+    return _CELL.cell_contents is not _TORCH_CLIP
+
+
+__all__ = ["on_clip", "watching"]
