@@ -14,8 +14,9 @@ What is recorded, and why it is enough to judge a step:
 - at every step of any optimizer over the model's parameters (a global hook: frameworks build
   their own), the gradient it sees: before the step, or right after the closure when the step
   gets one (Lightning runs the last micro-batch inside it);
-- every ``clip_grad_norm_`` call, GradScaler's scale and skipped steps, and learning-rate changes
-  a scheduler makes inside a window.
+- every clip torch performs (``clips.py``: any import style), GradScaler's scale and skipped steps,
+  learning-rate changes a scheduler makes inside a window, and what changed ``.grad`` after the
+  window's last backward (``touched.py``).
 Each step leaves a ``StepNumbers``: a few floats, nothing parameter-sized. The window's
 micro-batches are released once its step is judged.
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,10 +39,9 @@ from .patches import current_lr
 from .ranks import Ranks, full, sharded
 from .shadow import sync_shadow
 from .sources import WORKERS, Passes, Tracked, TrackedIterable, tensors
+from .touched import fingerprint, hooked, rescale, unexplained
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
-PRINT = 4  # entries of each parameter's .grad fingerprinted after each backward
-_OWN_CODE = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
 
 
 class StopRun(BaseException):
@@ -249,7 +248,7 @@ class Recorder:
         # .grad in between (a manual p.grad.mul_, a clip, unscale_) shows as the ratio; a few numbers, no
         # copy of the gradient, no device sync. A job's .grad is averaged across ranks after this: not read
         if self.ranks is None and type(g) is torch.Tensor:
-            self.prints[id(p)] = g.detach().reshape(-1)[:PRINT].clone()
+            self.prints[id(p)] = fingerprint(g)
 
     def on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         ids = self.identify(args, kwargs)
@@ -342,7 +341,8 @@ class Recorder:
         numbers.leak, numbers.finite = o.leak, o.finite
         numbers.lrs = [lrs for opt, lrs in self.lrs if opt == id(optimizer)]
         numbers.frozen_changed = self.frozen_changed
-        numbers.rescaled, numbers.grad_hooks = self._unexplained_rescale(numbers.unclip), self.hooked()
+        r = rescale(self.params, self.prints) if self.ranks is None else math.nan
+        numbers.rescaled, numbers.grad_hooks = unexplained(r, numbers.unclip, self.scale), hooked(self.params)
         grads = self.grads()
         if self.ranks is not None and not self.ranks.step(numbers, o, grads, self.params):
             self.finish_step(numbers)  # another rank's run had ended: nothing to judge this step against
@@ -359,54 +359,6 @@ class Recorder:
                 merged=lambda: self._merged(self.window),
             )
         self.finish_step(numbers)
-
-    def rescale(self) -> float:
-        """The one factor every parameter's .grad was multiplied by since its last backward (1.0 when
-        untouched; nan when the entries disagree: not one factor, or nothing to compare)."""
-        ratios = []
-        for p in self.params:
-            before, g = self.prints.get(id(p)), p.grad
-            if before is None or type(g) is not torch.Tensor:
-                continue
-            now = g.detach().reshape(-1)[: before.numel()]
-            keep = before != 0
-            ratios.append(now[keep].double() / before[keep].double())
-        if not ratios:
-            return 1.0 if self.ranks is None else math.nan
-        r = torch.cat(ratios).tolist()
-        if not r:
-            return 1.0
-        # one factor applied to float32 numbers: equal ratios up to a float32 rounding each (~1e-7)
-        return r[0] if all(abs(x - r[0]) <= 1e-5 * abs(r[0]) for x in r) else math.nan
-
-    def _unexplained_rescale(self, unclip: float) -> float:
-        """``rescale()`` less what verify saw do it: the clips torch performed after the last backward
-        (``unclip``) and GradScaler's unscale_ (1/scale); 1.0 when those explain it."""
-        r = self.rescale()
-        if not math.isfinite(r):
-            return r
-        for known in (unclip, unclip / self.scale):
-            if abs(r - known) <= 1e-4 * abs(known):
-                return 1.0
-        return r / unclip
-
-    def hooked(self) -> list[str]:
-        """file:line of every function the loop hooked on a parameter's gradient (``Tensor.register_hook``),
-        torch's and accumlib's own left out."""
-        out = []
-        for p in self.params:
-            for fn in (getattr(p, "_backward_hooks", None) or {}).values():
-                fn = getattr(fn, "func", fn)  # functools.partial
-                # a function, or a callable object (its class's __call__)
-                code = getattr(fn, "__code__", None) or getattr(
-                    vars(type(fn)).get("__call__"), "__code__", None
-                )
-                if code is None or str(Path(code.co_filename).resolve()).startswith(_OWN_CODE):
-                    continue
-                at = f"{code.co_filename}:{code.co_firstlineno}"
-                if at not in out:
-                    out.append(at)
-        return out
 
     def _merged(self, ids: list[int]) -> Any:
         """The window as one large batch: re-collated from its items when known (padding as a k*B

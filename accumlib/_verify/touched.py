@@ -1,0 +1,83 @@
+"""What changed ``.grad`` besides the loop's backwards, for the diagnose stage to name as a cause.
+
+- a factor applied to ``.grad`` between the window's last backward and the step (a manual
+  ``p.grad.mul_``): each backward leaves a fingerprint of ``.grad`` (its first few entries, no copy
+  of the gradient, no device sync), and at the step the ratio now / then is one number when one
+  factor was applied; the clips torch performed and GradScaler's ``unscale_`` are divided out, as
+  verify saw them happen;
+- functions hooked on a parameter's gradient (``Tensor.register_hook``): they change what every
+  backward deposits, so a misscale is theirs before it is the loss's. Named by file:line.
+
+>>> import torch
+>>> w = torch.nn.Parameter(torch.ones(3)); w.grad = torch.tensor([1.0, 2.0, 0.0])
+>>> prints = {id(w): fingerprint(w.grad)}
+>>> _ = w.grad.mul_(0.25)
+>>> rescale([w], prints), unexplained(0.25, 1.0, 1.0), unexplained(0.25, 1.0, 4.0)
+(0.25, 0.25, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+PRINT = 4  # entries of each parameter's .grad fingerprinted after each backward
+_OWN_CODE = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
+# one factor applied to float32 numbers leaves equal ratios up to a float32 rounding each (~1e-7)
+_SAME_RATIO = 1e-5
+# a factor verify saw applied (a clip's coefficient, 1/scale) is matched within its own rounding
+_KNOWN_RATIO = 1e-4
+
+
+def fingerprint(g: torch.Tensor) -> torch.Tensor:
+    """The first ``PRINT`` entries of a gradient, kept where they are (no device sync)."""
+    return g.detach().reshape(-1)[:PRINT].clone()
+
+
+def rescale(params: list[torch.nn.Parameter], prints: dict[int, torch.Tensor]) -> float:
+    """The one factor every parameter's ``.grad`` was multiplied by since its fingerprint (1.0 when
+    untouched; nan when the entries disagree: not one factor)."""
+    ratios = []
+    for p in params:
+        before, g = prints.get(id(p)), p.grad
+        if before is None or type(g) is not torch.Tensor:
+            continue
+        keep = before != 0
+        ratios.append(g.detach().reshape(-1)[: before.numel()][keep].double() / before[keep].double())
+    r = torch.cat(ratios).tolist() if ratios else []
+    if not r:
+        return 1.0
+    return r[0] if all(abs(x - r[0]) <= _SAME_RATIO * abs(r[0]) for x in r) else math.nan
+
+
+def unexplained(r: float, unclip: float, scale: float) -> float:
+    """``r`` less what verify saw do it: the clips after the last backward (``unclip``, their product)
+    and GradScaler's ``unscale_`` (1/``scale``); 1.0 when those explain it, nan stays nan."""
+    if not math.isfinite(r):
+        return r
+    for known in (unclip, unclip / scale):
+        if abs(r - known) <= _KNOWN_RATIO * abs(known):
+            return 1.0
+    return r / unclip
+
+
+def hooked(params: list[torch.nn.Parameter]) -> list[str]:
+    """file:line of every function hooked on a parameter's gradient (``Tensor.register_hook``), torch's
+    and accumlib's own left out."""
+    out = []
+    for p in params:
+        for fn in (getattr(p, "_backward_hooks", None) or {}).values():
+            fn = getattr(fn, "func", fn)  # functools.partial
+            # a function, or a callable object (its class's __call__)
+            code = getattr(fn, "__code__", None) or getattr(vars(type(fn)).get("__call__"), "__code__", None)
+            if code is None or str(Path(code.co_filename).resolve()).startswith(_OWN_CODE):
+                continue
+            at = f"{code.co_filename}:{code.co_firstlineno}"
+            if at not in out:
+                out.append(at)
+    return out
+
+
+__all__ = ["PRINT", "fingerprint", "hooked", "rescale", "unexplained"]
