@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._checks import check_int
-from ._grading import Watch, clip_checks, frozen_check, logged_loss_checks, where
+from ._grading import Watch, clip_checks, frozen_check, logged_loss_checks, unexplained_check, where
 
 GENERIC_HINT = (
     "Compare your loop with the identity at the top of the lesson: which items does each micro-batch's loss "
@@ -227,6 +227,9 @@ class Exercise:
                 bad += logged_loss_checks(watch.returned, getattr(report, "true_loss", None), codes)
             if self.clip_each_step:
                 bad += clip_checks(watch, n_steps)
+        # verify's unexplained, in what the loop did: its size and direction at a step, in plain words
+        rows, replaced = getattr(report, "steps", ()) or (), watch.replaced if watch else ()
+        bad = [unexplained_check(f, rows, n_steps, replaced) if f.code == "unexplained" else f for f in bad]
         return self._grade(bad, not bad and bool(report.ok), report, n_steps)
 
     def _grade(self, bad: list[Any], ok: bool, report: Any, n_steps: int | None) -> Grade:

@@ -69,13 +69,11 @@ def error_vs_k(
     device: str | torch.device = "auto",
     n_images: int = 64,
 ) -> ErrorVsK:
-    """Split a large batch of ``large_batch`` images into k micro-batches; trace ``ragged`` against the
-    oracle.
+    """Split a large batch of ``large_batch`` images into k micro-batches; trace ``ragged`` vs the oracle.
 
-    The large batch stays the same, only the split changes, so k = 1 is the large batch
-    itself and every error is the price of splitting it. One epoch over the first
-    ``n_images`` digits of the task (64: two large batches of 32, enough to see the trend).
-    Each (norm, k) is cached, so a widget returning to a value redraws at once.
+    The large batch stays the same, only the split changes, so k = 1 is the large batch itself and every
+    error is the price of splitting it. One epoch over the first ``n_images`` digits of the task (64: two
+    large batches of 32, enough to see the trend). Each (norm, k) is cached: a widget redraws at once.
 
     >>> error_vs_k((3,), large_batch=32)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -181,10 +179,9 @@ def training_curves(
 ) -> Curves:
     """Train the CNN with each norm for ``epochs`` on ``n`` digits, accumulated (``ragged``) vs large batch.
 
-    Both runs see the same images in the same windows; only the split into micro-batches
-    differs. Accuracy is measured in eval mode on 512 digits the runs never trained on.
-    Each run is cached, and the large-batch run does not depend on k (the same windows,
-    merged), so a new k trains only the two accumulated runs.
+    Both runs see the same images in the same windows; only the split into micro-batches differs. Accuracy
+    is measured in eval mode on 512 digits the runs never trained on. Each run is cached, and the
+    large-batch run does not depend on k (the same windows, merged): a new k trains only the accumulated runs.
     """
     k, large_batch = check_split(accum_steps, large_batch)
     epochs = check_int("epochs", epochs, low=1)
@@ -194,8 +191,7 @@ def training_curves(
     losses, accuracy = {}, {}
     for norm in NORMS:
         for name in ("accumulated", "large batch"):
-            # the large batch merges each window: its run is the same
-            # for every k, so it is trained once (k = 1)
+            # the large batch merges each window: its run is the same for every k, trained once (k = 1)
             kk = k if name == "accumulated" else 1
             losses[(norm, name)], accuracy[(norm, name)] = _train(
                 norm, name, kk, large_batch, epochs, n, lr, dev
@@ -294,8 +290,7 @@ def curves_explorer(
     precompute: bool = False,
     **settings: Any,
 ) -> Any:
-    """A slider for k (the large batch stays 32); re-runs ``training_curves``; ``initial``, ``settings`` as
-    above (k = 8).
+    """A slider for k (large batch 32); re-runs ``training_curves``; ``initial``, ``settings``: as above.
 
     ``precompute``: train every k of the slider now, so each move of the slider only redraws.
     """
@@ -325,12 +320,9 @@ def curves_explorer(
 
 
 def calibrated_cnn(n_images: int = 64) -> torch.nn.Module:
-    """A BatchNorm CNN whose running statistics were estimated on the exercise's images (as after
-    pretraining).
-
-    One forward pass in training mode, without gradients, over all ``n_images`` at once, with
-    ``momentum=None`` (a plain cumulative average): the buffers then hold the data's statistics.
-    """
+    """A BatchNorm CNN whose running statistics were estimated on the exercise's images, as after pretraining:
+    one forward in training mode, without gradients, over all ``n_images`` at once, with ``momentum=None``
+    (a plain cumulative average), so the buffers hold the data's statistics."""
     model = task_for("batch").make_model(0)
     x, _ = digits(n_images, image=True).tensors
     for m in model.modules():
@@ -382,6 +374,14 @@ EXERCISE = Exercise(
             "Every step is off by one factor c: the division is there, but by the wrong number.",
             "The loss is a sum over 4 images; the window holds k x 4 = 16.",
             "Divide the summed loss by k * len(y), once.",
+        ),
+        "unexplained": (
+            "The loss your loop backpropagated is not the one the model it was handed gives. If the verdict "
+            "names layers your loop replaced: GroupNorm accumulates exactly in a model built with it, but "
+            "swapped in here it makes another model, whose new parameters the optimizer was never given.",
+            "Keep every layer you are handed; change only the mode the BatchNorm layers run in. Which mode "
+            "normalizes with the running statistics they already hold?",
+            "Remove the swap; before the loop, put every torch.nn.BatchNorm2d of model.modules() in eval().",
         ),
         "zero-grad-inside-window": "Gradients are cleared between micro-batches of one window: zero them "
         "only after a step.",

@@ -313,8 +313,16 @@ def _exercise_hints() -> dict[str, str | tuple[str, ...]]:
             "Every rank trained on the same items: give each rank its own share of loader.dataset, as the "
             "starting loop's DistributedSampler did."
         ),
-        "unexplained": weigh
-        + "Which count makes the weights equal, and how can every rank know it before its first backward?",
+        "unexplained": (
+            "Your loop weighs the tokens of one rank's window unequally. Take two tokens on one rank, in two "
+            "micro-batches of different lengths: what factor does your backward give each? In the large "
+            "batch every token of the window, on every rank, weighs 1/N, N the tokens of all ranks together.",
+            "A micro-batch's mean gives each of its n tokens 1/n: a short micro-batch's tokens weigh more. "
+            "Sum the token losses instead, and divide by one count for the whole window of every rank: "
+            "which collective gives every rank that count before its first backward?",
+            "Count the window's tokens on this rank, all_reduce the count (n_global), and backward "
+            "token_losses.sum() * dist.get_world_size() / n_global: DDP's mean over the R ranks leaves 1/N.",
+        ),
         "error": (
             "Your loop raised on a rank (the error above says where). Keep the loop's shape: DDP around the "
             "model, the DistributedSampler's shard, no_sync() on every micro-batch of a window but the last."

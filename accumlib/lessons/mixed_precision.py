@@ -314,30 +314,36 @@ EXERCISE = Exercise(
     hints={
         "clip-before-unscale": (
             "After the window's last scaler.scale(loss).backward(), .grad holds S times the window's "
-            "gradient (S = scaler.get_scale(), 65536 here), so clip_grad_norm_ compares S|g| with max_norm "
-            "and shrinks every step to max_norm / S.",
+            "gradient (S = scaler.get_scale(), 65536 here), so your clip compares S|g| with max_norm and "
+            "shrinks every step to max_norm / S.",
             "One GradScaler call turns .grad back into the true gradient, in place; it has to run, once per "
             "window, before anything reads the gradient's size.",
-            "Call scaler.unscale_(optimizer) right before clip_grad_norm_ (scaler.step then does not "
+            "Add scaler.unscale_(optimizer) right above your clip, in the same if (scaler.step then does not "
             "unscale again).",
         ),
         "clip-after-step": (
-            "clip_grad_norm_ now runs after the step: the step has already used the unclipped gradient.",
+            "Your clip runs after scaler.step: the step has already used the unclipped gradient.",
             "A clip changes .grad; only a step that comes after it sees the change. What order do unscale, "
             "clip and step need?",
-            "Inside the if: scaler.unscale_(optimizer), clip_grad_norm_(..., max_norm=0.1), "
-            "scaler.step(optimizer), scaler.update(), zero_grad.",
+            "Move your clip up, between scaler.unscale_(optimizer) and scaler.step(optimizer): unscale_, "
+            "clip (max_norm=0.1), step, update, zero_grad.",
         ),
         "no-clip": (
-            "The steps match the unclipped gradient, but the exercise clips every window's gradient at 0.1.",
-            "Keep the clip; what it needs is to see the true gradient, not S times it.",
-            "scaler.unscale_(optimizer) then clip_grad_norm_(model.parameters(), max_norm=0.1), before "
-            "scaler.step.",
+            "At the steps the verdict names, no clip by norm ran between the window's last backward and the "
+            "step: those steps used the unclipped gradient, where the exercise clips every window's gradient "
+            "at max_norm=0.1.",
+            "If your loop has a clip, it did not run there: is it under a condition of its own, outside the "
+            "window's if, or a clip by value (clip_grad_value_) rather than by norm?",
+            "In the if that steps: scaler.unscale_(optimizer) (add it if it is missing), then a clip by norm "
+            "at max_norm=0.1 (clip_grad_norm_ however imported, or get_total_norm + clip_grads_with_norm_), "
+            "then scaler.step(optimizer).",
         ),
         "clip-per-micro-batch": (
-            "Clipping now runs before the window's gradient is complete: it sees a partial sum.",
+            "Your clip runs for every micro-batch, before the window's gradient is complete: it clips a "
+            "partial sum.",
             "The window's gradient is complete only after its k-th backward.",
-            "Clip once per window, inside the if, after unscale_ and right before scaler.step(optimizer).",
+            "Move your clip into the if, after scaler.unscale_(optimizer) and right above "
+            "scaler.step(optimizer): once per window.",
         ),
         "non-finite": "A step saw inf or nan: the scaler must step (and may skip), not the optimizer "
         "directly.",

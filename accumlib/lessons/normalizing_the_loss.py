@@ -330,10 +330,10 @@ EXERCISE = Exercise(
             "with loss the undivided micro-batch mean, and return running_loss / n_items.",
         ),
         "logged-loss-tensor": (
-            "The number is right, but the loop returns a tensor, not a Python number.",
+            "The loop returns a tensor that still requires grad: the running loss added up loss itself.",
             "Adding a loss tensor to a running total keeps every micro-batch's autograd graph alive until "
             "the epoch ends: memory grows with every micro-batch. A logged number needs no graph.",
-            "Add loss.item() (a Python float) to the running loss, not loss.",
+            "Add loss.item() (a Python float) or loss.detach() to the running loss, not loss.",
         ),
         "no-logged-loss": (
             "The loop returns no epoch loss.",
