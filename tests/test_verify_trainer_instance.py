@@ -222,7 +222,7 @@ def test_what_is_carried_onto_a_fresh_trainer(tmp_path):
 
     from transformers.trainer_pt_utils import LabelSmoother
 
-    from accumlib.hf.trainer import _carry_instance_settings
+    from accumlib.hf.instance import _carry_instance_settings
 
     user, fresh = build(tmp_path / "user"), build(tmp_path / "fresh")
     net = fresh.model

@@ -278,7 +278,7 @@ def _judge(
     if stopped or any(f.code == "untracked-data" for f in found):  # what the loop left out is unknown
         return Report(rows, findings, k, stepped, None)
     if every is None:
-        cov = coverage(rec, batch_size, stepped)
+        cov = coverage(rec, batch_size, stepped, k)
     else:
         job = judge_job(every, steps, len(rec.dataset) if isinstance(rec.dataset, Tracked) else None)
         findings += [f for f in job.findings if f.code not in {g.code for g in found}]

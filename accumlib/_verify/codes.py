@@ -255,11 +255,11 @@ CODES: dict[str, Code] = {
     ),
     "clip-assumed": Code(
         "note",
-        "no clip_grad_norm_ call was seen, but the scaled steps all end at one norm: verify assumes the loop "
-        "clips "
-        "with a function of its own and compares those steps with the oracle clipped to that norm",
-        "nothing to fix if the loop clips on purpose; clip with torch.nn.utils.clip_grad_norm_ to have it "
-        "checked, not assumed",
+        "torch clipped nothing (no clip_grad_norm_ or clip_grads_with_norm_, by any name), but the scaled "
+        "steps all end at one norm: verify assumes the loop clips with a function of its own and compares "
+        "those steps with the oracle clipped to that norm",
+        "nothing to fix if the loop clips on purpose; clip with torch's clip_grad_norm_ (any import style) "
+        "to have it checked, not assumed",
         said={"norm": "{message} (max_norm ~= {max_norm:.4g})"},
     ),
     "partial-run": Code(
@@ -268,6 +268,12 @@ CODES: dict[str, Code] = {
         "run "
         "(its last window, items never stepped, the epoch loss) was not judged",
         "nothing to fix; run without max_steps to judge the whole run",
+        said={
+            # an iteration-based loop (nanoGPT's): a number of steps, not passes, so no tail to step
+            "mid-pass": "the loop ended inside its first pass over the data, {n} of its {held} items never "
+            "drawn, as an iteration-based loop does (a number of steps, not passes): those items were not "
+            "counted as dropped; every item it forwarded was judged"
+        },
     ),
 }
 

@@ -14,7 +14,7 @@ from typing import Any
 from .job import Job
 from .numbers import Coverage
 from .record import Recorder
-from .sources import Tracked
+from .sources import Passes, Tracked
 
 
 def leftover(rec: Recorder) -> tuple[int, float]:
@@ -35,7 +35,7 @@ def _count(rec: Recorder, indices: list[int], batch_size: int) -> int:
     )
 
 
-def coverage(rec: Recorder, batch_size: int, stepped: int) -> Coverage:
+def coverage(rec: Recorder, batch_size: int, stepped: int, k: int) -> Coverage:
     """One process's run: what it had to step and did not (``stepped``: items its steps used)."""
     seen_items, seen_loss = leftover(rec)
     passes = rec.data_passes
@@ -46,12 +46,30 @@ def coverage(rec: Recorder, batch_size: int, stepped: int) -> Coverage:
             if rec.mbs[b].pass_id in rec.passes_used
         )
         return Coverage(missing, stepped + missing, seen_items, seen_loss, duplicates=passes.duplicates)
-    left = [i for i in range(len(rec.dataset)) if i not in rec.used_indices]  # never in a stepped window
+    if not passes.left_out and _iterating(passes, k, rec.steps[-1].pass_length if rec.steps else 0):
+        # no pass ever ended and the loop stopped drawing more than a window before its end: an
+        # iteration-based loop (nanoGPT's), whose run is a number of steps, not passes. It has no tail: the
+        # items it never drew (or drew ahead and never forwarded) are not dropped ones. What it forwarded
+        # after its last step is.
+        undrawn = passes.held - len(passes.seen)
+        return Coverage(
+            seen_items,
+            stepped + seen_items,
+            seen_items,
+            seen_loss,
+            held=passes.held,
+            mid_pass=max(undrawn, 0),
+        )
+    # what the loop forwarded after its last step is dropped even where an earlier pass stepped the same
+    # items (a window carried across epochs and never stepped in the last one): counted as forwarded
+    forwarded = {i for mb in rec.leftovers() for i in mb.indices or ()}
+    # the rest: never in a stepped window, in any pass
+    left = [i for i in range(len(rec.dataset)) if i not in rec.used_indices and i not in forwarded]
     # every pass ran to its end: what it did not draw, its loader left out by design
     left_out = tuple(passes.left_out) if passes.complete and any(passes.left_out) else ()
     if left_out:
         left = [i for i in left if i in passes.seen]  # the rest was drawn: the loop's to step
-    missing = _count(rec, left, batch_size)
+    missing = _count(rec, left, batch_size) + seen_items
     return Coverage(
         missing,
         stepped + missing,
@@ -62,6 +80,19 @@ def coverage(rec: Recorder, batch_size: int, stepped: int) -> Coverage:
         left_out_by=passes.left_out_by,
         duplicates=passes.duplicates,
     )
+
+
+def _iterating(passes: Passes, k: int, stepped: int) -> bool:
+    """The run ended inside its first pass with a window or more of it never drawn, and never left a
+    pass to begin another (``next(iter(loader))`` at every micro-batch draws the first batch again and
+    again: its items never drawn are dropped ones). A loop that rounds its epoch down to whole windows
+    stops less than a window before the end: that remainder is its tail. ``stepped``: the place in the
+    pass of the last micro-batch a step used (a loop that draws ahead has drawn one more)."""
+    if passes.abandoned:
+        return False
+    if passes.batches is None:  # a sampler without a length: the pass ends when every item was drawn
+        return True
+    return passes.batches - stepped >= k
 
 
 def job_coverage(rec: Recorder, job: Job, batch_size: int, stepped: int) -> Coverage:

@@ -82,6 +82,7 @@ def diagnose_run(
     clip hid from the update is marked ``masked``. ``ranks_codes``: in a multi-rank job, each rank's
     own codes per step, said beside the job's. Returns the verdicts and the assumed max_norm."""
     verdicts = [diagnose(s, k=k) for s in numbers]
+    carried_tail(numbers, verdicts, k=k)
     assumed = infer_clip(numbers, verdicts)
     scaled = [
         (s, v) for s, v in zip(numbers, verdicts) if "misscaled" in v.codes and v.factor and not v.cause
@@ -137,6 +138,21 @@ def step_rows(
             )
         )
     return rows
+
+
+def carried_tail(numbers: list[StepNumbers], verdicts: list[StepVerdict], *, k: int) -> None:
+    """A loop that carries its window across passes (torchtune's recipes: the count and ``.grad`` go
+    on into the next epoch) steps k micro-batches every time and is left, at the run's end, with what
+    remains of all its micro-batches, not of one pass's: the run's last step, at a pass's end, holding
+    (every micro-batch the run stepped) mod k is its legitimate tail, not an early step."""
+    if not numbers or "early-step" not in verdicts[-1].codes:
+        return
+    last, before = numbers[-1], numbers[:-1]
+    total = sum(s.micro_batches for s in numbers)
+    if last.epoch_end and all(s.micro_batches == k for s in before) and last.micro_batches == total % k:
+        v = verdicts[-1]
+        v.codes.remove("early-step")
+        v.detail = "" if v.detail.startswith("stepped after") else v.detail
 
 
 def step_findings(numbers: list[StepNumbers], verdicts: list[StepVerdict], *, k: int) -> list[Finding]:
@@ -229,6 +245,8 @@ def coverage_findings(cov: Coverage, *, stepped: bool, job: bool = False) -> lis
         )
     if cov.duplicates:
         out.append(Finding.of("duplicate-items", n=cov.duplicates))
+    if cov.mid_pass:
+        out.append(Finding.of("partial-run", form="mid-pass", n=cov.mid_pass, held=cov.held))
     return out
 
 

@@ -101,6 +101,7 @@ class Coverage:
     held: int = 0  # items a pass holds
     left_out_by: str = ""  # what left them out
     duplicates: int = 0  # draws that repeated an item already drawn in the same pass
+    mid_pass: int = 0  # an iteration-based run ended inside its first pass: dataset items it never drew
 
 
 __all__ = ["Clip", "Coverage", "MicroBatch", "StepNumbers"]

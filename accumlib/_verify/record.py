@@ -38,7 +38,7 @@ from .oracle import Replay, WindowOracle, clipped, exact
 from .patches import current_lr
 from .ranks import Ranks, full, sharded
 from .shadow import sync_shadow
-from .sources import WORKERS, Passes, Tracked, TrackedIterable, tensors
+from .sources import WORKERS, Passes, Tracked, TrackedIterable, as_received, tensors
 from .touched import fingerprint, hooked, rescale, unexplained
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
@@ -238,15 +238,16 @@ class Recorder:
                 self.dataset.pending = rest  # type: ignore[union-attr]
                 return self._register(batch, idx)
         self.dataset.pending = pending[rows:]  # type: ignore[union-attr]
-        return self._register(self.collate([self.dataset.dataset[i] for i in first]), first)  # type: ignore[union-attr]
+        # a second read gave other tensors (augmentation): the model's input is the one it received
+        batch = self.collate([self.dataset.dataset[i] for i in first])  # type: ignore[union-attr]
+        return self._register(as_received(batch, key), first)
 
     # -- hooks ------------------------------------------------------------------------------
     def on_backward(self, p: torch.Tensor) -> None:
         self.backwards += 1
         g = p.grad
-        # a fingerprint of what .grad holds right after this backward: at the step, any factor applied to
-        # .grad in between (a manual p.grad.mul_, a clip, unscale_) shows as the ratio; a few numbers, no
-        # copy of the gradient, no device sync. A job's .grad is averaged across ranks after this: not read
+        # what .grad holds after this backward (touched.py): a factor applied before the step shows as the
+        # ratio. Not in a job: its .grad is averaged across ranks after this
         if self.ranks is None and type(g) is torch.Tensor:
             self.prints[id(p)] = fingerprint(g)
 

@@ -89,6 +89,7 @@ class Passes:
     items: int = 0  # items drawn in the current pass
     counts: dict[int, int] = field(default_factory=dict)  # dataset index -> draws in the current pass
     complete: bool = True  # every iteration the loop began ran to its end
+    abandoned: int = 0  # iterations the loop left before their end to begin another
     duplicates: int = 0  # draws of an item already drawn in the same pass (a sampler with replacement)
     seen: set[int] = field(default_factory=set)  # every dataset index the loop drew
     left_out: list[int] = field(default_factory=list)  # per ended pass: dataset items it never drew
@@ -98,7 +99,7 @@ class Passes:
         """The loop began iterating a DataLoader over the dataset. One still open is incomplete: the
         loop stopped drawing, so items it never drew are the loop's to step, not the loader's to leave out."""
         if self.batches is not None and self.drawn > 0:
-            self.complete = False
+            self.complete, self.abandoned = False, self.abandoned + 1
             self._reset()
         try:
             self.batches = len(loader)
@@ -135,4 +136,37 @@ class Passes:
         self.drawn, self.items, self.counts = 0, 0, {}
 
 
-__all__ = ["Passes", "Tracked", "TrackedIterable", "WORKERS", "tensors"]
+def as_received(batch: Any, key: torch.Tensor) -> Any:
+    """``batch`` with its first tensor of ``key``'s shape replaced by ``key``, the tensor the model
+    received (on the batch's device and dtype): a dataset read twice gave other numbers the second time.
+
+    >>> x, y = torch.zeros(2, 3), torch.tensor([0, 1])
+    >>> as_received((x, y), torch.ones(2, 3))[0].sum().item(), as_received((x, y), torch.ones(2, 3))[1] is y
+    (6.0, True)
+    """
+    done = False
+
+    def swap(b: Any) -> Any:
+        nonlocal done
+        if isinstance(b, torch.Tensor):
+            if not done and b.shape == key.shape:
+                done = True
+                return key.detach().to(b.device, b.dtype)
+            return b
+        if isinstance(b, Mapping):  # a dict, or transformers' BatchEncoding
+            d = {k: swap(v) for k, v in b.items()}
+            try:
+                return type(b)(d)
+            except TypeError:
+                return d
+        if isinstance(b, (list, tuple)):
+            out = [swap(v) for v in b]
+            if hasattr(b, "_fields"):  # a named tuple
+                return type(b)(*out)
+            return out if isinstance(b, list) else tuple(out)
+        return b
+
+    return swap(batch)
+
+
+__all__ = ["Passes", "Tracked", "TrackedIterable", "WORKERS", "as_received", "tensors"]
