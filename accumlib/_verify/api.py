@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 import traceback
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -213,8 +214,14 @@ def verify(
             register_optimizer_step_pre_hook(rec.on_step),
         ]
         returned, stopped = None, False
+        # a script that destroys its process group as it ends (Accelerate's end_training) has the
+        # end-of-run exchange run right before (its return value is not known yet: no logged loss)
+        ended: list[list[dict[str, Any]]] = []
+        at_end = (
+            job.before_destroy(lambda: ended.append(_exchange(rec, job, k, None))) if job else nullcontext()
+        )
         try:
-            with patched(rec):
+            with patched(rec), at_end:
                 returned = train_fn(net, opt, loader)
         except StopRun:
             stopped = True
@@ -237,18 +244,31 @@ def verify(
             rec.unwatch()
         if job is None:
             return _judge(rec, k, batch_size, _number(returned), dropout, stopped)
-        # on every rank at once: FSDP2 gathers its parameters here
-        rec.oracle.leaves, rec.counting = rec.sync(), True
-        mine = dict(
-            steps=len(rec.steps),
-            used=sorted(rec.used_indices),
-            drawn=job.drawn,
-            leftover=leftover(rec),
-            returned=returned if isinstance(returned, (numbers.Real, list, tuple)) else None,
-            codes=[v.codes for v in diagnose_run(rec.steps, k=k)[0]],
-            numbers=rec.steps,
+        every = ended[0] if ended else _exchange(rec, job, k, returned)
+        return _judge(rec, k, batch_size, None, dropout, stopped, every)
+
+
+def _exchange(rec: Recorder, job: Ranks, k: int, returned: Any) -> list[dict[str, Any]]:
+    """The end of a job's run, on every rank at once: what each rank holds for the report, gathered."""
+    if not job.alive():
+        raise VerifyError(
+            "accumlib.verify could not judge this job: the loop destroyed its process group before verify "
+            "could gather the ranks' results, with a destroy_process_group verify did not see (imported "
+            "by name before verify started). Call torch.distributed.destroy_process_group() by its module "
+            "path, or after verify returns"
         )
-        return _judge(rec, k, batch_size, None, dropout, stopped, job.finish(mine))
+    # on every rank at once: FSDP2 gathers its parameters here
+    rec.oracle.leaves, rec.counting = rec.sync(), True
+    mine = dict(
+        steps=len(rec.steps),
+        used=sorted(rec.used_indices),
+        drawn=job.drawn,
+        leftover=leftover(rec),
+        returned=returned if isinstance(returned, (numbers.Real, list, tuple)) else None,
+        codes=[v.codes for v in diagnose_run(rec.steps, k=k)[0]],
+        numbers=rec.steps,
+    )
+    return job.finish(mine)
 
 
 def _number(returned: Any) -> Any:

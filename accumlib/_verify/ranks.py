@@ -28,7 +28,9 @@ times end with ``uneven-steps``, never in a deadlock.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,6 +219,32 @@ class Ranks:
         return math.sqrt(diff / ref) if ref > 0 else (0.0 if diff == 0 else math.inf)
 
     # -- the run's end ----------------------------------------------------------------------------
+    def alive(self) -> bool:
+        """The process group still exists (a script may have destroyed it as it ended)."""
+        return _dist().is_initialized()
+
+    @contextlib.contextmanager
+    def before_destroy(self, end: Callable[[], None]) -> Iterator[None]:
+        """Run ``end()`` (the end-of-run exchange) when the loop destroys the default process group, just
+        before it goes: Accelerate's ``end_training()`` calls ``torch.distributed.destroy_process_group``
+        (accelerate 1.15, ``state.py:855``). Once only; the function is torch's own again on exit."""
+        import torch.distributed.distributed_c10d as c10d
+
+        dist, original = _dist(), c10d.destroy_process_group
+        done: list[bool] = []
+
+        def destroy(group: Any = None, *a: Any, **kw: Any) -> Any:
+            if group is None and not done and dist.is_initialized():
+                done.append(True)
+                end()
+            return original(group, *a, **kw)
+
+        dist.destroy_process_group = c10d.destroy_process_group = destroy  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            dist.destroy_process_group = c10d.destroy_process_group = original  # type: ignore[assignment]
+
     def finish(self, local: dict[str, Any]) -> list[dict[str, Any]]:
         """This rank's loop ended: answer rounds as ``None`` until every rank's has, then gather what
         each rank holds for the report (``local``); every rank gets the same list."""
