@@ -21,6 +21,9 @@ class Code:
     message: str
     fix: str
     said: Mapping[str, str] = field(default_factory=dict)  # form -> template (``Finding.of(code, form=...)``)
+    # the call in the user's code a finding of this code points at (file:line, ``sites.py``): "step",
+    # "backward", "clip" or "scheduler"; "" for a finding about the run, not one call
+    at: str = ""
 
 
 CODES: dict[str, Code] = {
@@ -30,11 +33,13 @@ CODES: dict[str, Code] = {
         "was never divided",
         "divide each micro-batch's loss so the window's items weigh 1/N each: (losses.sum() / "
         "n_items_in_window).backward()",
+        at="backward",
     ),
     "mean-of-means": Code(
         "bug",
         "micro-batches with different item counts were weighted per micro-batch, not per item",
         "weigh items, not micro-batches: count the window's items N first, then backward losses.sum() / N",
+        at="backward",
     ),
     "misscaled": Code(
         "bug",
@@ -50,6 +55,7 @@ CODES: dict[str, Code] = {
             "any "
             "step where the clip does not act"
         },
+        at="backward",
     ),
     "tail-dropped": Code(
         "bug",
@@ -75,6 +81,7 @@ CODES: dict[str, Code] = {
         "bug",
         "the last, partial window was divided as if it held all {k} micro-batches",
         "divide the last window by its own item count, not by k micro-batches' worth",
+        at="backward",
     ),
     "zero-grad-inside-window": Code(
         "bug",
@@ -83,16 +90,19 @@ CODES: dict[str, Code] = {
         "(divided inside the loop), between micro-batches of one window",
         "call optimizer.zero_grad() only right after optimizer.step(), and divide .grad (if at all) once, "
         "after the last micro-batch",
+        at="backward",
     ),
     "no-zero-grad": Code(
         "bug",
         "gradients of an earlier window leaked into this step: .grad was not zeroed after the previous step",
         "call optimizer.zero_grad(set_to_none=True) after every optimizer.step()",
+        at="step",
     ),
     "early-step": Code(
         "bug",
         "the optimizer stepped more often than every {k} micro-batches",
         "step once per window: when (i + 1) % accum_steps == 0 or at the last micro-batch",
+        at="step",
     ),
     "late-step": Code(
         "bug",
@@ -100,11 +110,13 @@ CODES: dict[str, Code] = {
         "than accum_steps = {k}, so its effective batch is larger than the one asked for",
         "step once per window of accum_steps micro-batches, with the accum_steps asked for (not a larger k, "
         "not once per epoch): when (i + 1) % accum_steps == 0 or at the last micro-batch",
+        at="step",
     ),
     "scheduler-per-micro-batch": Code(
         "bug",
         "the learning rate changed between micro-batches of one window (a scheduler stepped per micro-batch)",
         "call scheduler.step() next to optimizer.step(), once per window",
+        at="scheduler",
     ),
     "frozen-inside-window": Code(
         "bug",
@@ -113,16 +125,19 @@ CODES: dict[str, Code] = {
         "covers only part of the window's items while the rest of the model's covers all of them",
         "change requires_grad only between optimizer steps (right after optimizer.zero_grad()), never inside "
         "a window",
+        at="backward",
     ),
     "clip-per-micro-batch": Code(
         "bug",
         "gradients were clipped before the window's gradient was complete",
         "clip once, after the window's last backward and right before optimizer.step()",
+        at="clip",
     ),
     "clip-before-unscale": Code(
         "bug",
         "clipping ran on GradScaler-scaled gradients, so it clipped (almost) everything",
         "call scaler.unscale_(optimizer) before clip_grad_norm_",
+        at="clip",
     ),
     "logged-loss-scaled": Code(
         "bug",
@@ -139,11 +154,13 @@ CODES: dict[str, Code] = {
         "first check that item_losses computes the loop's own loss (same reduction, masking, label shift, "
         "extra terms); "
         "then compare the loop with accumlib.ragged line by line",
+        at="backward",
     ),
     "non-finite": Code(
         "bug",
         "the gradient the optimizer saw holds inf or nan",
         "lower the learning rate or check the data; with GradScaler, make sure it can skip steps",
+        at="backward",
     ),
     "no-items": Code(
         "bug",
@@ -158,6 +175,7 @@ CODES: dict[str, Code] = {
         "count the window's items on every rank and all-reduce the count (N = sum_r N_r); backward "
         "losses.sum() * R / N "
         "under DDP's average (with a transformers Trainer: average_tokens_across_devices=True)",
+        at="backward",
     ),
     "ranks-diverged": Code(
         "bug",

@@ -11,17 +11,38 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from .._batch import checked_losses, to_device
 from .job import Job
-from .numbers import Coverage
+from .numbers import Coverage, MicroBatch
+from .oracle import exact
 from .record import Recorder
 from .sources import Passes, Tracked
+
+
+def leftovers(rec: Recorder) -> list[MicroBatch]:
+    """Micro-batches the loop forwarded after its last step: it saw them, no step used them."""
+    return [rec.mbs[b] for b in rec.window if b in rec.mbs]
+
+
+def count_and_loss(rec: Recorder, batch: Any) -> tuple[int, float]:
+    """Items and loss sum of a batch at the current parameters (for what never reached a step).
+    The sum may be inf/nan after a diverged step: counted anyway, never a crash."""
+    if not rec.counting:
+        rec.oracle.leaves = rec.sync()
+    with exact(), torch.no_grad():
+        losses = rec.item_losses(rec.shadow, to_device(batch, rec.params[0].device))
+    if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
+        checked_losses(lambda m, b: losses, rec.shadow, batch)  # raises the contract's own error
+    return losses.numel(), float(losses.double().sum())
 
 
 def leftover(rec: Recorder) -> tuple[int, float]:
     """Items and loss sum forwarded after the last step: the loop saw them, no step used them."""
     out = (0, 0.0)
-    for mb in rec.leftovers():
-        n, loss = rec.count_and_loss(mb.batch)
+    for mb in leftovers(rec):
+        n, loss = count_and_loss(rec, mb.batch)
         out = (out[0] + n, out[1] + loss)
     return out
 
@@ -30,7 +51,7 @@ def _count(rec: Recorder, indices: list[int], batch_size: int) -> int:
     """Items in these dataset indices, collated batch_size at a time as the loop's loader would."""
     data: Any = rec.dataset.dataset  # a Tracked's: the user's dataset
     return sum(
-        rec.count_and_loss(rec.collate([data[i] for i in indices[s : s + batch_size]]))[0]
+        count_and_loss(rec, rec.collate([data[i] for i in indices[s : s + batch_size]]))[0]
         for s in range(0, len(indices), batch_size)
     )
 
@@ -41,7 +62,7 @@ def coverage(rec: Recorder, batch_size: int, stepped: int, k: int) -> Coverage:
     passes = rec.data_passes
     if not isinstance(rec.dataset, Tracked):  # no indices: drawn in a pass the loop trained on, never used
         missing = seen_items + sum(
-            rec.count_and_loss(rec.mbs[b].batch)[0]
+            count_and_loss(rec, rec.mbs[b].batch)[0]
             for b in rec.fresh
             if rec.mbs[b].pass_id in rec.passes_used
         )
@@ -62,7 +83,7 @@ def coverage(rec: Recorder, batch_size: int, stepped: int, k: int) -> Coverage:
         )
     # what the loop forwarded after its last step is dropped even where an earlier pass stepped the same
     # items (a window carried across epochs and never stepped in the last one): counted as forwarded
-    forwarded = {i for mb in rec.leftovers() for i in mb.indices or ()}
+    forwarded = {i for mb in leftovers(rec) for i in mb.indices or ()}
     # the rest: never in a stepped window, in any pass
     left = [i for i in range(len(rec.dataset)) if i not in rec.used_indices and i not in forwarded]
     # every pass ran to its end: what it did not draw, its loader left out by design

@@ -197,9 +197,29 @@ def step_findings(numbers: list[StepNumbers], verdicts: list[StepVerdict], *, k:
         if found:  # the fix of the cause found, not the generic one
             fixes["misscaled"] = "; ".join(CAUSES[c][1] for c in found)
     return [
-        Finding.of(code, steps=steps, details=details[code], fix=fixes.get(code, ""), k=k)
+        Finding.of(
+            code,
+            steps=steps,
+            details=details[code],
+            fix=fixes.get(code, ""),
+            where=sites(numbers, steps, code),
+            k=k,
+        )
         for code, steps in at.items()
     ]
+
+
+def sites(numbers: list[StepNumbers], steps: list[int], code: str) -> list[str]:
+    """file:line of the user's calls a finding points at (``CODES[code].at``), first seen first, at most 3."""
+    kind, out = CODES[code].at, []
+    for t in steps:
+        seen = (
+            [c.site for c in numbers[t].clips if c.site] if kind == "clip" else [numbers[t].sites.get(kind)]
+        )
+        for s in seen:
+            if s and s not in out:
+                out.append(s)
+    return out[:3]
 
 
 def run_notes(

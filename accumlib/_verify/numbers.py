@@ -19,6 +19,7 @@ class Clip:
     seen: int  # micro-batches in the window when clipping ran
     max_norm: float
     total_norm: float
+    site: str | None = None  # file:line of the user's clip call (``sites.py``)
 
 
 @dataclass
@@ -45,6 +46,8 @@ class StepNumbers:
     clips: list[Clip] = field(default_factory=list)
     # file:line of each function hooked on a parameter's gradient (Tensor.register_hook) at the step
     grad_hooks: list[str] = field(default_factory=list)
+    # file:line in the user's code of the window's calls: "step", "backward" (its last), "scheduler"
+    sites: dict[str, str] = field(default_factory=dict)
     # the one factor .grad was multiplied by between the window's last backward and the step, clips and
     # GradScaler's unscale_ included (1.0: untouched; nan: not one factor, or not measured)
     rescaled: float = 1.0

@@ -19,6 +19,7 @@ import torch
 
 from .clips import on_clip
 from .numbers import Clip, StepNumbers
+from .sites import user_site
 
 if TYPE_CHECKING:
     from .record import Recorder
@@ -69,7 +70,7 @@ def _clipping(rec: Recorder) -> Iterator[None]:
 
     def seen(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
         if any(id(p) in rec.param_ids for p in params):  # not another model's clip (a GAN's other half)
-            rec.clips.append(Clip(len(rec.window), max_norm, float(total_norm)))
+            rec.clips.append(Clip(len(rec.window), max_norm, float(total_norm), user_site()))
 
     with on_clip(seen):
         yield
@@ -122,6 +123,7 @@ def _schedulers(rec: Recorder) -> Iterator[None]:
         ours = opt is not None and any(id(p) in rec.param_ids for g in opt.param_groups for p in g["params"])
         if ours and rec.window and _lrs(opt) != before:
             rec.lr_changed = True
+            rec.sites["scheduler"] = rec.sites.get("scheduler") or user_site() or ""
         return out
 
     torch.optim.lr_scheduler.LRScheduler.step = step  # type: ignore[method-assign]

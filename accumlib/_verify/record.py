@@ -31,13 +31,14 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from .._batch import ItemLosses, cat_batches, checked_losses, to_device
+from .._batch import ItemLosses, cat_batches
 from .measure import measure
 from .numbers import Clip, MicroBatch, StepNumbers
-from .oracle import Replay, WindowOracle, clipped, exact
+from .oracle import Replay, WindowOracle, clipped
 from .patches import current_lr
 from .ranks import Ranks, full, sharded
 from .shadow import sync_shadow
+from .sites import user_site
 from .sources import WORKERS, Passes, Tracked, TrackedIterable, as_received, tensors
 from .touched import fingerprint, hooked, rescale, unexplained
 
@@ -69,6 +70,7 @@ class Recorder:
     how: Replay = field(default_factory=Replay)
     lrs: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
     lr_changed: bool = False
+    sites: dict[str, str] = field(default_factory=dict)  # the window's calls in the user's code (sites.py)
     clips: list[Clip] = field(default_factory=list)
     untracked: int = 0
     backwards: int = 0
@@ -84,7 +86,9 @@ class Recorder:
     grad_hooks: dict[int, Any] = field(default_factory=dict)  # post-accumulate-grad hook per parameter id
     trainable: tuple[bool, ...] = ()  # requires_grad of each parameter at the current group's first forward
     frozen_changed: bool = False  # requires_grad changed between micro-batches of the window being recorded
-    counting: bool = False  # the run ended and the shadow holds its last parameters (``count_and_loss``)
+    counting: bool = (
+        False  # the run ended and the shadow holds its last parameters (``coverage.count_and_loss``)
+    )
     ranks: Ranks | None = None  # a multi-rank job: the exchange stage makes each step's oracle the job's
     # per parameter id: the first few entries of .grad right after its latest backward (``rescale``)
     prints: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -245,6 +249,8 @@ class Recorder:
     # -- hooks ------------------------------------------------------------------------------
     def on_backward(self, p: torch.Tensor) -> None:
         self.backwards += 1
+        if self.sites.get("at") != str(self.forwards):  # once per backward: the user's backward call
+            self.sites.update(at=str(self.forwards), backward=user_site() or "")
         g = p.grad
         # what .grad holds after this backward (touched.py): a factor applied before the step shows as the
         # ratio. Not in a job: its .grad is averaged across ranks after this
@@ -304,6 +310,7 @@ class Recorder:
         if not any(id(p) in self.param_ids for g in optimizer.param_groups for p in g["params"]):
             return None  # another model's optimizer (a GAN's other half)
         self.optimizer = optimizer  # the loop may have built its own; read learning rates from it
+        self.sites["step"] = user_site() or ""
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if closure is None:
             self.capture(optimizer)
@@ -371,30 +378,17 @@ class Recorder:
     def finish_step(self, numbers: StepNumbers) -> None:
         numbers.lr_changed = numbers.lr_changed or self.lr_changed
         numbers.clips = list(self.clips)
+        numbers.sites = {k: v for k, v in self.sites.items() if v and k != "at"}
         self.steps.append(numbers)
         for b in self.window:
             self.used_indices.update(self.mbs[b].indices or ())
         self._release(self.window)
         self.window, self.group, self.lrs, self.clips = [], [], [], []
         self.prints.clear()
+        self.sites.clear()
         self.how, self.lr_changed, self.untracked, self.frozen_changed = Replay(), False, 0, False
         if self.max_steps is not None and len(self.steps) >= self.max_steps:
             raise StopRun
-
-    def leftovers(self) -> list[MicroBatch]:
-        """Micro-batches the loop forwarded after its last step: it saw them, no step used them."""
-        return [self.mbs[b] for b in self.window if b in self.mbs]
-
-    def count_and_loss(self, batch: Any) -> tuple[int, float]:
-        """Items and loss sum of a batch at the current parameters (for what never reached a step).
-        The sum may be inf/nan after a diverged step: counted anyway, never a crash."""
-        if not self.counting:
-            self.oracle.leaves = self.sync()
-        with exact(), torch.no_grad():
-            losses = self.item_losses(self.shadow, to_device(batch, self.params[0].device))
-        if not isinstance(losses, torch.Tensor) or losses.dim() != 1:
-            checked_losses(lambda m, b: losses, self.shadow, batch)  # raises the contract's own error
-        return losses.numel(), float(losses.double().sum())
 
 
 __all__ = ["BN_TYPES", "Recorder", "StopRun"]

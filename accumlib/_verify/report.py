@@ -45,6 +45,7 @@ class Finding:
     message: str
     fix: str
     steps: tuple[int, ...] = ()
+    where: tuple[str, ...] = ()  # file:line of the user's calls that made it (``CODES[code].at``)
 
     @classmethod
     def of(
@@ -55,6 +56,7 @@ class Finding:
         steps: Iterable[int] = (),
         details: Iterable[str] = (),
         fix: str = "",
+        where: Iterable[str] = (),
         **fields: Any,
     ) -> Finding:
         """The finding of ``code`` worded by ``CODES``: its message (or its ``said[form]``) filled from
@@ -73,7 +75,7 @@ class Finding:
         if details:
             more = f" | ... ({len(details) - 2} more)" if len(details) > 2 else ""
             message += f" ({' | '.join(details[:2])}{more})"
-        return cls(code, message, fix or entry.fix, tuple(steps))
+        return cls(code, message, fix or entry.fix, tuple(steps), tuple(where))
 
     @property
     def severity(self) -> str:
@@ -81,8 +83,9 @@ class Finding:
         return CODES[self.code].kind
 
     def __str__(self) -> str:
-        where = f" (steps {', '.join(map(str, self.steps))})" if self.steps else ""
-        return f"[{self.code}]{where} {self.message}\n    fix: {self.fix}"
+        steps = f" (steps {', '.join(map(str, self.steps))})" if self.steps else ""
+        at = f"\n    at: {', '.join(self.where)}" if self.where else ""
+        return f"[{self.code}]{steps} {self.message}{at}\n    fix: {self.fix}"
 
 
 @dataclass(frozen=True)
@@ -249,7 +252,9 @@ class Report:
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body
         )
         found = "".join(
-            f"<li><code>{html.escape(f.code)}</code> ({f.severity}) {html.escape(f.message)}<br><i>fix:</i> "
+            f"<li><code>{html.escape(f.code)}</code> ({f.severity}) {html.escape(f.message)}"
+            + (f"<br><i>at:</i> {html.escape(', '.join(f.where))}" if f.where else "")
+            + "<br><i>fix:</i> "
             f"{html.escape(f.fix)}</li>"
             for f in self.findings
         )

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .sites import code_site
+
 PRINT = 4  # entries of each parameter's .grad fingerprinted after each backward
 _OWN_CODE = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
 # one factor applied to float32 numbers leaves equal ratios up to a float32 rounding each (~1e-7)
@@ -74,7 +76,7 @@ def hooked(params: list[torch.nn.Parameter]) -> list[str]:
             code = getattr(fn, "__code__", None) or getattr(vars(type(fn)).get("__call__"), "__code__", None)
             if code is None or str(Path(code.co_filename).resolve()).startswith(_OWN_CODE):
                 continue
-            at = f"{code.co_filename}:{code.co_firstlineno}"
+            at = code_site(code)
             if at not in out:
                 out.append(at)
     return out
