@@ -30,6 +30,24 @@ def _markdown(path: Path) -> list[str]:
 LESSONS_DIR = Path(course.__file__).parent
 
 
+def _anchor_ok(path: Path, anchor: str) -> bool:
+    """A heading's anchor as JupyterLab forms it (its text, spaces as '-'), or ``cell-id=<id>`` of a markdown
+    cell that holds a heading."""
+    cells = json.loads(path.read_text())["cells"]
+    if anchor.startswith("cell-id="):
+        held = [c for c in cells if c.get("id") == anchor.removeprefix("cell-id=")]
+        return (
+            bool(held) and held[0]["cell_type"] == "markdown" and "\n#" in "\n" + "".join(held[0]["source"])
+        )
+    headings = [
+        line.lstrip("#").strip().replace(" ", "-")
+        for cell in _markdown(path)
+        for line in cell.splitlines()
+        if line.startswith("#")
+    ]
+    return anchor in headings
+
+
 def _code(path: Path) -> str:
     return "\n".join(
         "".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"
@@ -72,14 +90,8 @@ def test_the_map_links_every_lesson_and_only_files_that_exist():
         if not target.startswith("http"):
             path, _, anchor = target.partition("#")
             assert (NOTEBOOKS / path).exists(), f"00_start_here links {target}, which does not exist"
-            if anchor:  # JupyterLab's heading anchor: the heading's text with spaces as '-'
-                headings = [
-                    line.lstrip("#").strip().replace(" ", "-")
-                    for cell in _markdown(NOTEBOOKS / path)
-                    for line in cell.splitlines()
-                    if line.startswith("#")
-                ]
-                assert anchor in headings, f"00_start_here links {target}: no such heading in {path}"
+            if anchor:  # JupyterLab's heading anchor, or the cell holding a heading (#cell-id=)
+                assert _anchor_ok(NOTEBOOKS / path, anchor), f"00_start_here links {target}: no such heading"
 
 
 @pytest.mark.parametrize("lesson", course.COURSE, ids=lambda lesson: lesson.file)
@@ -173,18 +185,12 @@ def test_the_rule_counts_each_kind_of_cell_and_the_runtime_and_skips_optional_ce
     assert course.minimum_minutes(_notebook(tmp_path, cells + more)) == 15
 
 
-def test_the_routes_leave_slack_and_reach_the_closing_lesson():
-    last = course.COURSE[-1]
-    for name, numbers in course.ROUTES.items():
+def test_the_routes_leave_slack_by_the_reading_rule():
+    for name in course.ROUTES:
         assert (
             course.slack(name) >= 15
             and course.slack(name) >= course.SLACK_MIN_FRACTION * course.ROUTE_MINUTES[name]
-        ), name
-        if numbers[-1] != last.number:  # a route too short for the closing lesson reads its first section
-            assert course.CLOSING[name].split("#")[0] == last.file and course.slack(name) >= 15 + 5, name
-            assert last.minutes > course.slack(name) - 15, (
-                f"lesson {last.number} fits route {name!r}: put it in"
-            )
+        ), (name, course.slack(name))
     assert course.ROUTE_MINUTES["90-minute workshop"] == 90
     half_day = next(numbers for name, numbers in course.ROUTES.items() if name.startswith("half day"))
     assert 8 in half_day
@@ -200,13 +206,15 @@ def test_the_routes_table_shows_each_routes_slack():
 
 
 def test_the_map_shows_each_route_as_links_to_its_lessons_in_order():
+    """Each route's line links its lessons in order: a notebook where the route starts at its opening,
+    the section's cell (#cell-id=) where it starts further in."""
     text = "\n".join(_markdown(NOTEBOOKS / "00_start_here.ipynb"))
-    for name, numbers in course.ROUTES.items():
+    for name in course.ROUTES:
         line = next(line for line in text.splitlines() if line.startswith(f"- **{name}**"))
-        closing = [course.CLOSING[name]] if name in course.CLOSING else []
-        assert [target for _, target in LINK.findall(line)] == [
-            course.by_number(n).file for n in numbers
-        ] + closing, name
+        used = course.route_sections(name)
+        first = [s.link for i, (s, *_) in enumerate(used) if i == 0 or used[i - 1][0].file != s.file]
+        linked = [target for _, target in LINK.findall(line)]
+        assert [t for t in linked if "#" not in t or t in first] == first, name
 
 
 def test_lesson_1_marks_its_optional_parts_and_states_the_core_path():
@@ -292,15 +300,8 @@ def _bad_links(text: str) -> list[str]:
             bad.append(f"{target} (outside notebooks/)")
         elif not resolved.exists():
             bad.append(f"{target} (no such file in notebooks/)")
-        elif anchor and resolved.suffix == ".ipynb":
-            headings = [
-                line.lstrip("#").strip().replace(" ", "-")
-                for cell in _markdown(resolved)
-                for line in cell.splitlines()
-                if line.startswith("#")
-            ]
-            if anchor not in headings:
-                bad.append(f"{target} (no such heading)")
+        elif anchor and resolved.suffix == ".ipynb" and not _anchor_ok(resolved, anchor):
+            bad.append(f"{target} (no such heading)")
     return bad
 
 

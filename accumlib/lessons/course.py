@@ -8,19 +8,30 @@ Times are planned workshop minutes for a lesson's core path (its cells not tagge
 reading, running, the widget, the exercise and the questions). ``minimum_minutes`` states the rule
 the planned time must meet, from the notebook itself: a reading rate per cell of each kind, plus the
 runtime its last top-to-bottom execution recorded; ``tests/test_course.py`` holds every lesson to it.
+A route's time is the reading rule of ``_route_time`` (words at 120 a minute plus the same allowances
+per code cell, widget, exercise and question) over the sections it lists: ``route_time``, ``route``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from .._checks import check_choice, check_int
 from .._text import Table
+from ._route_time import (  # noqa: F401 (the rules, re-exported: course.minimum_minutes, course.MINUTES_PER)
+    MINUTES_PER,
+    SKIM_MINUTES,
+    WIDGET_CALL,
+    WORDS_PER_MINUTE,
+    Section,
+    cell_counts,
+    minimum_minutes,
+    notebooks_dir,
+    sections,
+)
 
 
 @dataclass(frozen=True)
@@ -120,23 +131,26 @@ COURSE: tuple[Lesson, ...] = (
     ),
 )
 
-# Each route: its lessons in order, and the minutes the session lasts. What the lessons do not
-# fill is slack, for setting up, a break and questions: at least SLACK_MIN_FRACTION of every route.
-# Lesson 10 (25 min) does not fit the 90-minute route with that slack; the route closes with its
-# first section, "The loop to copy", read in the slack (CLOSING).
-ROUTES: dict[str, tuple[int, ...]] = {
-    "90-minute workshop": (1, 2, 3),
-    "half day (4 hours with breaks)": (1, 2, 3, 4, 7, 8, 9, 10),
+# Each route: the sections it uses, lesson by lesson (None: every section of the lesson's core path; a
+# section is a '#' or '##' heading of the notebook, 0 the lesson's opening), the sections it only skims
+# (SKIM_MINUTES each), and the minutes the session lasts. A route's time is computed by the reading rule
+# (accumlib/lessons/_route_time.py, route_time); what it leaves is slack, for setting up, a break and
+# questions: at least SLACK_MIN_FRACTION of every route.
+ROUTE_PLANS: dict[str, tuple[int, tuple[tuple[int, tuple[int, ...] | None], ...], frozenset]] = {
+    # lesson 10 on the 90-minute route: its opening skimmed (run its set-up cell), then "The loop to copy"
+    "90-minute workshop": (90, ((1, None), (2, None), (3, None), (10, (0, 1))), frozenset({(10, 0)})),
+    # lesson 9's TRL and PEFT section is skimmed: it is for learners who use those libraries
+    "half day (4 hours with breaks)": (
+        240,
+        tuple((n, None) for n in (1, 2, 3, 4, 7, 8, 9, 10)),
+        frozenset({(9, 5)}),
+    ),
 }
-ROUTE_MINUTES: dict[str, int] = {"90-minute workshop": 90, "half day (4 hours with breaks)": 240}
+ROUTES: dict[str, tuple[int, ...]] = {
+    name: tuple(n for n, _ in plan[1]) for name, plan in ROUTE_PLANS.items()
+}
+ROUTE_MINUTES: dict[str, int] = {name: plan[0] for name, plan in ROUTE_PLANS.items()}
 SLACK_MIN_FRACTION = 1 / 6  # 15 of 90 minutes: setting up, one break, questions
-CLOSING = {"90-minute workshop": "10_your_own_project.ipynb#1.-The-loop-to-copy"}  # read in the last minutes
-
-# The rule a lesson's planned minutes must meet (see minimum_minutes): reading rates per cell of the
-# core path, from a dry run of the course (a markdown cell holds 60 to 140 words, read at about 200
-# words a minute; a code cell is run and its output read).
-MINUTES_PER = {"markdown": 0.5, "code": 0.25, "widget": 2.0, "exercise": 6.0, "question": 1.0}
-WIDGET_CALL = re.compile(r"\b(widget|explorer|paste_box)\(")
 
 
 @dataclass(frozen=True)
@@ -280,55 +294,6 @@ def by_number(number: int) -> Lesson:
     return lesson
 
 
-def _seconds(execution: dict) -> float:
-    start, end = (
-        datetime.fromisoformat(execution[k].replace("Z", "+00:00"))
-        for k in ("iopub.execute_input", "shell.execute_reply")
-    )
-    return (end - start).total_seconds()
-
-
-def cell_counts(path: Path) -> dict[str, float]:
-    """A notebook's core path, counted: cells of each kind (cells tagged ``optional``, and the folded
-    checks tagged ``assertions``, left out),
-    questions asked, and ``runtime_s``, the seconds its last recorded execution took (every cell).
-
-    >>> counts = cell_counts(Path(__file__).parents[2] / "notebooks" / "01_why_accumulate.ipynb")
-    >>> counts["exercise"], counts["markdown"] > 5
-    (1, True)
-    """
-    cells = json.loads(Path(path).read_text())["cells"]
-    counts: dict[str, float] = {kind: 0 for kind in MINUTES_PER}
-    counts["runtime_s"] = 0.0
-    for cell in cells:
-        source = "".join(cell["source"])
-        execution = cell["metadata"].get("execution")
-        if execution and "iopub.execute_input" in execution and "shell.execute_reply" in execution:
-            counts["runtime_s"] += _seconds(execution)
-        if {"optional", "assertions"} & set(cell["metadata"].get("tags", [])):
-            continue  # optional sections are skipped on a route; folded checks are run, not read
-        if cell["cell_type"] == "markdown":
-            counts["markdown"] += 1
-            if re.match(r"## (\d+\. )?Questions to think about", source.lstrip()):
-                counts["question"] += sum(
-                    bool(re.match(r"\s*\d+\.\s+\S", line)) for line in source.splitlines()
-                )
-        elif "exercise" in cell["metadata"].get("tags", []):
-            counts["exercise"] += 1
-        elif WIDGET_CALL.search(source):
-            counts["widget"] += 1
-        else:
-            counts["code"] += 1
-    return counts
-
-
-def minimum_minutes(path: Path) -> int:
-    """The least a lesson's planned time may be: MINUTES_PER of each cell of its core path,
-    plus its recorded runtime, rounded up to the minute."""
-    counts = cell_counts(path)
-    return math.ceil(sum(MINUTES_PER[kind] * counts[kind] for kind in MINUTES_PER) + counts["runtime_s"] / 60)
-
-
 def title_of(path: Path) -> str:
     """A notebook's title: its first markdown heading without the "N · " prefix."""
     cells = json.loads(Path(path).read_text())["cells"]
@@ -359,26 +324,58 @@ def table() -> Table:
     return Table(("#", "lesson", "you learn", "time", "needs lessons"), rows)
 
 
+def route_sections(route: str) -> list[tuple[Section, bool, float]]:
+    """Every section a route uses, in order: the section, whether it is only skimmed, its minutes by the
+    reading rule (``_route_time``: words at WORDS_PER_MINUTE plus the allowances per cell)."""
+    check_choice("route", route, sorted(ROUTES))
+    _, plan, skimmed = ROUTE_PLANS[route]
+    used = []
+    for number, wanted in plan:
+        for section in sections(notebooks_dir() / by_number(number).file):
+            if wanted is None or section.index in wanted:
+                skim = (number, section.index) in skimmed
+                used.append((section, skim, SKIM_MINUTES if skim else section.minutes))
+    return used
+
+
+def route_time(route: str) -> int:
+    """A route's minutes by the reading rule: its sections' minutes, summed and rounded up."""
+    return math.ceil(sum(minutes for _, _, minutes in route_sections(route)) - 1e-9)
+
+
 def slack(route: str) -> int:
-    """Minutes of a route that its lessons leave free (set-up, breaks, questions).
+    """Minutes of a route that its sections leave free (set-up, breaks, questions), by the reading rule.
 
     >>> slack("90-minute workshop") >= 15
     True
     """
     check_choice("route", route, sorted(ROUTES))
-    return ROUTE_MINUTES[route] - sum(by_number(n).minutes for n in ROUTES[route])
+    return ROUTE_MINUTES[route] - route_time(route)
 
 
 def routes() -> Table:
-    """Every route: its lessons, their planned time, the session's length and the slack left."""
+    """Every route: its lessons, their time by the reading rule, the session's length and the slack left."""
     rows = [
-        (
-            name,
-            " → ".join(map(str, numbers)),
-            f"{sum(by_number(n).minutes for n in numbers)} min",
-            f"{ROUTE_MINUTES[name]} min",
-            f"{slack(name)} min",
-        )
+        (name, " → ".join(map(str, numbers)), f"{route_time(name)} min", f"{ROUTE_MINUTES[name]} min")
+        + (f"{slack(name)} min",)
         for name, numbers in ROUTES.items()
     ]
-    return Table(("route", "lessons", "lesson time", "session", "slack (set-up, breaks, questions)"), rows)
+    return Table(
+        ("route", "lessons", "time by the rule", "session", "slack (set-up, breaks, questions)"), rows
+    )
+
+
+def route(name: str) -> Table:
+    """One route, lesson by lesson: the sections it uses (§0 the lesson's opening; 'skim' those it only
+    skims), their words and their minutes by the reading rule."""
+    rows = []
+    for number in ROUTES[name] if name in ROUTES else check_choice("route", name, sorted(ROUTES)):
+        used = [(s, skim, m) for s, skim, m in route_sections(name) if s.file == by_number(number).file]
+        listed = ", ".join(f"§{s.index}" + (" (skim)" if skim else "") for s, skim, _ in used)
+        words = sum(s.counts.words for s, skim, _ in used if not skim)
+        rows.append((f"{number}", listed, f"{words}", f"{sum(m for *_, m in used):.1f} min"))
+    rows.append(("all", "", "", f"{route_time(name)} min of {ROUTE_MINUTES[name]}: {slack(name)} min slack"))
+    caption = (
+        f"{name}: {WORDS_PER_MINUTE} words a minute, plus the allowances per code cell, widget, exercise"
+    )
+    return Table(("lesson", "sections", "words read", "minutes"), rows, caption + " and question")
