@@ -100,7 +100,8 @@ def test_its_twin_with_one_edit_is_named(name):
 def test_the_amp_loop_really_clips_and_is_still_ok():
     report = _verify(amp, "mlp-digits", max_norm=MAX_NORM)
     assert report.ok, str(report)
-    assert any(s.clip is not None for s in report.steps), str(report)
+    assert all(s.clip < 1 for s in report.steps), str(report)  # clip: the factor the clip applied
+    assert all(s.clip == 1 for s in _verify(amp, "mlp-digits").steps)  # the negative: max_norm 1 is idle
 
 
 def test_every_plain_loop_imports_torch_alone():

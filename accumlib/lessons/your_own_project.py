@@ -8,7 +8,8 @@ too long; per-micro-batch means divided by k (``accumlib.normalized``) weigh tok
 the micro-batch that holds them, so on sequences of different lengths every step is a little off and
 the curves drift apart.
 
-The parts of the lesson live beside this module: ``_your_own_project_schedule`` (the learning-rate
+The parts of the lesson live beside this module: ``_your_own_project_plain`` (the plain loops to copy,
+each graded by verify), ``_your_own_project_schedule`` (the learning-rate
 schedule in optimizer steps, the exercise's check), ``_your_own_project_memory`` (activation checkpointing
 against accumulation, measured), ``_your_own_project_frameworks`` (the settings of Transformers,
 Accelerate, Lightning, TRL and PEFT, each run under verify).
@@ -35,6 +36,7 @@ from ._exercise import Exercise
 from ._explorer import Explorer
 from ._your_own_project_frameworks import RUNS, FrameworkResult, frameworks
 from ._your_own_project_memory import MemoryResult, checkpointing
+from ._your_own_project_plain import PLAIN, PlainLoop, grade_plain
 from ._your_own_project_schedule import (
     BASE_LR,
     WARMUP,
@@ -358,9 +360,12 @@ __all__ = [
     "EXERCISE",
     "FrameworkResult",
     "MemoryResult",
+    "PLAIN",
+    "PlainLoop",
     "RUNS",
     "checkpointing",
     "frameworks",
+    "grade_plain",
     "plot_schedule",
     "LABELS",
     "LOOPS",
