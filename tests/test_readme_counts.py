@@ -89,8 +89,8 @@ CLAIMS: dict[str, Callable[[str], int]] = {
     r"(\d) verify could not judge": lambda _: max(_exit_statuses()),
     r"(\w+) of the optional ones together": _optional_arguments_used,
     r"prerequisites, and (\w+) routes": lambda _: len(_routes()),
-    r"workshop: lessons 1, 2, (\d+), with": lambda _: _route(NINETY)[-1],
-    r"lessons 1, 2, 3, with (\d+) minutes of slack": lambda _: _slack(NINETY),
+    r"workshop: lessons 1, 2, 3, (\d+), with": lambda _: _route(NINETY)[-1],
+    r"lessons 1, 2, 3, 10, with (\d+) minutes of slack": lambda _: _slack(NINETY),
     r"a half day:\s+1, 2, 3, 4, 7, 8, 9, (\d+)": lambda _: _route(HALF_DAY)[-1],
     r"a half day:\s+[\d, ]+, with (\d+) minutes of slack": lambda _: _slack(HALF_DAY),
 }

@@ -571,8 +571,14 @@ def numbers(*, rel, w=1.0, resid=1e-7, m=4):
 
 
 def test_float32_rounding_up_to_half_the_tolerance_is_ok():
-    # FLOAT32_RTOL keeps a >= 10x margin over ~1e-6 measured
-    assert diagnose(numbers(rel=5e-5), k=4).codes == []
+    # the tolerance is the run's own rounding: ROUNDING_MARGIN x the step's worst fit residual, between
+    # ROUNDING_FLOOR (a >= 6x margin over the worst correct loop measured, 6.4e-7) and FLOAT32_RTOL
+    from accumlib.tolerances import FLOAT32_RTOL, ROUNDING_FLOOR, ROUNDING_MARGIN
+
+    assert diagnose(numbers(rel=ROUNDING_FLOOR / 2), k=4).codes == []  # resid 1e-7: the floor holds
+    high = FLOAT32_RTOL / ROUNDING_MARGIN  # a residual that large: the old fixed tolerance
+    assert diagnose(numbers(rel=5e-5, resid=high), k=4).codes == []
+    assert diagnose(numbers(rel=5e-5), k=4).codes != []  # 50x this step's rounding: not exact
 
 
 def test_a_fit_with_residual_below_FIT_RTOL_names_the_factor():

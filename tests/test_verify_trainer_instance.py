@@ -222,7 +222,7 @@ def test_what_is_carried_onto_a_fresh_trainer(tmp_path):
 
     from transformers.trainer_pt_utils import LabelSmoother
 
-    from accumlib.hf.instance import _carry_instance_settings
+    from accumlib.hf.instance import carry_instance_settings
 
     user, fresh = build(tmp_path / "user"), build(tmp_path / "fresh")
     net = fresh.model
@@ -232,7 +232,7 @@ def test_what_is_carried_onto_a_fresh_trainer(tmp_path):
     user.label_smoother = LabelSmoother(epsilon=0.1)  # None in the fresh one: another type
     user.extra = {"weights": [1.0, 2.0]}  # not made by the constructor
     user.current_flos = 7  # run bookkeeping: never carried
-    carried = _carry_instance_settings(user, fresh, net)
+    carried = carry_instance_settings(user, fresh, net)
     assert sorted(carried) == ["extra", "label_smoother", "model_accepts_loss_kwargs"]
     assert fresh.context is own_context and fresh.current_flos == 0
     assert fresh.model_accepts_loss_kwargs is False and fresh.label_smoother == LabelSmoother(epsilon=0.1)

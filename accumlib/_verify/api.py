@@ -36,6 +36,7 @@ from .ranks import Ranks, in_group, sharded
 from .record import Recorder, StopRun
 from .report import Finding, Report
 from .shadow import disable_dropout, first_layer, make_shadow
+from .sites import user_site
 from .sources import Tracked, TrackedIterable, tensors
 
 DEFAULT_LR = 0.05  # plain SGD: every gradient error shows 1:1 in the update, unlike Adam
@@ -181,6 +182,7 @@ def verify(
     """
     check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn, max_steps, ranks)
     k = check_int("accum_steps", accum_steps, low=1)
+    caller = user_site()  # the user's line that called verify (or verify_trainer, verify_fit)
     with one_run("accumlib.verify"):  # refused by name while another run records (lock.py)
         where = in_group()
         # refuses non-data-parallel
@@ -203,6 +205,7 @@ def verify(
             item_losses,
             max_steps,
             ranks=job,
+            caller=caller,
         )
         loader = DataLoader(
             tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn
@@ -298,7 +301,7 @@ def _judge(
     if stopped or any(f.code == "untracked-data" for f in found):  # what the loop left out is unknown
         return Report(rows, findings, k, stepped, None)
     if every is None:
-        cov = coverage(rec, batch_size, stepped, k)
+        cov = coverage(rec, batch_size, stepped)
     else:
         job = judge_job(every, steps, len(rec.dataset) if isinstance(rec.dataset, Tracked) else None)
         findings += [f for f in job.findings if f.code not in {g.code for g in found}]

@@ -18,7 +18,7 @@ from .job import Job
 from .numbers import Coverage, MicroBatch
 from .oracle import exact
 from .record import Recorder
-from .sources import Passes, Tracked
+from .sources import Tracked
 
 
 def leftovers(rec: Recorder) -> list[MicroBatch]:
@@ -56,7 +56,7 @@ def _count(rec: Recorder, indices: list[int], batch_size: int) -> int:
     )
 
 
-def coverage(rec: Recorder, batch_size: int, stepped: int, k: int) -> Coverage:
+def coverage(rec: Recorder, batch_size: int, stepped: int) -> Coverage:
     """One process's run: what it had to step and did not (``stepped``: items its steps used)."""
     seen_items, seen_loss = leftover(rec)
     passes = rec.data_passes
@@ -67,11 +67,12 @@ def coverage(rec: Recorder, batch_size: int, stepped: int, k: int) -> Coverage:
             if rec.mbs[b].pass_id in rec.passes_used
         )
         return Coverage(missing, stepped + missing, seen_items, seen_loss, duplicates=passes.duplicates)
-    if not passes.left_out and _iterating(passes, k, rec.steps[-1].pass_length if rec.steps else 0):
-        # no pass ever ended and the loop stopped drawing more than a window before its end: an
-        # iteration-based loop (nanoGPT's), whose run is a number of steps, not passes. It has no tail: the
-        # items it never drew (or drew ahead and never forwarded) are not dropped ones. What it forwarded
-        # after its last step is.
+    if not passes.left_out and not passes.abandoned and passes.stream:
+        # the loop drew from a stream (random draws with replacement, no length, more draws than the
+        # data holds) and never ended it: an iteration-based loop (nanoGPT's), whose run is a number of
+        # steps, not passes. It has no tail: the items it never drew (or drew ahead and never forwarded)
+        # are not dropped ones. What it forwarded after its last step is. A loop that stops early in a
+        # pass over the data (an epoch rounded down to whole windows) drops the rest: counted below.
         undrawn = passes.held - len(passes.seen)
         return Coverage(
             seen_items,
@@ -101,19 +102,6 @@ def coverage(rec: Recorder, batch_size: int, stepped: int, k: int) -> Coverage:
         left_out_by=passes.left_out_by,
         duplicates=passes.duplicates,
     )
-
-
-def _iterating(passes: Passes, k: int, stepped: int) -> bool:
-    """The run ended inside its first pass with a window or more of it never drawn, and never left a
-    pass to begin another (``next(iter(loader))`` at every micro-batch draws the first batch again and
-    again: its items never drawn are dropped ones). A loop that rounds its epoch down to whole windows
-    stops less than a window before the end: that remainder is its tail. ``stepped``: the place in the
-    pass of the last micro-batch a step used (a loop that draws ahead has drawn one more)."""
-    if passes.abandoned:
-        return False
-    if passes.batches is None:  # a sampler without a length: the pass ends when every item was drawn
-        return True
-    return passes.batches - stepped >= k
 
 
 def job_coverage(rec: Recorder, job: Job, batch_size: int, stepped: int) -> Coverage:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -71,6 +71,9 @@ class Recorder:
     lrs: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
     lr_changed: bool = False
     sites: dict[str, str] = field(default_factory=dict)  # the window's calls in the user's code (sites.py)
+    caller: str | None = (
+        None  # the user's call of verify: a loop run wholly by a framework has no site of its own
+    )
     clips: list[Clip] = field(default_factory=list)
     untracked: int = 0
     backwards: int = 0
@@ -377,8 +380,8 @@ class Recorder:
 
     def finish_step(self, numbers: StepNumbers) -> None:
         numbers.lr_changed = numbers.lr_changed or self.lr_changed
-        numbers.clips = list(self.clips)
-        numbers.sites = {k: v for k, v in self.sites.items() if v and k != "at"}
+        numbers.sites = {k: v for k, v in self.sites.items() if v and k != "at" and v != self.caller}
+        numbers.clips = [replace(c, site=None) if c.site == self.caller else c for c in self.clips]
         self.steps.append(numbers)
         for b in self.window:
             self.used_indices.update(self.mbs[b].indices or ())

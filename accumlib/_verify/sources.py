@@ -90,6 +90,7 @@ class Passes:
     counts: dict[int, int] = field(default_factory=dict)  # dataset index -> draws in the current pass
     complete: bool = True  # every iteration the loop began ran to its end
     abandoned: int = 0  # iterations the loop left before their end to begin another
+    stream: bool = False  # the loop's loader is a stream, not passes over the data (replacement, no length)
     duplicates: int = 0  # draws of an item already drawn in the same pass (a sampler with replacement)
     seen: set[int] = field(default_factory=set)  # every dataset index the loop drew
     left_out: list[int] = field(default_factory=list)  # per ended pass: dataset items it never drew
@@ -105,6 +106,15 @@ class Passes:
             self.batches = len(loader)
         except TypeError:  # a sampler without a length
             self.batches = None
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None) or getattr(
+            loader, "sampler", None
+        )
+        # draws with replacement, or more draws than the data holds: no pass over the data to finish
+        self.stream = (
+            self.batches is None
+            or bool(getattr(sampler, "replacement", False))
+            or (self.batches * (getattr(loader, "batch_size", None) or 1) > 2 * self.held)
+        )
         # a DataLoader built with a batch_sampler (Accelerate's, the Trainer's) keeps drop_last and
         # batch_size there
         batches = getattr(loader, "batch_sampler", None)

@@ -1,7 +1,7 @@
 """The user's Trainer as it is: its instance attributes carried onto verify's rebuilt copy.
 
 ``verify_trainer`` (``trainer.py``) builds a Trainer of the user's class from copies of what the user
-configured; ``_carry_instance_settings`` then gives it every instance attribute of the user's Trainer
+configured; ``carry_instance_settings`` then gives it every instance attribute of the user's Trainer
 that the fresh constructor did not make the same way, so the run judged is the user's.
 """
 
@@ -167,7 +167,7 @@ def _refers_to(fn: Any, target: Any) -> str | None:
     return None
 
 
-def _check_instance_functions(user: Any) -> None:
+def check_instance_functions(user: Any) -> None:
     """Refuse, before any work, a function set on the user's Trainer that refers to that Trainer by a
     closure or a global: the copy cannot be put in its place, so the copy's run would read (and
     could change) the user's Trainer. A method bound with ``types.MethodType`` is re-bound instead."""
@@ -183,7 +183,7 @@ def _check_instance_functions(user: Any) -> None:
             )
 
 
-def _carry_instance_settings(user: Any, copy_of: Any, net: torch.nn.Module) -> list[str]:
+def carry_instance_settings(user: Any, copy_of: Any, net: torch.nn.Module) -> list[str]:
     """Give ``copy_of`` (a Trainer just built from the user's constructor arguments) every instance
     attribute of the user's Trainer ``user`` that differs from what its constructor made, but those
     in ``NOT_CARRIED``; returns the names carried. See the design notes above ``NOT_CARRIED``."""
@@ -224,4 +224,4 @@ def _carry_instance_settings(user: Any, copy_of: Any, net: torch.nn.Module) -> l
     return carried
 
 
-__all__ = ["NOT_CARRIED"]
+__all__ = ["NOT_CARRIED", "carry_instance_settings", "check_instance_functions"]

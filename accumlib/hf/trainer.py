@@ -4,7 +4,7 @@ The copy is a Trainer of the user's class built from copies of what the user con
 arguments, optimizer, scheduler, callbacks), on verify's copy of the model; then every instance
 attribute the user's Trainer holds that the fresh one does not (a setting made after construction,
 such as ``trainer.model_accepts_loss_kwargs = False``, or a method patched on the instance) is
-carried over to it (``_carry_instance_settings``), so what runs is an exact copy of the user's
+carried over to it (``carry_instance_settings``), so what runs is an exact copy of the user's
 Trainer. The recording dataset and collate function are swapped in after it is built, so a
 subclass that checks their types (TRL's trainers want a ``datasets.Dataset``) takes the user's own.
 """
@@ -27,7 +27,7 @@ from .._batch import ItemLosses
 from .._checks import check_callable, check_int
 from .._verify import Finding, Report, verify
 from .._verify.ranks import in_group
-from .instance import _carry_instance_settings, _check_instance_functions
+from .instance import carry_instance_settings, check_instance_functions
 from .losses import default_item_losses
 from .trl import check_trl, trl_changes, trl_kwargs
 
@@ -313,7 +313,7 @@ def verify_trainer(
     """
     ranks = _check_trainer(trainer, max_steps, item_losses)
     check_trl(trainer, item_losses)
-    _check_instance_functions(trainer)
+    check_instance_functions(trainer)
     model, args = trainer.model, trainer.args
     losses = item_losses or default_item_losses(model, args.label_smoothing_factor)
     cap = min(
@@ -357,7 +357,7 @@ def verify_trainer(
                 raise
             # what the user set on their Trainer after building it (a setting, a patched method) is
             # what their run trains with: the copy takes it too, before verify's own swaps below
-            _carry_instance_settings(trainer, copy_of, net)
+            carry_instance_settings(trainer, copy_of, net)
             copy_of.train_dataset, copy_of.data_collator = loader.dataset, loader.collate_fn
             # its end-of-training metrics line is not verify's to print
             copy_of.remove_callback(PrinterCallback)

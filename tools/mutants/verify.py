@@ -379,8 +379,8 @@ MUTANTS = [
     ),
     Mutant(
         "micro-batches forwarded after the last step not counted",
-        R,
-        "return [self.mbs[b] for b in self.window if b in self.mbs]",
+        "accumlib/_verify/coverage.py",
+        "return [rec.mbs[b] for b in rec.window if b in rec.mbs]",
         "return []",
     ),
     Mutant(
@@ -540,8 +540,8 @@ MUTANTS = [
     Mutant(
         "max_steps not forwarded to the recorder",
         A,
-        "item_losses, max_steps, ranks=job",
-        "item_losses, None, ranks=job",
+        "            item_losses,\n            max_steps,\n",
+        "            item_losses,\n            None,\n",
     ),
     Mutant("a run ended by max_steps not said", A, "        stopped = True\n", "        stopped = False\n"),
     Mutant(
@@ -619,8 +619,8 @@ MUTANTS = [
     Mutant(
         "the global step hook left registered after the run",
         A,
-        "        for h in hooks:\n            h.remove()\n",
-        "        for h in hooks[:2]:\n            h.remove()\n",
+        "            for h in hooks:\n                h.remove()\n",
+        "            for h in hooks[:2]:\n                h.remove()\n",
     ),
     # ---- report: what the caller reads --------------------------------------------------------------------
     Mutant(
@@ -659,12 +659,12 @@ MUTANTS = [
         '        if self.status == "cannot-judge":',
         "        if False:",
     ),
-    Mutant("HTML messages not escaped", P, "{html.escape(f.message)}<br>", "{f.message}<br>"),
+    Mutant("HTML messages not escaped", P, '{html.escape(f.message)}"', '{f.message}"'),
     Mutant(
         "a finding's steps not printed",
         P,
-        'where = f" (steps {\', \'.join(map(str, self.steps))})" if self.steps else ""',
-        'where = ""',
+        'steps = f" (steps {\', \'.join(map(str, self.steps))})" if self.steps else ""',
+        'steps = ""',
     ),
     Mutant(
         "items of a stream shown as 0, not unknown",
