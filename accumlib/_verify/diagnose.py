@@ -24,17 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..tolerances import (
-    AUTOCAST_RTOL,
-    COEF_RTOL,
-    FIT_RTOL,
-    FLOAT32_RTOL,
-    ROUNDING_FLOOR,
-    ROUNDING_MARGIN,
-    SAME_FACTOR_RTOL,
-    SCALED_CLIP_RATIO,
-)
+from ..tolerances import AUTOCAST_RTOL, COEF_RTOL, FIT_RTOL, FLOAT32_RTOL, SAME_FACTOR_RTOL, SCALED_CLIP_RATIO
 from .numbers import Clip, StepNumbers
+from .rounding import counted_before_shift, run_tol
 
 
 @dataclass
@@ -227,7 +219,7 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
         out.batchnorm_limit = n.batchnorm  # a correct accumulation; the gap to the large batch is BatchNorm's
         return out
     fit_tol = max(FIT_RTOL, tol)  # a fit is as good as the replay it is fitted to
-    if _counted_before_shift(n, fit_tol):
+    if counted_before_shift(n, fit_tol):
         out.codes.append("mean-of-means")
         out.detail = (
             f"each micro-batch weighted (N_j+S_j)/N_j x sum N/sum (N+S), {[round(w, 6) for w in n.weights]}: "
@@ -295,29 +287,6 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
             f"{math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, "
             f"cosine {cos:.6f}; no per-rank or common factor reproduces the gradient"
         )
-
-
-def run_tol(n: StepNumbers) -> float:
-    """A float32 step's tolerance from its own rounding (``accumlib.tolerances.ROUNDING_MARGIN``)."""
-    resid = [f.resid for f in n.fits if math.isfinite(f.resid)]
-    if not resid:
-        return FLOAT32_RTOL
-    return min(FLOAT32_RTOL, max(ROUNDING_FLOOR, ROUNDING_MARGIN * max(resid)))
-
-
-def _counted_before_shift(n: StepNumbers, fit_tol: float) -> bool:
-    """The micro-batches' weights are (N_j+S_j)/N_j x sum N / sum(N+S): each micro-batch's token mean
-    multiplied by its labels counted before the shift, the window divided by their sum (torchtune
-    0.6.1). Matched when that prediction explains nine tenths of every weight's distance from 1."""
-    f = n.fits
-    if len(f) < 2 or len(n.weights) != len(f) or any(x.resid > fit_tol for x in f):
-        return False
-    if any(not 0 < x.sequences < x.items for x in f):  # items are tokens, a sequence has at least two
-        return False
-    total = sum(x.items for x in f) / sum(x.items + x.sequences for x in f)
-    pred = [(x.items + x.sequences) / x.items * total for x in f]
-    spread = max(abs(p - 1) for p in pred)
-    return spread > 0 and all(abs(w - p) <= 0.1 * spread for w, p in zip(n.weights, pred))
 
 
 def _explains(out: StepVerdict) -> bool:
@@ -397,4 +366,4 @@ def compensated_clip(c: Clip, g_norm: float) -> bool:
     return ratio > SCALED_CLIP_RATIO and c.max_norm > c.total_norm / math.sqrt(ratio)
 
 
-__all__ = ["CAUSES", "StepVerdict", "causes", "compensated_clip", "diagnose", "near", "run_tol", "step_tol"]
+__all__ = ["CAUSES", "StepVerdict", "causes", "compensated_clip", "diagnose", "near", "step_tol"]
