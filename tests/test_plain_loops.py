@@ -188,3 +188,18 @@ def test_the_plain_ddp_loop_is_ok_on_two_ranks(ranks):
 def test_the_plain_ddp_loop_without_the_global_count_is_named(ranks):
     for r in ranks:
         assert not r["twin"]["ok"] and r["twin"]["codes"] == ["per-rank-mean"], r["twin"]["text"]
+
+
+def test_the_readme_shows_each_plain_loop_as_its_file_verbatim():
+    """The README's copyable loops are the files the tests above grade, byte for byte."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme[
+        readme.index("## Loops to copy: plain PyTorch") : readme.index("## Verify your own loop")
+    ]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    files = [root / "accumlib/examples/plain" / f"{n}.py" for n in ("fixed_size", "tokens", "amp", "ddp")]
+    assert blocks == [f.read_text() for f in files]

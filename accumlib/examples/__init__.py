@@ -8,4 +8,7 @@
 - ``lightning_digits``: a LightningModule over the digits MLP, for ``accumlib.lightning.verify_fit``.
 - ``trl_peft``: TRL's SFTTrainer on GPT-2, PEFT prompt tuning under the Trainer and TRL's DPOTrainer,
   each with its accumulation factor and cause (``BUGS``), for lesson 9.
+- ``plain``: four complete loops in plain PyTorch (fixed-size items, tokens, AMP, DDP) that import
+  torch alone, to copy into a project: the README and lesson 10 show them, ``tests/test_plain_loops.py``
+  grades each.
 """
