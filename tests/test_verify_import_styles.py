@@ -160,3 +160,23 @@ def test_a_clip_at_the_step_is_not_taken_for_a_manual_rescale():
     report = run(clipping_loop(from_clip, False, seen))
     assert report.ok and all(row.clip < 0.5 for row in report.steps)  # the clip acted at every step
     assert all(".grad was multiplied" not in f.message for f in report.findings)
+
+
+def test_under_a_torch_whose_clip_is_not_the_known_wrapper_clip_grad_norm_is_still_seen(monkeypatch):
+    """``clips.py`` falls back to torch's module attribute, which ``clip_grad_norm_`` (any import of it)
+    calls by its global name; torch's own function is back afterwards."""
+    import torch.nn.utils.clip_grad as clip_mod
+
+    from accumlib._verify import clips
+
+    wrapper = clip_mod._clip_grads_with_norm_
+    monkeypatch.setattr(clips, "_CELL", None)
+    monkeypatch.setattr(clips, "_TORCH_CLIP", wrapper)
+    w = torch.nn.Parameter(torch.ones(4))
+    w.grad = torch.full((4,), 3.0)
+    seen = []
+    with clips.on_clip(lambda ps, max_norm, total: seen.append((max_norm, float(total)))):
+        assert clips.watching()
+        from_import_clip([w], 1.0)
+    assert seen == [(1.0, 6.0)]
+    assert clip_mod._clip_grads_with_norm_ is wrapper and not clips.watching()

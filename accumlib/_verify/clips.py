@@ -43,21 +43,35 @@ _listeners: list[Listener] = []
 _guard = threading.Lock()
 
 
-def _cell() -> CellType:
-    """The closure cell of torch's ``_no_grad`` wrapper that holds the real ``_clip_grads_with_norm_``."""
+def _cell() -> CellType | None:
+    """The closure cell of torch's ``_no_grad`` wrapper that holds the real ``_clip_grads_with_norm_``;
+    None under a torch whose clip is not that wrapper."""
     wrapper = _clip_mod._clip_grads_with_norm_
-    for name, cell in zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()):
+    code = getattr(wrapper, "__code__", None)
+    for name, cell in zip(code.co_freevars if code else (), getattr(wrapper, "__closure__", None) or ()):
         if name == "func":
             return cell
-    raise RuntimeError(  # a torch whose clip is not the wrapper verify knows: say so, never guess
-        f"accumlib cannot observe gradient clipping under torch {torch.__version__}: "
-        "torch.nn.utils.clip_grad._clip_grads_with_norm_ is no longer the _no_grad wrapper it knows "
-        "(no 'func' in its closure); please report it"
-    )
+    return None
 
 
 _CELL = _cell()
-_TORCH_CLIP = _CELL.cell_contents  # torch's own function, put back when the last listener leaves
+# torch's own function, put back when the last listener leaves
+_TORCH_CLIP = _CELL.cell_contents if _CELL is not None else _clip_mod._clip_grads_with_norm_
+
+
+def _install(fn: Callable[..., Any]) -> None:
+    if _CELL is not None:
+        _CELL.cell_contents = fn
+        return
+    # another torch: its module attribute, which clip_grad_norm_ still calls by its global name (any import
+    # of clip_grad_norm_ is seen); a clip_grads_with_norm_ imported by name before the run is not
+    _clip_mod._clip_grads_with_norm_ = fn
+    if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
+        torch.nn.utils.clip_grads_with_norm_ = fn
+
+
+def _installed() -> Any:
+    return _CELL.cell_contents if _CELL is not None else _clip_mod._clip_grads_with_norm_
 
 
 def _observed(parameters: Any, max_norm: float, total_norm: torch.Tensor, *a: Any, **kw: Any) -> Any:
@@ -73,19 +87,19 @@ def on_clip(listener: Listener) -> Iterator[None]:
     """Call ``listener(params, max_norm, total_norm)`` after every clip by norm while the context is open."""
     with _guard:
         _listeners.append(listener)
-        _CELL.cell_contents = _observed
+        _install(_observed)
     try:
         yield
     finally:
         with _guard:
             _listeners.remove(listener)
             if not _listeners:
-                _CELL.cell_contents = _TORCH_CLIP
+                _install(_TORCH_CLIP)
 
 
 def watching() -> bool:
     """True while any listener is registered (the cell holds accumlib's observer)."""
-    return _CELL.cell_contents is not _TORCH_CLIP
+    return _installed() is not _TORCH_CLIP
 
 
 __all__ = ["on_clip", "watching"]
