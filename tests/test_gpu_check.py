@@ -162,3 +162,30 @@ def test_a_missing_package_skips_by_name_and_exits_4(tmp_path):
     assert {c["status"] for c in rows} == {"skipped"}
     assert all("'matplotlib'" in c["why"] for c in rows)
     assert "Traceback" not in proc.stderr
+
+
+def test_the_readmes_gpu_figures_are_the_committed_h100_runs():
+    """README's "On a GPU" figures are read off benchmarks/results/gpu-check-h100.json, the H100 run."""
+    import re
+
+    root = REPO
+    run = json.loads((root / "benchmarks/results/gpu-check-h100.json").read_text())
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## On a GPU: make gpu-check") : readme.index("## Project layout")]
+    assert run["mode"] == "CUDA" and run["exit_status"] == 0 and run["environment"]["device"] in section
+    held = 0
+    for key, part in run["parts"].items():
+        n = sum(c["status"] == "held" for c in part["checks"])
+        assert all(c["status"] == "held" for c in part["checks"])
+        held += n
+        assert re.search(rf"\| {key}\. [^|]+\| {n} \| 0 \| {part['seconds']:.1f} \|", section), key
+    assert f"{held} in {round(run['seconds'])} s" in section
+    d = {c["name"]: c["figures"] for c in run["parts"]["d"]["checks"]}
+    correct = next(v for k, v in d.items() if "correct" in k)
+    broken = next(v for k, v in d.items() if "never-divided" in k)
+    assert correct["ok"] and not broken["ok"] and broken["codes"] == ["unscaled-sum"]
+    for fig in (f"{correct['time_ratio']:.2f}x", f"{broken['time_ratio']:.2f}x"):
+        assert fig in section
+    assert f"{correct['verify_peak_bytes'] / 1e9:.2f} GB" in section
+    assert f"{correct['loop_alone_peak_bytes'] / 1e9:.2f} GB" in section
+    assert f"{correct['extra_over_param_bytes']:.2f}x" in section
