@@ -2,6 +2,7 @@
 
     accumlib verify                        every reference loop on every built-in task
     accumlib verify FILE.py:FUNCTION ...   your own loop against the large batch
+    accumlib run -- SCRIPT.py [ARGS...]    an unmodified training script, judged as it runs
     accumlib ddp --world-size 2 ...        DDP accumulation on local processes
     accumlib survey transformers           every causal-LM class of transformers under its Trainer
 
@@ -124,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print the results as JSON")
     v.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
     v.set_defaults(func=_verify)
+    from ._verify import run_cli
+
+    r = sub.add_parser(
+        "run",
+        help="judge an unmodified training script: accumlib run -- SCRIPT.py ARGS",
+        description=run_cli.DESCRIPTION,
+    )
+    run_cli.add_arguments(r)
+    r.set_defaults(func=run_cli.run)
     from .distributed import cli as ddp_cli  # starts no process and no process group
 
     d = sub.add_parser(

@@ -293,6 +293,33 @@ CODES: dict[str, Code] = {
             "counted as dropped; every item it forwarded was judged"
         },
     ),
+    # accumlib run / accumlib.watch (``inplace.py``): what the in-place engine cannot see is said
+    "no-step": Code(
+        "limit",
+        "the run took no optimizer step after a backward: there is no step to judge",
+        "let the script take at least one optimizer step (a larger max_iters, more data), then run it again",
+    ),
+    "unseen-loss": Code(
+        "limit",
+        "a backward reached the parameters other than through one standard loss call with equal weights on "
+        "its items (a loss of the script's own, a regulariser, a none-reduction weighted per item), so its "
+        "items are unknown and its steps could not be judged",
+        "compute the loss with torch.nn.functional's losses (mask with ignore_index, reduce with "
+        "reduction='sum' or 'mean'), or judge the loop with accumlib.verify(train_fn, item_losses=...)",
+        at="backward",
+    ),
+    "several-losses": Code(
+        "limit",
+        "one backward added several loss terms made at different places ({sites}): how they combine into "
+        "one item loss is the script's choice, which accumlib does not guess",
+        "judge the loop with accumlib.verify(train_fn, item_losses=...), with item_losses returning each "
+        "item's combined loss",
+    ),
+    "several-optimizers": Code(
+        "limit",
+        "more than one optimizer stepped the watched parameters ({sites}); the in-place engine judges one",
+        "watch the loop of one optimizer at a time (a GAN: accumlib.verify with each half's item_losses)",
+    ),
 }
 
 KINDS = ("bug", "limit", "note", "cost")

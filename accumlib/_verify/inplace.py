@@ -1,0 +1,307 @@
+"""The in-place engine: judge a run from its own backward passes, with no copy, replay or re-read.
+
+``accumlib run`` and ``accumlib.watch`` observe a script as it is: its model, optimizer and data are
+never handed to verify. What a step needs comes from the run's own graph. Let micro-batch j's loss
+call (``losscalls.py``) return L_j over n_j items, and let the script backward a root R_j. A prehook on
+L_j's node reads u_j = dR_j/dL_j (one number) before any gradient reaches a parameter; by the chain
+rule, when R_j reaches the parameters through L_j alone (a graph walk from R_j checks it), the
+gradient the backward deposits is
+
+    g_j = u_j grad L_j = (u_j / m_j) s_j,    s_j = grad sum_{i in j} l_i,  m_j = n_j (mean) or 1 (sum)
+
+so a hook on each parameter, which sees g_j before it is accumulated, adds (m_j / u_j) g_j into one
+buffer O. At the step, with N = sum_j n_j, O / N is the true large-batch gradient of the window,
+g* = grad (1/N) sum_i l_i, computed from the very graphs the run built (its dropout masks, its
+autocast, its data as the model received it), and G, what the optimizer holds, is compared with it
+in float64 (``measure.dist``). Each micro-batch's weight is exact too: w_j = N u_j / (m_j S) times
+the factors .grad was multiplied by since (S: GradScaler's scale), where the copying engine fits
+them. Buffers: O, one per trainable parameter (1x the parameters' bytes); the rest is a few
+numbers per micro-batch. What this cannot see is said: a backward that reaches the parameters
+other than through a loss call it knows, two loss terms, BatchNorm's per-micro-batch statistics.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .losscalls import LossCall
+from .measure import dist
+from .numbers import Clip, StepNumbers
+from .oracle import Fit, clipped, gram
+from .patches import _lrs, current_lr
+from .record import StopRun
+from .sites import user_site
+from .touched import fingerprint, hooked, rescale, unexplained
+
+LOW = (torch.float16, torch.bfloat16)
+# u_j of two loss calls judged as one micro-batch must agree to float32 rounding of a division
+SAME_RATIO = 1e-6
+
+
+@dataclass
+class Backward:
+    """One backward of the window: the loss calls it reached and what it deposited, as numbers."""
+
+    site: str
+    calls: list[LossCall] = field(default_factory=list)
+    ratios: list[torch.Tensor] = field(default_factory=list)  # m / u per call, 0-dim, on the device
+    spread: list[torch.Tensor] = field(default_factory=list)  # reduction "none": unequal upstream
+    beta: float = 1.0  # what .grad was multiplied by since the previous backward (fingerprints)
+    scale: float = 1.0  # GradScaler's scale when it ran
+    lrs: dict[int, tuple[float, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class InPlace:
+    """Everything the run's hooks write; ``steps`` and ``problems`` are what the judge stage reads."""
+
+    max_steps: int | None = None
+    optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    params: dict[int, torch.Tensor] = field(default_factory=dict)  # every optimizer's parameters
+    handles: list[Any] = field(default_factory=list)
+    sums: dict[int, torch.Tensor] = field(default_factory=dict)  # O, per parameter
+    pending: dict[int, LossCall] = field(default_factory=dict)  # id(node) -> call, not yet backwarded
+    window: list[Backward] = field(default_factory=list)
+    after: dict[int, torch.Tensor] = field(default_factory=dict)  # .grad fingerprints after the last backward
+    leak: bool = False
+    ratio: torch.Tensor | None = None  # m / u of the backward running now
+    steps: list[StepNumbers] = field(default_factory=list)
+    stepping: dict[int, str] = field(default_factory=dict)  # id(optimizer) -> where it was built or stepped
+    problems: dict[str, list[str]] = field(default_factory=dict)  # code -> sites: what could not be judged
+    clips: list[Clip] = field(default_factory=list)
+    scale: float = 1.0
+    lr_changed: bool = False
+    sites: dict[str, str] = field(default_factory=dict)
+    batchnorm: bool = False
+    model: str = ""  # the module class whose parameters were stepped (for the report)
+
+    @property
+    def param_ids(self) -> set[int]:  # the patches' test for "this run's parameters" (patches.py)
+        return set(self.params)
+
+    # -- record ------------------------------------------------------------------------------
+    def saw_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        if opt not in self.optimizers:
+            self.optimizers.add(opt)
+
+    def saw_loss(self, call: LossCall) -> None:
+        self.pending[id(call.node)] = call
+
+    def problem(self, code: str, site: str) -> None:
+        sites = self.problems.setdefault(code, [])
+        if site and site not in sites:
+            sites.append(site)
+
+    def _hook_params(self) -> None:
+        for opt in list(self.optimizers):
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if id(p) not in self.params and p.requires_grad:
+                        self.params[id(p)] = p
+                        self.handles.append(p.register_hook(self._deposit(p)))
+
+    def _deposit(self, p: torch.Tensor) -> Any:
+        def seen(g: torch.Tensor) -> None:
+            if self.ratio is None:
+                return None  # not a backward this engine watches (torch.autograd.grad, an evaluation)
+            buf = self.sums.get(id(p))
+            if buf is None or buf.shape != g.shape or buf.device != g.device:
+                buf = self.sums[id(p)] = torch.zeros_like(
+                    g, dtype=torch.float32 if g.dtype in LOW else g.dtype
+                )
+            buf.add_(g.to(buf.dtype) * self.ratio)
+            return None  # the run's gradient is left as it is
+
+        return seen
+
+    def _walk(self, roots: list[torch.Tensor]) -> tuple[list[LossCall], bool]:
+        """The loss calls each root reaches, and whether it reaches a watched parameter other than
+        through one of them (a regulariser, a loss verify does not know)."""
+        seen, found, stray = set(), [], False
+        todo = [r.grad_fn for r in roots if r.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            call = self.pending.get(id(node))
+            if call is not None and call.node is node:
+                found.append(call)
+                continue  # what lies beyond a loss call is its own gradient
+            var = getattr(node, "variable", None)
+            if var is not None and id(var) in self.params:
+                stray = True
+            todo.extend(n for n, _ in node.next_functions)
+        return found, stray
+
+    def backward(self, original: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        self._hook_params()
+        calls, stray = self._walk(roots)
+        if not calls and not stray:
+            return original(tensors, *args, **kwargs)  # no watched parameter is reached
+        here = Backward(user_site() or "", calls, scale=self.scale)
+        here.lrs = {id(o): _lrs(o) for o in list(self.optimizers)}
+        self.sites["backward"] = here.site
+        if stray or not calls:
+            self.problem("unseen-loss", here.site)
+        if len({c.site for c in calls}) > 1:
+            self.problem("several-losses", " and ".join(sorted({f"{c.kind} at {c.site}" for c in calls})))
+        self._open(here)
+        handles = [c.node.register_prehook(self._upstream(c, here)) for c in calls]
+        self.ratio = torch.zeros(())  # nothing reached the parameters yet; each call's prehook sets it
+        try:
+            return original(tensors, *args, **kwargs)
+        finally:
+            self.ratio = None
+            for h in handles:
+                h.remove()
+            for c in calls:
+                self.pending.pop(id(c.node), None)
+            self.window.append(here)
+            self.after = {k: fingerprint(p.grad) for k, p in self.params.items() if p.grad is not None}
+
+    def _open(self, here: Backward) -> None:
+        """Before the backward: a window begins (O = 0; .grad should hold nothing), or what happened
+        to .grad since the previous backward (zeroed, rescaled) is read off its fingerprints."""
+        if not self.window:
+            for buf in self.sums.values():
+                buf.zero_()
+            self.leak = any(
+                p.grad is not None and bool(fingerprint(p.grad).any()) for p in self.params.values()
+            )
+            return
+        ps = [p for k, p in self.params.items() if k in self.after]
+        if any(p.grad is None for p in ps):  # zero_grad(set_to_none=True) inside the window
+            here.beta = 0.0 if all(p.grad is None for p in ps) else math.nan
+        else:
+            here.beta = rescale(ps, self.after)
+            if all(not bool(p.grad.reshape(-1)[:4].any()) for p in ps):
+                here.beta = 0.0
+
+    def _upstream(self, call: LossCall, here: Backward) -> Any:
+        def seen(grad_outputs: tuple[torch.Tensor, ...]) -> None:
+            u = grad_outputs[0].detach()
+            if call.reduction == "none":  # the script's own reduction: equal weights on the items kept
+                keep = u != 0
+                call.items = keep.sum()
+                mean = u.sum() / call.items.clamp(min=1)
+                here.spread.append(((u - mean) * keep).abs().max() / mean.abs().clamp(min=1e-30))
+                r = 1.0 / mean
+            elif call.reduction == "mean":
+                r = call.items / u.reshape(())
+            else:
+                r = 1.0 / u.reshape(())
+            here.ratios.append(r)
+            if len(here.ratios) == 1:  # several calls in one backward are judged only if their ratios agree
+                self.ratio = r.to(torch.float32)
+            return None
+
+        return seen
+
+    def on_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        self.saw_optimizer(opt)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self.capture(opt)
+            return None
+
+        def then_capture() -> Any:  # Lightning: the last micro-batch runs inside the closure
+            out = closure()
+            self.capture(opt)
+            return out
+
+        return args[:1], {k: v for k, v in kwargs.items() if k != "closure"} | {"closure": then_capture}
+
+    # -- compute -----------------------------------------------------------------------------
+    def capture(self, opt: torch.optim.Optimizer) -> None:
+        ps = [p for g in opt.param_groups for p in g["params"] if id(p) in self.params]
+        if not ps and not self.window:
+            return  # an optimizer whose parameters no watched backward reached
+        self.stepping.setdefault(id(opt), user_site() or type(opt).__name__)
+        if len(self.stepping) > 1:
+            self.problem("several-optimizers", user_site() or "")
+        self.sites["step"] = user_site() or ""
+        w = self.window
+        numbers = StepNumbers(len(w), current_lr(opt), lr_changed=self.lr_changed, sites=dict(self.sites))
+        if not w:
+            return self.finish(numbers)
+        numbers.lrs = [b.lrs.get(id(opt), ()) for b in w]
+        ratios = [torch.stack([r.double() for r in b.ratios]) if b.ratios else None for b in w]
+        items = [int(sum(c.items for c in b.calls)) for b in w]
+        numbers.items = sum(items)
+        numbers.loss_sum = float(sum(_loss_sum(c) for b in w for c in b.calls))
+        spread = [float(s) for b in w for s in b.spread]
+        for r in ratios:
+            if r is not None and r.numel() > 1 and float((r - r[0]).abs().max() / r[0].abs()) > SAME_RATIO:
+                self.problem("unseen-loss", self.sites["backward"])
+        if any(s > SAME_RATIO for s in spread):
+            self.problem("unseen-loss", self.sites["backward"])
+        fits = []
+        for b, r, n in zip(w, ratios, items):
+            a = 1.0 / (float(r[0]) * b.scale) if r is not None and float(r[0]) != 0 else math.nan
+            exact = math.isfinite(b.beta) and math.isfinite(a)
+            fits.append(Fit(len(b.calls), n, 0, a, b.beta, 0.0 if exact else math.nan))
+        numbers.fits = fits
+        tail, numbers.weights = 1.0, [0.0] * len(fits)
+        for j in range(len(fits) - 1, -1, -1):  # w_j = N a_j prod_{l>j} beta_l (``WindowOracle.weights``)
+            numbers.weights[j] = numbers.items * fits[j].a * tail
+            tail *= fits[j].beta
+        numbers.leak, numbers.leak_coef = self.leak, tail
+        numbers.finite = all(math.isfinite(f.a) for f in fits)
+        complete = [c for c in self.clips if c.seen >= len(w)]
+        numbers.clips = list(self.clips)
+        numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
+        numbers.rescaled = unexplained(rescale(ps, self.after), numbers.unclip, self.scale)
+        numbers.grad_hooks = hooked(ps)
+        numbers.batchnorm = self.batchnorm
+        if numbers.items > 0 and numbers.finite:
+            _measure(numbers, [p.grad for p in ps], [self.sums.get(id(p)) for p in ps])
+        self.finish(numbers)
+
+    def finish(self, numbers: StepNumbers) -> None:
+        self.steps.append(numbers)
+        self.window, self.clips, self.lr_changed, self.leak = [], [], False, False
+        self.sites = {}
+        if self.max_steps is not None and len(self.steps) >= self.max_steps:
+            raise StopRun
+
+    finish_step = finish  # the GradScaler patch closes a skipped window through this name (patches.py)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+def _loss_sum(c: LossCall) -> torch.Tensor:
+    v = c.value.double()
+    return v.sum() * c.items if c.reduction == "mean" else v.sum()
+
+
+def _measure(numbers: StepNumbers, grads: list[Any], oracle: list[Any]) -> None:
+    """G, what the optimizer holds (clips undone), against r = O / N: the relative error, the best
+    factor c and its residual, and the float32 figures the report reads (``measure.measure``'s)."""
+    n, u = numbers.items, numbers.unclip
+    g = gram([grads, oracle], scales=[1.0 / u, 1.0 / n])
+    gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
+    numbers.rel = dist(gg, gr, rr, 1.0) / math.sqrt(rr) if rr > 0 else math.inf
+    if rr > 0:
+        numbers.scale = gr / rr
+        numbers.scale_resid = dist(gg, gr, rr, numbers.scale) / max(math.sqrt(gg), 1e-300)
+    numbers.gg, numbers.gt, numbers.tt = gg * u * u, gr * u, rr
+
+
+def run_k(steps: list[StepNumbers]) -> int:
+    """accum_steps as the run shows it: the most common window length (the longer on a tie)."""
+    lengths = Counter(s.micro_batches for s in steps if s.micro_batches)
+    return max(lengths, key=lambda m: (lengths[m], m)) if lengths else 1
+
+
+__all__ = ["Backward", "InPlace", "run_k"]

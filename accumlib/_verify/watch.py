@@ -1,0 +1,203 @@
+"""``accumlib.watch()`` and ``accumlib run``: judge a run as it happens, wherever its objects are built.
+
+    with accumlib.watch() as seen:          # around a training loop, in a script or a notebook cell
+        train()
+    print(seen.report)
+
+Nothing is handed to verify: the optimizers are found as they are built (or alive when the block
+opens), the model is the set of parameters the stepping optimizer holds, micro-batches are the
+backwards between its steps, items come from the script's standard loss calls (``losscalls.py``),
+``accum_steps`` is read from the run. The engine is ``inplace.py``: the run's own graphs, no copy.
+The pipeline runs forward: record (hooks, patches) -> numbers per step -> ``diagnose_run`` ->
+``Report``. What the engine cannot see is a ``limit`` finding, never a pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import runpy
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .._checks import check_int
+from .diagnose_run import diagnose_run, run_notes, step_findings, step_rows
+from .inplace import InPlace, run_k
+from .lock import one_run
+from .losscalls import on_loss_call
+from .patches import _clipping, _scaler, _schedulers
+from .record import StopRun
+from .report import Finding, Report
+
+
+@dataclass
+class Watched:
+    """What ``watch`` hands out: ``report`` once the block has ended (None before)."""
+
+    report: Report | None = None
+    engine: InPlace = field(default_factory=InPlace)
+
+
+@contextlib.contextmanager
+def _optimizers(eng: InPlace, alive: bool) -> Iterator[None]:
+    """Every optimizer alive when the block opens and every one built inside it."""
+    with warnings.catch_warnings():  # isinstance wakes deprecated module attributes, which warn
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects() if alive else ():
+            if isinstance(obj, torch.optim.Optimizer):
+                eng.saw_optimizer(obj)
+    init = torch.optim.Optimizer.__init__
+
+    def built(opt: Any, *a: Any, **kw: Any) -> None:
+        init(opt, *a, **kw)
+        eng.saw_optimizer(opt)
+
+    torch.optim.Optimizer.__init__ = built  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _backwards(eng: InPlace) -> Iterator[None]:
+    """``torch.autograd.backward``, which ``Tensor.backward`` (and so Accelerate, Lightning, GradScaler's
+    scaled loss) calls by attribute: each backward goes through the engine."""
+    original = torch.autograd.backward
+
+    def backward(tensors: Any, *a: Any, **kw: Any) -> Any:
+        return eng.backward(original, tensors, *a, **kw)
+
+    torch.autograd.backward = backward  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.autograd.backward = original  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _batchnorm(eng: InPlace) -> Iterator[None]:
+    """BatchNorm in training mode (``F.batch_norm`` calls ``torch.batch_norm`` by attribute)."""
+    original = torch.batch_norm
+
+    def batch_norm(inp: Any, weight: Any, bias: Any, mean: Any, var: Any, training: bool, *a: Any) -> Any:
+        if training and torch.is_grad_enabled():
+            eng.batchnorm = True
+        return original(inp, weight, bias, mean, var, training, *a)
+
+    torch.batch_norm = batch_norm  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.batch_norm = original  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def watch(
+    *, max_steps: int | None = None, accum_steps: int | None = None, scan: bool = True
+) -> Iterator[Watched]:
+    """Judge every optimizer step taken inside the block against the true large-batch gradient.
+
+    ``accum_steps``: the micro-batches per step the run is meant to take (read from the run when
+    None); ``max_steps``: judge the first N steps, then end the block's loop (the block ends cleanly);
+    ``scan``: also find the optimizers alive when the block opens (a script builds its own: no need).
+
+    >>> import torch, accumlib
+    >>> torch.manual_seed(0); model = torch.nn.Linear(3, 2)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    >>> with accumlib.watch() as seen:
+    ...     for i in range(8):                               # 4 micro-batches of 2 per step
+    ...         torch.nn.functional.cross_entropy(model(x[2*i:2*i+2]), y[2*i:2*i+2]).backward()
+    ...         if (i + 1) % 4 == 0:
+    ...             opt.step(); opt.zero_grad()
+    >>> seen.report.ok, sorted(seen.report.codes), seen.report.accum_steps
+    (False, ['unscaled-sum'], 4)
+    """
+    check_int("max_steps", max_steps, low=1, optional=True)
+    check_int("accum_steps", accum_steps, low=1, optional=True)
+    out = Watched(engine=InPlace(max_steps=max_steps))
+    eng, stopped = out.engine, False
+    with one_run("accumlib.watch"):
+        hook = register_optimizer_step_pre_hook(eng.on_step)
+        try:
+            with (
+                _optimizers(eng, alive=scan),
+                on_loss_call(eng.saw_loss),
+                _backwards(eng),
+                _batchnorm(eng),
+                _clipping(eng),  # type: ignore[arg-type]
+                _scaler(eng),  # type: ignore[arg-type]
+                _schedulers(eng),  # type: ignore[arg-type]
+            ):
+                yield out
+        except StopRun:
+            stopped = True
+        finally:
+            hook.remove()
+            eng.close()
+        out.report = judge(eng, accum_steps, stopped=stopped)
+
+
+def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
+    """The stages after the run: every step diagnosed, the run's tail, what could not be judged."""
+    steps = eng.steps
+    k = accum_steps or run_k(steps)
+    verdicts, assumed = diagnose_run(steps, k=k)
+    rows = step_rows(steps, verdicts, assumed)
+    findings = step_findings(steps, verdicts, k=k)
+    findings += run_notes(steps, verdicts, assumed, dropout=(), stopped=stopped)
+    stepped = sum(s.items for s in steps)
+    left = sum(int(sum(c.items for c in b.calls)) for b in eng.window)
+    if eng.window and not stopped:  # backwards after the last step: their gradient never reached one
+        form = "count" if steps else "never"
+        findings.append(Finding.of("tail-dropped", form=form, n=left, total=stepped + left))
+    elif not steps:
+        findings.append(Finding.of("no-step"))
+    if eng.batchnorm:
+        findings.append(Finding.of("batchnorm"))
+    for code, sites in eng.problems.items():
+        many = code == "several-losses"
+        findings.append(Finding.of(code, sites="; ".join(sites) or "?", where=() if many else sites))
+    total = None if stopped else stepped + (left if eng.window else 0)
+    loss = sum(s.loss_sum for s in steps) + 0.0
+    return Report(rows, findings, k, stepped, total, None, loss / stepped if stepped else None)
+
+
+def run_script(
+    script: str | os.PathLike[str],
+    args: list[str] | tuple[str, ...] = (),
+    *,
+    max_steps: int | None = None,
+    accum_steps: int | None = None,
+) -> Report:
+    """Run ``script`` as ``__main__`` with ``args`` as its command line, unmodified, under ``watch``;
+    its exceptions propagate (``accumlib run`` turns them into exit 3), ``SystemExit(0)`` ends it."""
+    path = Path(script)
+    if not path.is_file():
+        raise ValueError(f"script must be an existing Python file (got {str(script)!r})")
+    argv, syspath = list(sys.argv), list(sys.path)
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, str(path.resolve().parent))  # as `python script.py` puts the script's folder first
+    try:
+        with watch(max_steps=max_steps, accum_steps=accum_steps, scan=False) as seen:
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except SystemExit as end:
+                if end.code not in (None, 0):
+                    raise
+    finally:
+        sys.argv, sys.path[:] = argv, syspath
+    assert seen.report is not None
+    return seen.report
+
+
+__all__ = ["Watched", "judge", "run_script", "watch"]
