@@ -16,6 +16,9 @@ from accumlib.tolerances import FLOAT32_RTOL
 # Two cores in CI: one intra-op thread per test process keeps timings and rounding stable.
 torch.set_num_threads(1)
 os.environ.setdefault("MPLBACKEND", "Agg")
+# nanoGPT's scripts, vendored unmodified (tests/_nanogpt.py runs them): not test modules, and importing one
+# (as --doctest-modules would) runs it
+collect_ignore = ["scripts"]
 
 DIGITS = accumlib.get_task("mlp-digits")  # 110 items, batches of 8: 14 micro-batches, windows 4, 4, 4, 2
 K = 4  # micro-batches per optimizer step in verify's digits tests
