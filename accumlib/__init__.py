@@ -29,7 +29,7 @@ import importlib
 from typing import Any
 
 from ._checks import resolve_device
-from ._verify import CODES, Finding, Report, VerifyError, verify
+from ._verify import CODES, Finding, Report, VerifyError, verify, watch
 from .compare import Comparison, compare
 from .loops import ALL as _ALL
 from .loops import LOOPS
@@ -48,6 +48,7 @@ __all__ = [
     "compare",
     "Comparison",
     "verify",
+    "watch",
     "Report",
     "Finding",
     "CODES",

@@ -34,6 +34,7 @@ PUBLIC = {
     "compare",
     "Comparison",
     "verify",
+    "watch",
     "Report",
     "Finding",
     "CODES",

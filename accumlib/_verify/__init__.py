@@ -14,10 +14,15 @@ One pipeline, data passed forward only, a module per stage:
 - ``report``: ``Report`` (immutable; ``with_finding`` for an adapter's note), ``StepRow``, ``Finding``;
 - ``codes``: the one table of finding codes (kind, message, fix, wordings); ``api``: ``verify`` itself,
   which checks the arguments, makes the copy and runs the stages in that order.
+
+The in-place engine, for runs verify did not set up (``accumlib.watch``, ``accumlib run``): ``losscalls``
+(every standard loss call, its items) -> ``inplace`` (the oracle from the run's own backward passes,
+``StepNumbers`` per step) -> ``watch`` (the same diagnose and report stages); ``run_cli``: the command.
 """
 
 from .api import VerifyError, verify
 from .codes import CODES, Code
 from .report import EXIT_STATUS, Finding, Report, StepRow
+from .watch import watch
 
-__all__ = ["CODES", "EXIT_STATUS", "Code", "Finding", "Report", "StepRow", "VerifyError", "verify"]
+__all__ = ["CODES", "EXIT_STATUS", "Code", "Finding", "Report", "StepRow", "VerifyError", "verify", "watch"]

@@ -74,6 +74,8 @@ class InPlace:
     steps: list[StepNumbers] = field(default_factory=list)
     stepping: dict[int, str] = field(default_factory=dict)  # id(optimizer) -> where it was built or stepped
     problems: dict[str, list[str]] = field(default_factory=dict)  # code -> sites: what could not be judged
+    unjudged: dict[int, list[str]] = field(default_factory=dict)  # step -> the codes that kept it unjudged
+    blind: list[str] = field(default_factory=list)  # the open window's codes
     clips: list[Clip] = field(default_factory=list)
     scale: float = 1.0
     lr_changed: bool = False
@@ -94,6 +96,8 @@ class InPlace:
         self.pending[id(call.node)] = call
 
     def problem(self, code: str, site: str) -> None:
+        if code not in self.blind:
+            self.blind.append(code)
         sites = self.problems.setdefault(code, [])
         if site and site not in sites:
             sites.append(site)
@@ -266,9 +270,11 @@ class InPlace:
         self.finish(numbers)
 
     def finish(self, numbers: StepNumbers) -> None:
+        if self.blind:  # its figures mean nothing: no verdict is drawn from them
+            self.unjudged[len(self.steps)], self.blind = self.blind, []
         self.steps.append(numbers)
         self.window, self.clips, self.lr_changed, self.leak = [], [], False, False
-        self.sites = {}
+        self.sites, self.pending = {}, {}  # a loss call no backward reached by the step was not trained on
         if self.max_steps is not None and len(self.steps) >= self.max_steps:
             raise StopRun
 

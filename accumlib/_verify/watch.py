@@ -21,7 +21,8 @@ import runpy
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from math import nan
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +152,19 @@ def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
     """The stages after the run: every step diagnosed, the run's tail, what could not be judged."""
     steps = eng.steps
     k = accum_steps or run_k(steps)
+    if steps and not stopped and not eng.window:  # the run's last window may be its data's legitimate tail
+        steps[-1].epoch_end, steps[-1].pass_length = True, sum(s.micro_batches for s in steps)
     verdicts, assumed = diagnose_run(steps, k=k)
-    rows = step_rows(steps, verdicts, assumed)
+    for t in eng.unjudged:
+        verdicts[t].codes = []
+    rows = [
+        replace(
+            r, codes=("not judged: " + ", ".join(eng.unjudged[t]),), rel_error=nan, norm_ratio=nan, scale=nan
+        )
+        if t in eng.unjudged
+        else r
+        for t, r in enumerate(step_rows(steps, verdicts, assumed))
+    ]
     findings = step_findings(steps, verdicts, k=k)
     findings += run_notes(steps, verdicts, assumed, dropout=(), stopped=stopped)
     stepped = sum(s.items for s in steps)

@@ -1,0 +1,274 @@
+"""``accumlib.watch`` and the in-place engine (issue 28): every verdict against an oracle this test
+computes itself (``accumlib.true_gradient`` on a copy of the model at the window's first parameters,
+over the window's micro-batches), the broken loops first, each with its correct twin.
+
+Tolerance: the engine's reference is O / N, summed from the run's own per-micro-batch gradients in
+float32; the test's truth is the merged window's gradient, a different float32 summation order, so
+the two agree to ~1e-6 relative (FLOAT32_RTOL is the project's stated bound, 1e-4).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accumlib
+from accumlib._verify.watch import watch
+from accumlib.tolerances import FLOAT32_RTOL
+
+PAD, V = -100, 11
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = torch.nn.Embedding(V, 8), torch.nn.Linear(8, V)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.emb(x.clamp(min=0))))
+
+
+def item_losses(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    keep = y != PAD
+    return F.cross_entropy(model(x)[keep], y[keep], reduction="none")
+
+
+def micro_batches(n: int = 10, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Padded token micro-batches whose token counts differ (2 rows, 1 to 7 tokens each)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.randint(0, V, (2, 7), generator=g)
+        y = torch.randint(0, V, (2, 7), generator=g)
+        lengths = torch.randint(1, 8, (2,), generator=g)
+        y[torch.arange(7)[None, :] >= lengths[:, None]] = PAD
+        out.append((x, y))
+    return out
+
+
+def run(loop, k: int = 4, n: int = 10, **watch_kw):
+    """Run ``loop(model, opt, batches, k)`` under watch; return the report and the test's own figures per
+    step: ||G - g*|| / ||g*||, G as the optimizer saw it, g* the merged window's true gradient."""
+    model, batches = TinyLM(), micro_batches(n)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    names = [name for name, _ in model.named_parameters()]
+    state = {"start": copy.deepcopy(model), "window": []}
+    truth = []
+    index = {id(x): i for i, (x, _) in enumerate(batches)}
+
+    def forwarded(module, args):  # which micro-batch the model was fed, by the input tensor itself
+        if module is model:  # not the copies the truth is computed on (deepcopy keeps the hook)
+            state["window"].append(batches[index[id(args[0])]])
+
+    def before(optimizer, args, kwargs):
+        if state["window"]:
+            t = accumlib.true_gradient(state["start"], state["window"], item_losses)
+            G = torch.cat(
+                [(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in model.parameters()]
+            )
+            T = torch.cat([t[name].reshape(-1) for name in names])
+            truth.append(float((G - T).norm() / T.norm()))
+
+    def after(optimizer, args, kwargs):
+        state["start"], state["window"] = copy.deepcopy(model), []
+
+    hooks = [
+        opt.register_step_pre_hook(before),
+        opt.register_step_post_hook(after),
+        model.register_forward_pre_hook(forwarded),
+    ]
+    with watch(**watch_kw) as w:
+        loop(model, opt, batches, k)
+    for h in hooks:
+        h.remove()
+    return w.report, truth
+
+
+def per_window_sum(model, opt, batches, k):
+    """Correct: each window's tokens counted first, every token weighed 1/N (accumlib.ragged)."""
+    batches = list(batches)
+    for s in range(0, len(batches), k):
+        window = batches[s : s + k]
+        n = sum(int((y != PAD).sum()) for _, y in window)
+        for x, y in window:
+            (F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=PAD, reduction="sum") / n).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def mean_over_k(model, opt, batches, k, zero_inside=False, zero=True, clip=False, tail=True):
+    """The textbook loop: each micro-batch's mean over its tokens, divided by k."""
+    batches = list(batches)
+    for i, (x, y) in enumerate(batches):
+        (F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=PAD) / k).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if zero_inside and i % k == 1:
+            opt.zero_grad()
+        if (i + 1) % k == 0 or (tail and i + 1 == len(batches)):
+            opt.step()
+            if zero:
+                opt.zero_grad()
+
+
+def assert_figures(report, truth):
+    """Every step the report judged has the test's own relative error (to float32 rounding)."""
+    assert len(report.steps) == len(truth)
+    for row, t in zip(report.steps, truth):
+        assert math.isclose(row.rel_error, t, rel_tol=1e-3, abs_tol=FLOAT32_RTOL), (row.rel_error, t)
+
+
+def test_the_correct_ragged_loop_is_ok_against_the_tests_own_truth():
+    report, truth = run(per_window_sum)
+    assert report.ok and report.codes == set(), report
+    assert report.accum_steps == 4 and report.items_stepped == report.items_total
+    assert max(truth) < FLOAT32_RTOL and max(r.rel_error for r in report.steps) < FLOAT32_RTOL
+    assert_figures(report, truth)
+
+
+def test_mean_of_means_over_ragged_token_counts_is_named():
+    report, truth = run(mean_over_k)
+    assert not report.ok and "mean-of-means" in report.codes, report
+    assert min(truth) > 1e-3  # the test's own truth says every step is off
+    assert_figures(report, truth)
+
+
+@pytest.mark.parametrize(
+    "kw, code",
+    [
+        (dict(zero=False), "no-zero-grad"),
+        (dict(zero_inside=True), "zero-grad-inside-window"),
+        (dict(clip=True), "clip-per-micro-batch"),
+        (dict(tail=False), "tail-dropped"),
+    ],
+)
+def test_each_broken_loop_is_named_with_its_code(kw, code):
+    report, truth = run(lambda m, o, b, k: mean_over_k(m, o, b, k, **kw))
+    assert not report.ok and code in report.codes, report
+    if code not in ("tail-dropped", "clip-per-micro-batch"):  # a clip's row compares like with like (clipped)
+        assert_figures(report, truth)
+
+
+def test_a_count_taken_before_the_label_shift_is_a_misscale_by_n_over_n_plus_s():
+    def shifted(model, opt, batches, k):
+        batches = list(batches)
+        for s in range(0, len(batches), k):
+            window = batches[s : s + k]
+            n = sum(int((y != PAD).sum()) for _, y in window)  # counted before the shift: S too many
+            for x, y in window:
+                logits = model(x)[:, :-1]
+                target = y[:, 1:]
+                (
+                    F.cross_entropy(logits.transpose(1, 2), target, ignore_index=PAD, reduction="sum") / n
+                ).backward()
+            opt.step()
+            opt.zero_grad()
+
+    report, truth = run(shifted)
+    assert not report.ok and report.codes & {"misscaled", "mean-of-means"}, report
+    assert all(0.7 < r.scale < 1.0 for r in report.steps)  # c = N / (N + S) below 1
+
+
+def test_a_loss_it_cannot_see_is_a_limit_never_a_pass():
+    def regularised(model, opt, batches, k):
+        for i, (x, y) in enumerate(batches):
+            loss = F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=PAD) / k
+            (loss + 1e-3 * model.out.weight.square().sum()).backward()
+            if (i + 1) % k == 0:
+                opt.step()
+                opt.zero_grad()
+
+    report, _ = run(regularised, n=8)
+    assert report.status == "cannot-judge" and "unseen-loss" in report.codes, report
+    assert any("test_watch.py" in w for f in report.findings for w in f.where)
+
+
+def test_two_loss_terms_are_refused_naming_both_sites():
+    def two_terms(model, opt, batches, k):
+        for i, (x, y) in enumerate(batches):
+            logits = model(x)
+            main = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=PAD)
+            aux = F.mse_loss(logits, torch.zeros_like(logits))
+            ((main + 0.1 * aux) / k).backward()
+            if (i + 1) % k == 0:
+                opt.step()
+                opt.zero_grad()
+
+    report, _ = run(two_terms, n=8)
+    assert report.status == "cannot-judge" and "several-losses" in report.codes
+    text = next(f.message for f in report.findings if f.code == "several-losses")
+    assert "cross_entropy at" in text and "mse_loss at" in text
+
+
+def test_a_none_reduction_with_equal_weights_is_judged_and_unequal_weights_are_refused():
+    def masked(weigh):
+        def loop(model, opt, batches, k):
+            batches = list(batches)
+            for s in range(0, len(batches), k):
+                window = batches[s : s + k]
+                n = sum(int((y != PAD).sum()) for _, y in window)
+                for x, y in window:
+                    per = F.cross_entropy(model(x).transpose(1, 2), y.clamp(min=0), reduction="none")
+                    mask = (y != PAD).float() * (weigh if weigh is not None else 1.0)
+                    ((per * mask).sum() / n).backward()
+                opt.step()
+                opt.zero_grad()
+
+        return loop
+
+    report, truth = run(masked(None))
+    assert report.ok, report
+    assert_figures(report, truth)
+    weights = torch.linspace(0.5, 1.5, 7)
+    report, _ = run(masked(weights))
+    assert report.status == "cannot-judge" and "unseen-loss" in report.codes
+
+
+def test_max_steps_ends_the_block_cleanly_and_says_so():
+    report, _ = run(per_window_sum, max_steps=1)
+    assert len(report.steps) == 1 and "partial-run" in report.codes and report.ok
+
+
+def test_no_step_is_said_not_passed():
+    def never(model, opt, batches, k):
+        for x, y in batches:
+            F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=PAD).backward()
+
+    report, _ = run(never, n=3)
+    assert not report.ok and "tail-dropped" in report.codes and not report.steps
+
+
+def test_nothing_is_left_behind_and_the_run_is_bit_for_bit_the_same():
+    originals = (torch._C._nn.cross_entropy_loss, torch.autograd.backward, torch.optim.Optimizer.__init__)
+    model, batches = TinyLM(), micro_batches(8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch():
+        mean_over_k(model, opt, batches, 4)
+    alone = TinyLM()
+    mean_over_k(alone, torch.optim.SGD(alone.parameters(), lr=0.1), batches, 4)
+    for p, q in zip(model.parameters(), alone.parameters()):
+        assert torch.equal(p, q) and not p._backward_hooks
+    assert originals == (
+        torch._C._nn.cross_entropy_loss,
+        torch.autograd.backward,
+        torch.optim.Optimizer.__init__,
+    )
+
+
+@pytest.mark.parametrize("kw", [dict(max_steps=0), dict(accum_steps=-1), dict(max_steps=1.5)])
+def test_bad_arguments_are_refused_by_name_before_anything_runs(kw):
+    name = next(iter(kw))
+    with pytest.raises((ValueError, TypeError), match=name):
+        with watch(**kw):
+            pytest.fail("the block must not run")
+
+
+def test_accum_steps_given_is_checked_against_the_run():
+    report, _ = run(per_window_sum, accum_steps=2)
+    assert report.accum_steps == 2 and "late-step" in report.codes, report
