@@ -296,7 +296,7 @@ CODES: dict[str, Code] = {
     # accumlib run / accumlib.watch (``inplace.py``): what the in-place engine cannot see is said
     "no-step": Code(
         "limit",
-        "the run took no optimizer step after a backward: there is no step to judge",
+        "the run took no optimizer step: there is no step to judge (its backwards, if any, reached none)",
         "let the script take at least one optimizer step (a larger max_iters, more data), then run it again",
     ),
     "unseen-loss": Code(
@@ -319,6 +319,13 @@ CODES: dict[str, Code] = {
         "limit",
         "more than one optimizer stepped the watched parameters ({sites}); the in-place engine judges one",
         "watch the loop of one optimizer at a time (a GAN: accumlib.verify with each half's item_losses)",
+    ),
+    "multi-rank": Code(
+        "limit",
+        "the run is one rank of a multi-process job ({sites}): the in-place engine judges one process, and "
+        "one rank's items are not the job's window, so its steps were not judged",
+        "run the script on one process to judge its accumulation, or judge the job's loop with "
+        "accumlib.verify(..., ranks='all') on every rank",
     ),
 }
 

@@ -232,6 +232,9 @@ class InPlace:
         if len(self.stepping) > 1:
             self.problem("several-optimizers", user_site() or "")
         self.sites["step"] = user_site() or ""
+        world = _world()
+        if world > 1:  # a rank's own items are not the job's window: never judged as if they were
+            self.problem("multi-rank", f"world size {world}")
         w = self.window
         numbers = StepNumbers(len(w), current_lr(opt), lr_changed=self.lr_changed, sites=dict(self.sites))
         if not w:
@@ -284,6 +287,11 @@ class InPlace:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+
+def _world() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _loss_sum(c: LossCall) -> torch.Tensor:

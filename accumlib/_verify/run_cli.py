@@ -12,6 +12,7 @@ import argparse
 import sys
 import traceback
 from pathlib import Path
+from types import TracebackType
 
 DESCRIPTION = (
     "Run SCRIPT.py as __main__ with its own arguments, unmodified, and judge every optimizer step it takes "
@@ -58,13 +59,22 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as err:  # the script's own failure, SystemExit(1) included: its traceback
         if isinstance(err, KeyboardInterrupt):
             raise
-        traceback.print_exc()
+        traceback.print_exception(type(err), err, _from_script(err.__traceback__, command[0]))
         print(f"accumlib run: {command[0]} raised (exit 3); nothing was judged", file=sys.stderr)
         return EXIT_STATUS["raised"]
     print(report, flush=True)
     if args.json:
         Path(args.json).write_text(report.to_json())
     return report.exit_status
+
+
+def _from_script(tb: TracebackType | None, script: str) -> TracebackType | None:
+    """The traceback from the script's first frame on: accumlib's and runpy's own frames are not the
+    user's (all of it when the script's frame is not found)."""
+    here, path = tb, str(Path(script).resolve())
+    while here is not None and str(Path(here.tb_frame.f_code.co_filename).resolve()) != path:
+        here = here.tb_next
+    return here or tb
 
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]

@@ -169,11 +169,10 @@ def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
     findings += run_notes(steps, verdicts, assumed, dropout=(), stopped=stopped)
     stepped = sum(s.items for s in steps)
     left = sum(int(sum(c.items for c in b.calls)) for b in eng.window)
-    if eng.window and not stopped:  # backwards after the last step: their gradient never reached one
-        form = "count" if steps else "never"
-        findings.append(Finding.of("tail-dropped", form=form, n=left, total=stepped + left))
-    elif not steps:
+    if not steps:  # nothing to judge: said, never passed (a limit, exit 4)
         findings.append(Finding.of("no-step"))
+    elif eng.window and not stopped:  # backwards after the last step: their gradient never reached one
+        findings.append(Finding.of("tail-dropped", form="count", n=left, total=stepped + left))
     if eng.batchnorm:
         findings.append(Finding.of("batchnorm"))
     for code, sites in eng.problems.items():
