@@ -149,3 +149,28 @@ def test_script_runs_on_two_gloo_ranks(work, name, tmp_path):
     assert LAST_LINE[name] in out.stdout
     if name == "gradient_accumulation_for_autoregressive_models":  # 12 texts on 2 ranks: 2 steps an epoch
         assert "epoch 2 - update step 1::" in out.stdout and "update step 2::" not in out.stdout
+
+
+@needs_source
+def test_accumlib_run_names_the_double_shift_in_the_unmodified_script(work, tmp_path):
+    """``accumlib run`` on the pinned script as it is: every step is misscaled by exactly N/(N+S), the
+    factor counted here from the texts alone (``expected_per_step``), and its items are the N tokens the
+    loss scores. Its twin, the correct run, is nanoGPT's (tests/test_run_nanogpt.py) and the README's."""
+    name = "gradient_accumulation_for_autoregressive_models"
+    argv = hs.command(name, work["scripts"][name])
+    out = run(
+        [sys.executable, "-m", "accumlib", "run", "--json", str(tmp_path / "r.json"), "--", *argv[1:]],
+        env=work["env"] | {"PYTHONPATH": str(HERE.parent)},
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 1, out.stdout[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert {f["code"] for f in report["findings"]} == {"misscaled"}
+    texts = [t for t in hs.wikitext_rows()["train"] if t]
+    per_epoch = expected_per_step([len(t.split()) for t in texts])
+    assert len(report["steps"]) == 3 * len(per_epoch)  # 3 epochs, the same order each
+    for t, row in enumerate(report["steps"]):
+        n, extra = per_epoch[t % len(per_epoch)]
+        assert row["items"] == n
+        assert row["scale"] == pytest.approx(n / (n + extra), rel=1e-5)

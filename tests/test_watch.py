@@ -272,3 +272,31 @@ def test_bad_arguments_are_refused_by_name_before_anything_runs(kw):
 def test_accum_steps_given_is_checked_against_the_run():
     report, _ = run(per_window_sum, accum_steps=2)
     assert report.accum_steps == 2 and "late-step" in report.codes, report
+
+
+def test_a_micro_batch_whose_items_are_all_masked_is_not_read_as_zeroed():
+    """Accelerate's example after its double shift: a window's first micro-batch can hold no scored token,
+    so .grad holds zeros after it, and the next backward adds to zeros; nothing was zeroed inside the
+    window. Before the fix, a misscaled loop read zero-grad-inside-window there (weights [0.0, c])."""
+
+    def first_masked(extra):
+        def loop(model, opt, batches, k):
+            batches[0][1][:] = PAD  # the first window's first micro-batch: every label masked
+            for s in range(0, len(batches), k):
+                window = batches[s : s + k]
+                n = sum(int((y != PAD).sum()) for _, y in window) + extra  # extra: counted S too many
+                for x, y in window:
+                    logits = model(x).transpose(1, 2)
+                    (F.cross_entropy(logits, y, ignore_index=PAD, reduction="sum") / n).backward()
+                opt.step()
+                opt.zero_grad()
+
+        return loop
+
+    report, truth = run(first_masked(0), k=2)
+    assert report.ok and report.codes == set(), report
+    assert_figures(report, truth)
+    report, truth = run(first_masked(4), k=2)
+    assert report.codes == {"misscaled"}, report
+    assert all(r.scale < 1 for r in report.steps)
+    assert_figures(report, truth)

@@ -181,8 +181,12 @@ class InPlace:
                 p.grad is not None and bool(fingerprint(p.grad).any()) for p in self.params.values()
             )
             return
-        ps = [p for k, p in self.params.items() if k in self.after]
-        if any(p.grad is None for p in ps):  # zero_grad(set_to_none=True) inside the window
+        # only what held something: a factor applied to zeros (a micro-batch whose items were all masked)
+        # changes nothing, so it is 1, not "zeroed"
+        ps = [p for k, p in self.params.items() if k in self.after and bool(self.after[k].any())]
+        if not ps:
+            here.beta = 1.0
+        elif any(p.grad is None for p in ps):  # zero_grad(set_to_none=True) inside the window
             here.beta = 0.0 if all(p.grad is None for p in ps) else math.nan
         else:
             here.beta = rescale(ps, self.after)
