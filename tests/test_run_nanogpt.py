@@ -80,3 +80,18 @@ def test_gradients_never_zeroed_leak_into_every_step_after_the_first(scripts, tm
     assert report["steps"][0]["codes"] == [] and report["steps"][0]["rel_error"] < 1e-4, out
     assert all(s["codes"] == ["no-zero-grad"] for s in report["steps"][1:]), out
     assert report["findings"][0]["steps"] == STEPS[1:]
+
+
+def test_nanogpt_on_two_gloo_ranks_is_one_verdict_for_the_job(scripts, tmp_path):
+    """torchrun --nproc-per-node 2 -m accumlib run -- train.py: nanoGPT's DDP path (ddp_copy: the three
+    lines that hard-code CUDA, nothing else), no_sync on all but each window's last micro-batch; each step
+    holds the job's 2 x 2 micro-batches of 64 tokens. Judged in place on both ranks, printed once."""
+    work = make_workdir(tmp_path / "work", scripts)
+    train = ng.ddp_copy(scripts, tmp_path)
+    argv = ng.torchrun_under_accumlib_command(train=train, accumlib_args=["--json", "report.json"])
+    p = ng.run(argv, cwd=work, timeout=180)
+    out = f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    assert p.returncode == 0 and p.stdout.count("verdict: ") == 1, out
+    report = json.loads((work / "report.json").read_text())
+    assert report["ok"] and report["findings"] == [] and [s["step"] for s in report["steps"]] == STEPS
+    assert all(s["items"] == 256 and s["rel_error"] < 1e-4 for s in report["steps"]), out

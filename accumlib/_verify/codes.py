@@ -322,10 +322,10 @@ CODES: dict[str, Code] = {
     ),
     "multi-rank": Code(
         "limit",
-        "the run is one rank of a multi-process job ({sites}): the in-place engine judges one process, and "
-        "one rank's items are not the job's window, so its steps were not judged",
-        "run the script on one process to judge its accumulation, or judge the job's loop with "
-        "accumlib.verify(..., ranks='all') on every rank",
+        "the run is one rank of a multi-process job whose parameters are sharded ({sites}): each rank holds "
+        "a shard of the gradient, which the in-place engine does not gather, so its steps were not judged",
+        "run the script on one process, or with DDP (replicated parameters) to judge it in place, or judge "
+        "the job's loop with accumlib.verify(..., ranks='all') on every rank",
     ),
 }
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .inplace_job import measure_job, sharded, world
 from .losscalls import LossCall
 from .measure import dist
 from .numbers import Clip, StepNumbers
@@ -236,12 +237,12 @@ class InPlace:
         if len(self.stepping) > 1:
             self.problem("several-optimizers", user_site() or "")
         self.sites["step"] = user_site() or ""
-        world = _world()
-        if world > 1:  # a rank's own items are not the job's window: never judged as if they were
-            self.problem("multi-rank", f"world size {world}")
+        job = world() > 1
+        if job and sharded(ps):  # FSDP2: each rank holds a shard of G and of O
+            self.problem("multi-rank", f"world size {world()}, sharded parameters")
         w = self.window
         numbers = StepNumbers(len(w), current_lr(opt), lr_changed=self.lr_changed, sites=dict(self.sites))
-        if not w:
+        if not w and not job:
             return self.finish(numbers)
         numbers.lrs = [b.lrs.get(id(opt), ()) for b in w]
         ratios = [torch.stack([r.double() for r in b.ratios]) if b.ratios else None for b in w]
@@ -272,7 +273,9 @@ class InPlace:
         numbers.rescaled = unexplained(rescale(ps, self.after), numbers.unclip, self.scale)
         numbers.grad_hooks = hooked(ps)
         numbers.batchnorm = self.batchnorm
-        if numbers.items > 0 and numbers.finite:
+        if job and not sharded(ps):  # every rank, at the same step: the job's window
+            measure_job(numbers, ps, [self.sums.get(id(p)) for p in ps])
+        elif numbers.items > 0 and numbers.finite:
             _measure(numbers, [p.grad for p in ps], [self.sums.get(id(p)) for p in ps])
         self.finish(numbers)
 
@@ -291,11 +294,6 @@ class InPlace:
         for h in self.handles:
             h.remove()
         self.handles.clear()
-
-
-def _world() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _loss_sum(c: LossCall) -> torch.Tensor:

@@ -9,6 +9,7 @@ Exit status, as ``accumlib verify``'s (``report.EXIT_STATUS``): 0 correct, 1 a b
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -62,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
         traceback.print_exception(type(err), err, _from_script(err.__traceback__, command[0]))
         print(f"accumlib run: {command[0]} raised (exit 3); nothing was judged", file=sys.stderr)
         return EXIT_STATUS["raised"]
-    print(report, flush=True)
-    if args.json:
-        Path(args.json).write_text(report.to_json())
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun: one report for the job, by rank 0
+        print(report, flush=True)
+        if args.json:
+            Path(args.json).write_text(report.to_json())
     return report.exit_status
 
 
