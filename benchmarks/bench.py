@@ -22,6 +22,8 @@ line, if any), ``run(quick: bool = False) -> dict`` (its knobs are module consta
     verify_ranks.py    verify(ranks='all') on 2 gloo ranks against the same DDP loop alone: time, extra
                        peak memory per rank, and verify's collectives per optimizer step, counted (an
                        11.3M MLP and lm-tokens; _ranks_worker.py runs on each rank)
+    run_cost.py        a loop under accumlib.watch() (the engine of accumlib run) against the loop alone:
+                       time, and the engine's extra bytes against the parameters'
     kernel_memory.py   every notebook's Run All in a fresh kernel: its peak and held resident memory
                        (_kernel_memory_proc.py reads /proc, the kernel's processes summed with it)
 
@@ -75,6 +77,7 @@ SECTION_MODULES = (
     "verify_trainer",
     "verify_ranks",
     "kernel_memory",
+    "run_cost",
 )
 
 

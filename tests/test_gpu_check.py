@@ -189,3 +189,18 @@ def test_the_readmes_gpu_figures_are_the_committed_h100_runs():
     assert f"{correct['verify_peak_bytes'] / 1e9:.2f} GB" in section
     assert f"{correct['loop_alone_peak_bytes'] / 1e9:.2f} GB" in section
     assert f"{correct['extra_over_param_bytes']:.2f}x" in section
+
+
+def test_the_readmes_h100_figures_of_the_in_place_engine_are_the_committed_run():
+    """README's in-place engine figures on the H100 are read off benchmarks/results/run-cost-h100.txt."""
+    text = (REPO / "benchmarks/results/run-cost-h100.txt").read_text()
+    run = json.loads(next(line for line in text.splitlines() if line.startswith('{"rows"')))
+    row = run["rows"][0]
+    readme = (REPO / "README.md").read_text()
+    para = readme[readme.index("**The in-place engine**") : readme.index("**Kernel memory**")]
+    para = " ".join(para.split())
+    assert row["device"] in para and row["verdict_ok"] and row["extra_over_params"] == 1.0
+    assert f"{row['parameters'] / 1e6:.1f}M parameters" in para
+    assert f"{row['micro_batch'][0]} x {row['micro_batch'][1]} tokens" in para
+    q = row["ratio_quartiles"]
+    assert f"{row['ratio']:.2f}x on the H100 (quartiles {q[0]:.2f} to {q[1]:.2f})" in para

@@ -38,7 +38,8 @@ from .oracle import Fit, clipped, gram
 from .patches import _lrs, current_lr
 from .record import StopRun
 from .sites import user_site
-from .touched import fingerprint, hooked, rescale, unexplained
+from .touched import _SAME_RATIO as _SAME
+from .touched import PRINT, hooked, unexplained
 
 LOW = (torch.float16, torch.bfloat16)
 # u_j of two loss calls judged as one micro-batch must agree to float32 rounding of a division
@@ -69,7 +70,8 @@ class InPlace:
     sums: dict[int, torch.Tensor] = field(default_factory=dict)  # O, per parameter
     pending: dict[int, LossCall] = field(default_factory=dict)  # id(node) -> call, not yet backwarded
     window: list[Backward] = field(default_factory=list)
-    after: dict[int, torch.Tensor] = field(default_factory=dict)  # .grad fingerprints after the last backward
+    # .grad fingerprints after the last backward: which parameters, and their first entries in one tensor
+    after: tuple[list[int], torch.Tensor | None] = ([], None)
     leak: bool = False
     ratio: torch.Tensor | None = None  # m / u of the backward running now
     steps: list[StepNumbers] = field(default_factory=list)
@@ -120,7 +122,7 @@ class InPlace:
                 buf = self.sums[id(p)] = torch.zeros_like(
                     g, dtype=torch.float32 if g.dtype in LOW else g.dtype
                 )
-            buf.add_(g.to(buf.dtype) * self.ratio)
+            buf.addcmul_(g.to(buf.dtype), self.ratio)  # one kernel, no temporary
             return None  # the run's gradient is left as it is
 
         return seen
@@ -170,7 +172,7 @@ class InPlace:
             for c in calls:
                 self.pending.pop(id(c.node), None)
             self.window.append(here)
-            self.after = {k: fingerprint(p.grad) for k, p in self.params.items() if p.grad is not None}
+            self.after = _prints(self.params)
 
     def _open(self, here: Backward) -> None:
         """Before the backward: a window begins (O = 0; .grad should hold nothing), or what happened
@@ -178,21 +180,29 @@ class InPlace:
         if not self.window:
             for buf in self.sums.values():
                 buf.zero_()
-            self.leak = any(
-                p.grad is not None and bool(fingerprint(p.grad).any()) for p in self.params.values()
-            )
+            keys, now = _prints(self.params)
+            self.leak = now is not None and bool(now.any())  # one sync: .grad should hold nothing
             return
-        # only what held something: a factor applied to zeros (a micro-batch whose items were all masked)
-        # changes nothing, so it is 1, not "zeroed"
-        ps = [p for k, p in self.params.items() if k in self.after and bool(self.after[k].any())]
-        if not ps:
-            here.beta = 1.0
-        elif any(p.grad is None for p in ps):  # zero_grad(set_to_none=True) inside the window
-            here.beta = 0.0 if all(p.grad is None for p in ps) else math.nan
-        else:
-            here.beta = rescale(ps, self.after)
-            if all(not bool(p.grad.reshape(-1)[:4].any()) for p in ps):
-                here.beta = 0.0
+        here.beta = self._factor()
+
+    def _factor(self) -> float:
+        """The one factor .grad was multiplied by since the last backward's fingerprints (1.0: untouched,
+        or it held only zeros; 0.0: zeroed or set to None; nan: not one factor), read in one sync."""
+        keys, before = self.after
+        if before is None:
+            return 1.0
+        grads = [self.params[k].grad for k in keys]
+        if all(g is None for g in grads):
+            return 0.0 if bool(before.any()) else 1.0
+        if any(g is None for g in grads):
+            return math.nan
+        now = torch.cat([g.detach().reshape(-1)[:PRINT] for g in grads])  # type: ignore[union-attr]
+        b, n = before.double().cpu(), now.double().cpu()
+        keep = b != 0
+        if not bool(keep.any()):  # a factor applied to zeros changes nothing
+            return 1.0
+        r = n[keep] / b[keep]
+        return float(r[0]) if bool(((r - r[0]).abs() <= _SAME * r[0].abs()).all()) else math.nan
 
     def _upstream(self, call: LossCall, here: Backward) -> Any:
         def seen(grad_outputs: tuple[torch.Tensor, ...]) -> None:
@@ -270,7 +280,7 @@ class InPlace:
         complete = [c for c in self.clips if c.seen >= len(w)]
         numbers.clips = list(self.clips)
         numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
-        numbers.rescaled = unexplained(rescale(ps, self.after), numbers.unclip, self.scale)
+        numbers.rescaled = unexplained(self._factor(), numbers.unclip, self.scale)
         numbers.grad_hooks = hooked(ps)
         numbers.batchnorm = self.batchnorm
         if job and not sharded(ps):  # every rank, at the same step: the job's window
@@ -294,6 +304,14 @@ class InPlace:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+
+def _prints(params: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor | None]:
+    """The first ``PRINT`` entries of every parameter's .grad, in one tensor (one kernel, no sync)."""
+    keys = [k for k, p in params.items() if p.grad is not None]
+    if not keys:
+        return keys, None
+    return keys, torch.cat([params[k].grad.detach().reshape(-1)[:PRINT] for k in keys])  # type: ignore[union-attr]
 
 
 def _loss_sum(c: LossCall) -> torch.Tensor:
