@@ -300,3 +300,50 @@ def test_a_micro_batch_whose_items_are_all_masked_is_not_read_as_zeroed():
     assert report.codes == {"misscaled"}, report
     assert all(r.scale < 1 for r in report.steps)
     assert_figures(report, truth)
+
+
+class HookedLM(TinyLM):
+    """TinyLM with a function hooked on its hidden activation's gradient, halving it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.emb(x.clamp(min=0)))
+        if h.requires_grad:
+            h.register_hook(lambda g: g * 0.5)
+        return self.out(h)
+
+
+@pytest.mark.parametrize("where", ["activation", "parameter", "module", "module-before"])
+def test_a_gradient_hook_inside_the_graph_is_a_limit_never_a_pass(where):
+    """A hook that scales a gradient on its way to the parameters changes the optimizer's gradient and the
+    engine's sum alike: judged through, the wrong run below (every step off by the hook) would read ok."""
+    model = HookedLM() if where == "activation" else TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if where == "parameter":
+        model.out.weight.register_hook(lambda g: g * 3)
+    if where == "module-before":  # registered before the block opens: read from the module itself
+        model.out.register_full_backward_pre_hook(lambda mod, go: (go[0] * 2,))
+    with watch() as seen:
+        if where == "module":
+            model.out.register_full_backward_pre_hook(lambda mod, go: (go[0] * 2,))
+        mean_over_k(model, opt, micro_batches(8), 4)
+    report = seen.report
+    assert report.status == "cannot-judge" and "grad-hook" in report.codes, report
+    assert all(r.codes[0].startswith("not judged") for r in report.steps)
+    assert "test_watch.py" in next(f.message for f in report.findings if f.code == "grad-hook")
+
+
+def test_a_gradient_made_by_autograd_grad_and_assigned_is_not_judged():
+    """torch.autograd.grad + p.grad = ...: no backward the engine watched made it, never divided by k."""
+    model, batches = TinyLM(), micro_batches(8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch() as seen:
+        for s in range(2):
+            total = [torch.zeros_like(p) for p in model.parameters()]
+            for x, y in batches[4 * s : 4 * s + 4]:
+                loss = F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=PAD)
+                total = [t + g for t, g in zip(total, torch.autograd.grad(loss, list(model.parameters())))]
+            for p, t in zip(model.parameters(), total):
+                p.grad = t
+            opt.step()
+            opt.zero_grad()
+    assert seen.report.status == "cannot-judge" and "unseen-loss" in seen.report.codes, seen.report

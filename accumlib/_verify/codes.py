@@ -320,6 +320,13 @@ CODES: dict[str, Code] = {
         "more than one optimizer stepped the watched parameters ({sites}); the in-place engine judges one",
         "watch the loop of one optimizer at a time (a GAN: accumlib.verify with each half's item_losses)",
     ),
+    "grad-hook": Code(
+        "limit",
+        "a function hooked on a gradient inside the graph ({sites}) can change what reaches the parameters, "
+        "in the optimizer's gradient and in the in-place engine's sum alike, so these steps were not judged",
+        "run without the hook to judge the accumulation, or judge the loop with accumlib.verify(train_fn, "
+        "item_losses=...), which computes the true gradient from item_losses on a copy",
+    ),
     "multi-rank": Code(
         "limit",
         "the run is one rank of a multi-process job whose parameters are sharded ({sites}): each rank holds "

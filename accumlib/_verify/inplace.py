@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .gradhooks import existing
 from .inplace_job import measure_job, sharded, world
 from .losscalls import LossCall
 from .measure import dist
@@ -84,6 +85,7 @@ class InPlace:
     lr_changed: bool = False
     sites: dict[str, str] = field(default_factory=dict)
     batchnorm: bool = False
+    grad_hooks: list[str] = field(default_factory=list)  # gradient hooks seen (``gradhooks.py``), file:line
     model: str = ""  # the module class whose parameters were stepped (for the report)
 
     @property
@@ -97,6 +99,10 @@ class InPlace:
 
     def saw_loss(self, call: LossCall) -> None:
         self.pending[id(call.node)] = call
+
+    def saw_hook(self, site: str) -> None:
+        if site not in self.grad_hooks:
+            self.grad_hooks.append(site)
 
     def problem(self, code: str, site: str) -> None:
         if code not in self.blind:
@@ -240,9 +246,10 @@ class InPlace:
 
     # -- compute -----------------------------------------------------------------------------
     def capture(self, opt: torch.optim.Optimizer) -> None:
+        self._hook_params()
         ps = [p for g in opt.param_groups for p in g["params"] if id(p) in self.params]
-        if not ps and not self.window:
-            return  # an optimizer whose parameters no watched backward reached
+        if not ps:
+            return  # an optimizer with nothing to train
         self.stepping.setdefault(id(opt), user_site() or type(opt).__name__)
         if len(self.stepping) > 1:
             self.problem("several-optimizers", user_site() or "")
@@ -250,7 +257,12 @@ class InPlace:
         job = world() > 1
         if job and sharded(ps):  # FSDP2: each rank holds a shard of G and of O
             self.problem("multi-rank", f"world size {world()}, sharded parameters")
+        # a hook on a gradient inside the graph changes G and the engine's sum alike: never judged through
+        for at in [*self.grad_hooks, *existing(), *hooked(ps)]:
+            self.problem("grad-hook", at)
         w = self.window
+        if not w:  # a gradient no watched backward made (torch.autograd.grad, assigned to .grad)
+            self.problem("unseen-loss", self.sites["step"])
         numbers = StepNumbers(len(w), current_lr(opt), lr_changed=self.lr_changed, sites=dict(self.sites))
         if not w and not job:
             return self.finish(numbers)

@@ -31,6 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._checks import check_int
 from .diagnose_run import diagnose_run, run_notes, step_findings, step_rows
+from .gradhooks import on_grad_hooks, site_of
 from .inplace import InPlace, run_k
 from .lock import one_run
 from .losscalls import on_loss_call
@@ -49,12 +50,17 @@ class Watched:
 
 @contextlib.contextmanager
 def _optimizers(eng: InPlace, alive: bool) -> Iterator[None]:
-    """Every optimizer alive when the block opens and every one built inside it."""
+    """Every optimizer alive when the block opens and every one built inside it (and the modules' gradient
+    hooks alive when it opens: ``gradhooks.py`` sees those registered inside)."""
     with warnings.catch_warnings():  # isinstance wakes deprecated module attributes, which warn
         warnings.simplefilter("ignore")
         for obj in gc.get_objects() if alive else ():
             if isinstance(obj, torch.optim.Optimizer):
                 eng.saw_optimizer(obj)
+            elif isinstance(obj, torch.nn.Module):  # backward hooks registered before the block opened
+                hooks = [*obj._backward_hooks.values(), *obj._backward_pre_hooks.values()]
+                for at in filter(None, map(site_of, hooks)):
+                    eng.saw_hook(at)
     init = torch.optim.Optimizer.__init__
 
     def built(opt: Any, *a: Any, **kw: Any) -> None:
@@ -133,6 +139,7 @@ def watch(
             with (
                 _optimizers(eng, alive=scan),
                 on_loss_call(eng.saw_loss),
+                on_grad_hooks(eng.saw_hook),
                 _backwards(eng),
                 _batchnorm(eng),
                 _clipping(eng),  # type: ignore[arg-type]
