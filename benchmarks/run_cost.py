@@ -35,7 +35,7 @@ GOALS = {
 }
 K = 4
 SIZES = {  # vocabulary, width, blocks, micro-batch (sequences, tokens), optimizer steps, repeats
-    "cpu": dict(vocab=1024, width=256, blocks=4, batch=(8, 64), steps=4, repeats=5),
+    "cpu": dict(vocab=1024, width=256, blocks=4, batch=(8, 64), steps=4, repeats=7),
     "cuda": dict(vocab=50304, width=768, blocks=12, batch=(8, 256), steps=4, repeats=5),
     "quick": dict(vocab=64, width=16, blocks=1, batch=(2, 8), steps=2, repeats=1),
 }

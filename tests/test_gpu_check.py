@@ -204,3 +204,9 @@ def test_the_readmes_h100_figures_of_the_in_place_engine_are_the_committed_run()
     assert f"{row['micro_batch'][0]} x {row['micro_batch'][1]} tokens" in para
     q = row["ratio_quartiles"]
     assert f"{row['ratio']:.2f}x on the H100 (quartiles {q[0]:.2f} to {q[1]:.2f})" in para
+    bench = json.loads((REPO / "benchmarks/results/latest.json").read_text())["sections"]["run_cost"]["rows"][
+        0
+    ]
+    cq = bench["ratio_quartiles"]
+    assert f"{bench['ratio']:.2f}x the loop alone" in para
+    assert f"{bench['repeats']} interleaved pairs, quartiles {cq[0]:.2f} to {cq[1]:.2f}" in para
