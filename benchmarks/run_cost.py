@@ -63,7 +63,12 @@ class GPTShaped(torch.nn.Module):
         return self.head(h)
 
 
-def run(quick: bool = False, device: str = "cpu") -> dict:
+def run(quick: bool = False) -> dict:
+    """The section on the CPU (``measure`` takes the device)."""
+    return measure(quick, "cpu")
+
+
+def measure(quick: bool, device: str) -> dict:
     """Median over interleaved pairs of (watch + loop) / loop, and the engine's buffer bytes."""
     size = SIZES["quick" if quick else device]
     torch.manual_seed(0)
@@ -179,6 +184,6 @@ if __name__ == "__main__":
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
-    result = run(quick=a.quick, device=a.device)
+    result = measure(a.quick, a.device)
     print("\n".join(lines(result)))
     print(result["goals"])

@@ -347,3 +347,36 @@ def test_a_gradient_made_by_autograd_grad_and_assigned_is_not_judged():
             opt.step()
             opt.zero_grad()
     assert seen.report.status == "cannot-judge" and "unseen-loss" in seen.report.codes, seen.report
+
+
+def test_two_optimizers_stepping_are_a_limit():
+    """A GAN's shape: two optimizers over two halves, each stepping; the engine judges one, says so."""
+    g, d = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
+    opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    with watch() as seen:
+        for i in range(4):
+            F.cross_entropy(d(g(x[2 * i : 2 * i + 2])), y[2 * i : 2 * i + 2]).backward()
+            opt_d.step()
+            opt_g.step()
+            opt_d.zero_grad()
+            opt_g.zero_grad()
+    assert seen.report.status == "cannot-judge" and "several-optimizers" in seen.report.codes, seen.report
+
+
+def test_batchnorm_in_training_is_a_limit_and_groupnorm_is_judged():
+    """Per-micro-batch statistics: no accumulation can match the large batch, and the engine, which reads
+    the run's own graphs, cannot replay the merged window: said, never passed."""
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    for norm, status in ((torch.nn.BatchNorm1d(8), "cannot-judge"), (torch.nn.GroupNorm(2, 8), "ok")):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 8), norm, torch.nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with watch() as seen:
+            for i in range(8):
+                (F.cross_entropy(model(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2]) / 4).backward()
+                if (i + 1) % 4 == 0:
+                    opt.step()
+                    opt.zero_grad()
+        assert seen.report.status == status, seen.report
+        assert ("batchnorm" in seen.report.codes) == (status == "cannot-judge")

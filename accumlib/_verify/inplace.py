@@ -36,15 +36,14 @@ from .losscalls import LossCall
 from .measure import dist
 from .numbers import Clip, StepNumbers
 from .oracle import Fit, clipped, gram
-from .patches import _lrs, current_lr
+from .patches import current_lr, lrs
 from .record import StopRun
 from .sites import user_site
-from .touched import _SAME_RATIO as _SAME
-from .touched import PRINT, hooked, unexplained
+from .touched import PRINT, SAME_RATIO, hooked, unexplained
 
 LOW = (torch.float16, torch.bfloat16)
 # u_j of two loss calls judged as one micro-batch must agree to float32 rounding of a division
-SAME_RATIO = 1e-6
+SAME_U = 1e-6
 
 
 @dataclass
@@ -160,7 +159,7 @@ class InPlace:
         if not calls and not stray:
             return original(tensors, *args, **kwargs)  # no watched parameter is reached
         here = Backward(user_site() or "", calls, scale=self.scale)
-        here.lrs = {id(o): _lrs(o) for o in list(self.optimizers)}
+        here.lrs = {id(o): lrs(o) for o in list(self.optimizers)}
         self.sites["backward"] = here.site
         if stray or not calls:
             self.problem("unseen-loss", here.site)
@@ -208,7 +207,7 @@ class InPlace:
         if not bool(keep.any()):  # a factor applied to zeros changes nothing
             return 1.0
         r = n[keep] / b[keep]
-        return float(r[0]) if bool(((r - r[0]).abs() <= _SAME * r[0].abs()).all()) else math.nan
+        return float(r[0]) if bool(((r - r[0]).abs() <= SAME_RATIO * r[0].abs()).all()) else math.nan
 
     def _upstream(self, call: LossCall, here: Backward) -> Any:
         def seen(grad_outputs: tuple[torch.Tensor, ...]) -> None:
@@ -273,9 +272,9 @@ class InPlace:
         numbers.loss_sum = float(sum(_loss_sum(c) for b in w for c in b.calls))
         spread = [float(s) for b in w for s in b.spread]
         for r in ratios:
-            if r is not None and r.numel() > 1 and float((r - r[0]).abs().max() / r[0].abs()) > SAME_RATIO:
+            if r is not None and r.numel() > 1 and float((r - r[0]).abs().max() / r[0].abs()) > SAME_U:
                 self.problem("unseen-loss", self.sites["backward"])
-        if any(s > SAME_RATIO for s in spread):
+        if any(s > SAME_U for s in spread):
             self.problem("unseen-loss", self.sites["backward"])
         fits = []
         for b, r, n in zip(w, ratios, items):

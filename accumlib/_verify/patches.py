@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .record import Recorder
 
 
-def _lrs(opt: Any) -> tuple[float, ...]:
+def lrs(opt: Any) -> tuple[float, ...]:
     return tuple(float(g["lr"]) for g in opt.param_groups) if opt is not None else ()
 
 
@@ -37,7 +37,7 @@ def current_lr(opt: torch.optim.Optimizer) -> float:
 @contextlib.contextmanager
 def patched(rec: Recorder) -> Iterator[None]:
     """Every patch, recording into ``rec``, for as long as the loop runs."""
-    with _clipping(rec), _scaler(rec), _schedulers(rec), _loaders(rec):
+    with clipping(rec), scaler(rec), schedulers(rec), _loaders(rec):
         yield
 
 
@@ -64,7 +64,7 @@ def _loaders(rec: Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _clipping(rec: Recorder) -> Iterator[None]:
+def clipping(rec: Recorder) -> Iterator[None]:
     """Every clip by norm torch performs (``clips.on_clip``: any import style, a framework's own call,
     torch's ``get_total_norm`` + ``clip_grads_with_norm_`` pair)."""
 
@@ -77,7 +77,7 @@ def _clipping(rec: Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _scaler(rec: Recorder) -> Iterator[None]:
+def scaler(rec: Recorder) -> Iterator[None]:
     """GradScaler: the scale a window's losses were multiplied by (the replay uses it, so float16
     underflows alike), and windows it skipped on inf/nan, closed so they are not merged into the next."""
     step, scale = torch.amp.GradScaler.step, torch.amp.GradScaler.scale
@@ -112,16 +112,16 @@ def _scaler(rec: Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _schedulers(rec: Recorder) -> Iterator[None]:
+def schedulers(rec: Recorder) -> Iterator[None]:
     """A scheduler that changes the rate while a window is open changed it between micro-batches."""
     original = torch.optim.lr_scheduler.LRScheduler.step
 
     def step(sched: Any, *a: Any, **kw: Any) -> Any:
         opt = getattr(sched, "optimizer", None)
-        before = _lrs(opt)
+        before = lrs(opt)
         out = original(sched, *a, **kw)
         ours = opt is not None and any(id(p) in rec.param_ids for g in opt.param_groups for p in g["params"])
-        if ours and rec.window and _lrs(opt) != before:
+        if ours and rec.window and lrs(opt) != before:
             rec.lr_changed = True
             rec.sites["scheduler"] = rec.sites.get("scheduler") or user_site() or ""
         return out
@@ -133,4 +133,4 @@ def _schedulers(rec: Recorder) -> Iterator[None]:
         torch.optim.lr_scheduler.LRScheduler.step = original  # type: ignore[method-assign]
 
 
-__all__ = ["current_lr", "patched"]
+__all__ = ["clipping", "current_lr", "lrs", "patched", "scaler", "schedulers"]

@@ -28,7 +28,7 @@ from .sites import code_site
 PRINT = 4  # entries of each parameter's .grad fingerprinted after each backward
 _OWN_CODE = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
 # one factor applied to float32 numbers leaves equal ratios up to a float32 rounding each (~1e-7)
-_SAME_RATIO = 1e-5
+SAME_RATIO = 1e-5
 # a factor verify saw applied (a clip's coefficient, 1/scale) is matched within its own rounding
 _KNOWN_RATIO = 1e-4
 
@@ -51,7 +51,7 @@ def rescale(params: list[torch.nn.Parameter], prints: dict[int, torch.Tensor]) -
     r = torch.cat(ratios).tolist() if ratios else []
     if not r:
         return 1.0
-    return r[0] if all(abs(x - r[0]) <= _SAME_RATIO * abs(r[0]) for x in r) else math.nan
+    return r[0] if all(abs(x - r[0]) <= SAME_RATIO * abs(r[0]) for x in r) else math.nan
 
 
 def unexplained(r: float, unclip: float, scale: float) -> float:
@@ -82,4 +82,4 @@ def hooked(params: list[torch.nn.Parameter]) -> list[str]:
     return out
 
 
-__all__ = ["PRINT", "fingerprint", "hooked", "rescale", "unexplained"]
+__all__ = ["PRINT", "SAME_RATIO", "fingerprint", "hooked", "rescale", "unexplained"]

@@ -35,7 +35,7 @@ from .gradhooks import on_grad_hooks, site_of
 from .inplace import InPlace, run_k
 from .lock import one_run
 from .losscalls import on_loss_call
-from .patches import _clipping, _scaler, _schedulers
+from .patches import clipping, scaler, schedulers
 from .record import StopRun
 from .report import Finding, Report
 
@@ -142,9 +142,9 @@ def watch(
                 on_grad_hooks(eng.saw_hook),
                 _backwards(eng),
                 _batchnorm(eng),
-                _clipping(eng),  # type: ignore[arg-type]
-                _scaler(eng),  # type: ignore[arg-type]
-                _schedulers(eng),  # type: ignore[arg-type]
+                clipping(eng),  # type: ignore[arg-type]
+                scaler(eng),  # type: ignore[arg-type]
+                schedulers(eng),  # type: ignore[arg-type]
             ):
                 yield out
         except StopRun:
