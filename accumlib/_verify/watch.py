@@ -118,7 +118,7 @@ def watch(
     ``scan``: also find the optimizers alive when the block opens (a script builds its own: no need).
 
     >>> import torch, accumlib
-    >>> torch.manual_seed(0); model = torch.nn.Linear(3, 2)
+    >>> _ = torch.manual_seed(0); model = torch.nn.Linear(3, 2)
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
     >>> with accumlib.watch() as seen:

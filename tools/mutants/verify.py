@@ -824,8 +824,8 @@ MUTANTS = [
     Mutant(
         "a scheduler stepped between windows flagged",
         PA,
-        "if ours and rec.window and _lrs(opt) != before:",
-        "if ours and _lrs(opt) != before:",
+        "if ours and rec.window and lrs(opt) != before:",
+        "if ours and lrs(opt) != before:",
     ),
     # ---- job and ranks: a multi-rank job (the ranks test: one launch) ---------------------------------------
     Mutant(
