@@ -380,3 +380,17 @@ def test_batchnorm_in_training_is_a_limit_and_groupnorm_is_judged():
                     opt.zero_grad()
         assert seen.report.status == status, seen.report
         assert ("batchnorm" in seen.report.codes) == (status == "cannot-judge")
+
+
+def test_another_models_optimizer_alive_with_gradients_does_not_leak_into_the_verdict():
+    """A notebook: an earlier cell's model and optimizer are alive, their .grad never zeroed; watch() finds
+    that optimizer too, but only the stepping optimizer's parameters are judged (was: no-zero-grad)."""
+    other = torch.nn.Linear(4, 4)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    other(torch.randn(2, 4)).sum().backward()  # .grad left full
+    report, truth = run(per_window_sum)
+    assert report.ok and report.codes == set(), report
+    report, truth = run(mean_over_k)  # a wrong run is named for what it is, with no leak of the other's
+    assert "mean-of-means" in report.codes and "no-zero-grad" not in report.codes, report
+    assert_figures(report, truth)
+    del other_opt

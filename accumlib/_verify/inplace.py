@@ -73,6 +73,8 @@ class InPlace:
     # .grad fingerprints after the last backward: which parameters, and their first entries in one tensor
     after: tuple[list[int], torch.Tensor | None] = ([], None)
     leak: bool = False
+    opened: dict[int, torch.Tensor] = field(default_factory=dict)  # .grad fingerprints as the window opened
+    reached: set[int] = field(default_factory=set)  # parameters the last backward deposited into
     ratio: torch.Tensor | None = None  # m / u of the backward running now
     steps: list[StepNumbers] = field(default_factory=list)
     stepping: dict[int, str] = field(default_factory=dict)  # id(optimizer) -> where it was built or stepped
@@ -128,6 +130,7 @@ class InPlace:
                     g, dtype=torch.float32 if g.dtype in LOW else g.dtype
                 )
             buf.addcmul_(g.to(buf.dtype), self.ratio)  # one kernel, no temporary
+            self.reached.add(id(p))
             return None  # the run's gradient is left as it is
 
         return seen
@@ -177,7 +180,9 @@ class InPlace:
             for c in calls:
                 self.pending.pop(id(c.node), None)
             self.window.append(here)
-            self.after = _prints(self.params)
+            # only what this backward reached: another model's optimizer (alive in a notebook) is not ours
+            self.after = _prints({k: self.params[k] for k in self.reached})
+            self.reached = set()
 
     def _open(self, here: Backward) -> None:
         """Before the backward: a window begins (O = 0; .grad should hold nothing), or what happened
@@ -185,8 +190,12 @@ class InPlace:
         if not self.window:
             for buf in self.sums.values():
                 buf.zero_()
-            keys, now = _prints(self.params)
-            self.leak = now is not None and bool(now.any())  # one sync: .grad should hold nothing
+            # read at the step, for the stepping optimizer's parameters alone (no sync here)
+            self.opened = {
+                k: p.grad.detach().reshape(-1)[:PRINT].clone()
+                for k, p in self.params.items()
+                if p.grad is not None
+            }
             return
         here.beta = self._factor()
 
@@ -286,6 +295,10 @@ class InPlace:
         for j in range(len(fits) - 1, -1, -1):  # w_j = N a_j prod_{l>j} beta_l (``WindowOracle.weights``)
             numbers.weights[j] = numbers.items * fits[j].a * tail
             tail *= fits[j].beta
+        mine = [self.opened[id(p)] for p in ps if id(p) in self.opened]
+        self.leak = (
+            bool(torch.cat(mine).any()) if mine else False
+        )  # .grad held something as the window opened
         numbers.leak, numbers.leak_coef = self.leak, tail
         numbers.finite = all(math.isfinite(f.a) for f in fits)
         complete = [c for c in self.clips if c.seen >= len(w)]
