@@ -13,7 +13,15 @@ from accumlib.tolerances import FLOAT32_RTOL
 # the in-place engine's limits (accumlib.watch, accumlib run), which no verify(train_fn) loop can give:
 # each is triggered in tests/test_watch.py or tests/test_run_cli.py, except multi-rank (FSDP2's sharded
 # parameters under accumlib run), which no test runs yet
-IN_PLACE = {"no-step", "unseen-loss", "several-losses", "several-optimizers", "grad-hook", "multi-rank"}
+IN_PLACE = {
+    "no-step",
+    "unseen-loss",
+    "several-losses",
+    "several-optimizers",
+    "grad-hook",
+    "multi-rank",
+    "item-losses-unused",
+}
 ISSUE_CODES = {
     c
     for c in CODES

@@ -302,18 +302,26 @@ CODES: dict[str, Code] = {
     "unseen-loss": Code(
         "limit",
         "a backward reached the parameters other than through one standard loss call with equal weights on "
-        "its items (a loss of the script's own, a regulariser, a none-reduction weighted per item), so its "
-        "items are unknown and its steps could not be judged",
+        "its items (a loss of the script's own, a none-reduction weighted per item, a gradient made by "
+        "torch.autograd.grad), so its items are unknown and its steps could not be judged",
         "compute the loss with torch.nn.functional's losses (mask with ignore_index, reduce with "
-        "reduction='sum' or 'mean'), or judge the loop with accumlib.verify(train_fn, item_losses=...)",
+        "reduction='sum' or 'mean'), or name the script's own per-item loss function with --item-losses "
+        "MODULE:FUNCTION (accumlib.watch(item_losses=...))",
         at="backward",
     ),
     "several-losses": Code(
         "limit",
-        "one backward added several loss terms made at different places ({sites}): how they combine into "
-        "one item loss is the script's choice, which accumlib does not guess",
-        "judge the loop with accumlib.verify(train_fn, item_losses=...), with item_losses returning each "
-        "item's combined loss",
+        "this run adds {n} loss terms per micro-batch: {sites}; how they combine into one item's loss is the "
+        "script's choice, which accumlib does not guess",
+        "pass --item-losses MODULE:FUNCTION (accumlib.watch(item_losses=...)): a function of the script that "
+        "returns each item's combined loss, one per item, which the script calls and then reduces",
+    ),
+    "item-losses-unused": Code(
+        "note",
+        "item_losses {name} was given, but the run never called it where accumlib replaced it (the script "
+        "calls it through another name, or not at all): its steps were judged from its standard loss calls",
+        "name the function where the script looks it up when it calls it (MODULE:FUNCTION of that module), "
+        "or leave item_losses out",
     ),
     "several-optimizers": Code(
         "limit",

@@ -88,6 +88,10 @@ class InPlace:
     batchnorm: bool = False
     grad_hooks: list[str] = field(default_factory=list)  # gradient hooks seen (``gradhooks.py``), file:line
     model: str = ""  # the module class whose parameters were stepped (for the report)
+    inside: list[int] = field(default_factory=lambda: [0])  # item_losses calls open (``itemlosses.py``)
+    item_label: str = ""  # the item_losses function, as the user named it
+    item_calls: int = 0  # item_losses calls seen
+    terms: int = 0  # the most loss terms one backward added (several-losses)
 
     @property
     def param_ids(self) -> set[int]:  # the patches' test for "this run's parameters" (patches.py)
@@ -99,6 +103,11 @@ class InPlace:
             self.optimizers.add(opt)
 
     def saw_loss(self, call: LossCall) -> None:
+        if not self.inside[0]:  # inside the user's item_losses, a standard loss call is one of its terms
+            self.pending[id(call.node)] = call
+
+    def saw_item_loss(self, call: LossCall) -> None:
+        self.item_calls += 1
         self.pending[id(call.node)] = call
 
     def saw_hook(self, site: str) -> None:
@@ -164,10 +173,14 @@ class InPlace:
         here = Backward(user_site() or "", calls, scale=self.scale)
         here.lrs = {id(o): lrs(o) for o in list(self.optimizers)}
         self.sites["backward"] = here.site
-        if stray or not calls:
+        terms = sorted({f"{c.kind} at {c.site}" for c in calls})
+        if stray and terms:  # a regulariser, an auxiliary term: added to the loss, not a loss call
+            terms.append(f"a term of the script's own in the loss backwarded at {here.site}")
+        if not calls:
             self.problem("unseen-loss", here.site)
-        if len({c.site for c in calls}) > 1:
-            self.problem("several-losses", " and ".join(sorted({f"{c.kind} at {c.site}" for c in calls})))
+        elif len(terms) > 1:
+            self.terms = max(self.terms, len(terms))
+            self.problem("several-losses", " and ".join(terms))
         self._open(here)
         handles = [c.node.register_prehook(self._upstream(c, here)) for c in calls]
         self.ratio = torch.zeros(())  # nothing reached the parameters yet; each call's prehook sets it
@@ -220,7 +233,7 @@ class InPlace:
 
     def _upstream(self, call: LossCall, here: Backward) -> Any:
         def seen(grad_outputs: tuple[torch.Tensor, ...]) -> None:
-            u = grad_outputs[0].detach()
+            u = grad_outputs[call.index].detach()
             if call.reduction == "none":  # the script's own reduction: equal weights on the items kept
                 keep = u != 0
                 call.items = keep.sum()

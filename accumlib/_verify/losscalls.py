@@ -45,6 +45,7 @@ class LossCall:
     items: torch.Tensor  # 0-dim: the terms the reduction runs over (or their weights' sum)
     node: Any  # the output's grad_fn, the node a backward's graph walk stops at
     value: torch.Tensor  # the output, detached: the loss sum of its items, read at the step
+    index: int = 0  # which of ``node``'s outputs it is (a function's output may be a split's, a view's)
 
 
 def _class_items(target: torch.Tensor, weight: torch.Tensor | None, ignore: int) -> torch.Tensor:

@@ -21,7 +21,8 @@ DESCRIPTION = (
     "of the model, no re-read data). The model is the set of parameters the stepping optimizer holds; items "
     "come from the script's standard loss calls (torch.nn.functional's, wherever they are made, inside the "
     "model's forward too), accum_steps from the run. Exit 0: correct; 1: a bug was found; 2: usage error; "
-    "3: the script raised; 4: the run could not be judged."
+    "3: the script raised; 4: the run could not be judged. A loss of the script's own, or several loss terms "
+    "per micro-batch: name the function returning each item's combined loss with --item-losses."
 )
 
 
@@ -35,12 +36,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="the micro-batches per optimizer step the script is meant to take (default: read from the run)",
     )
+    p.add_argument(
+        "--item-losses",
+        metavar="MODULE:FUNCTION",
+        help="the script's own loss: a function it calls that returns each item's (combined) loss, one per "
+        "item; MODULE is the script's name (or __main__) for a function it defines, else a module it imports",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS...]")
 
 
 def run(args: argparse.Namespace) -> int:
     from .._checks import check_int
+    from .itemlosses import ItemLossesError, parse
     from .report import EXIT_STATUS
     from .watch import run_script
 
@@ -52,11 +60,22 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("a script must follow `--` (got nothing to run): accumlib run -- train.py ARGS")
         if not Path(command[0]).is_file() or not command[0].endswith(".py"):
             raise ValueError(f"SCRIPT.py must be an existing Python file (got {command[0]!r})")
+        if args.item_losses is not None:
+            parse(args.item_losses)
     except ValueError as err:
         print(f"accumlib run: error: {err}", file=sys.stderr)
         return EXIT_STATUS["usage"]
     try:
-        report = run_script(command[0], command[1:], max_steps=args.max_steps, accum_steps=args.accum_steps)
+        report = run_script(
+            command[0],
+            command[1:],
+            max_steps=args.max_steps,
+            accum_steps=args.accum_steps,
+            item_losses=args.item_losses,
+        )
+    except ItemLossesError as err:  # misnamed, or its function broke the contract: a usage error
+        print(f"accumlib run: error: {err}", file=sys.stderr)
+        return EXIT_STATUS["usage"]
     except BaseException as err:  # the script's own failure, SystemExit(1) included: its traceback
         if isinstance(err, KeyboardInterrupt):
             raise
@@ -67,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
         print(report, flush=True)
         if args.json:
             Path(args.json).write_text(report.to_json())
+    several = [f for f in report.findings if f.code == "several-losses"]
+    if several:  # how the terms combine is the user's to say: a usage error, never guessed
+        print(
+            f"accumlib run: error: {several[0].message}; pass --item-losses MODULE:FUNCTION", file=sys.stderr
+        )
+        return EXIT_STATUS["usage"]
     return report.exit_status
 
 

@@ -20,7 +20,7 @@ import os
 import runpy
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from math import nan
 from pathlib import Path
@@ -33,6 +33,7 @@ from .._checks import check_int
 from .diagnose_run import diagnose_run, run_notes, step_findings, step_rows
 from .gradhooks import on_grad_hooks, site_of
 from .inplace import InPlace, run_k
+from .itemlosses import ItemLossesError, check_in_script, in_module, is_script, parse, run_main, wrapper
 from .lock import one_run
 from .losscalls import on_loss_call
 from .patches import clipping, scaler, schedulers
@@ -107,14 +108,39 @@ def _batchnorm(eng: InPlace) -> Iterator[None]:
         torch.batch_norm = original  # type: ignore[assignment]
 
 
+def _item_losses(spec: str | Callable[..., object] | None) -> tuple[str, str] | None:
+    """``item_losses`` as (module, name), checked before anything runs: ``"MODULE:FUNCTION"``, or a
+    function the loop calls by its module-level name (a notebook's own: module ``__main__``)."""
+    if spec is None or isinstance(spec, str):
+        return None if spec is None else parse(spec)
+    if not callable(spec):
+        raise ItemLossesError(
+            f"item_losses must be MODULE:FUNCTION or a function (got {type(spec).__name__})"
+        )
+    module, name = getattr(spec, "__module__", None), getattr(spec, "__qualname__", "")
+    holder = sys.modules.get(module or "")
+    if holder is None or "<locals>" in name or "<lambda>" in name:
+        raise ItemLossesError(
+            f"item_losses must be a module-level function, which the loop calls by its name (got {name!r}: "
+            "define it at the top level of a module or a notebook cell)"
+        )
+    return module, name  # type: ignore[return-value]
+
+
 @contextlib.contextmanager
 def watch(
-    *, max_steps: int | None = None, accum_steps: int | None = None, scan: bool = True
+    *,
+    max_steps: int | None = None,
+    accum_steps: int | None = None,
+    item_losses: str | Callable[..., object] | None = None,
+    scan: bool = True,
 ) -> Iterator[Watched]:
     """Judge every optimizer step taken inside the block against the true large-batch gradient.
 
     ``accum_steps``: the micro-batches per step the run is meant to take (read from the run when
     None); ``max_steps``: judge the first N steps, then end the block's loop (the block ends cleanly);
+    ``item_losses``: the loop's own loss function, returning one loss per item (``"MODULE:FUNCTION"``
+    or the function itself), where its loss is not one standard loss call (``itemlosses.py``);
     ``scan``: also find the optimizers alive when the block opens (a script builds its own: no need).
 
     >>> import torch, accumlib
@@ -131,12 +157,15 @@ def watch(
     """
     check_int("max_steps", max_steps, low=1, optional=True)
     check_int("accum_steps", accum_steps, low=1, optional=True)
-    out = Watched(engine=InPlace(max_steps=max_steps))
+    named = _item_losses(item_losses)
+    out = Watched(engine=InPlace(max_steps=max_steps, item_label=":".join(named) if named else ""))
     eng, stopped = out.engine, False
     with one_run("accumlib.watch"):
+        own = in_module(*named, eng.saw_item_loss, eng.inside) if named else contextlib.nullcontext()
         hook = register_optimizer_step_pre_hook(eng.on_step)
         try:
             with (
+                own,
                 _optimizers(eng, alive=scan),
                 on_loss_call(eng.saw_loss),
                 on_grad_hooks(eng.saw_hook),
@@ -184,7 +213,11 @@ def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
         findings.append(Finding.of("batchnorm"))
     for code, sites in eng.problems.items():
         many = code == "several-losses"
-        findings.append(Finding.of(code, sites="; ".join(sites) or "?", where=() if many else sites))
+        findings.append(
+            Finding.of(code, sites="; ".join(sites) or "?", n=eng.terms, where=() if many else sites)
+        )
+    if eng.item_label and not eng.item_calls:
+        findings.append(Finding.of("item-losses-unused", name=eng.item_label))
     total = None if stopped else stepped + (left if eng.window else 0)
     loss = sum(s.loss_sum for s in steps) + 0.0
     return Report(rows, findings, k, stepped, total, None, loss / stepped if stepped else None)
@@ -196,24 +229,40 @@ def run_script(
     *,
     max_steps: int | None = None,
     accum_steps: int | None = None,
+    item_losses: str | None = None,
 ) -> Report:
     """Run ``script`` as ``__main__`` with ``args`` as its command line, unmodified, under ``watch``;
-    its exceptions propagate (``accumlib run`` turns them into exit 3), ``SystemExit(0)`` ends it."""
+    its exceptions propagate (``accumlib run`` turns them into exit 3), ``SystemExit(0)`` ends it.
+    ``item_losses="MODULE:FUNCTION"``: MODULE is the script itself (its name or ``__main__``) or a module
+    it imports."""
     path = Path(script)
     if not path.is_file():
         raise ValueError(f"script must be an existing Python file (got {str(script)!r})")
+    module, name = parse(item_losses) if item_losses else ("", "")
+    own = is_script(module, str(path))
+    if own:
+        check_in_script(str(path), name)
     argv, syspath = list(sys.argv), list(sys.path)
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))  # as `python script.py` puts the script's folder first
     try:
-        with watch(max_steps=max_steps, accum_steps=accum_steps, scan=False) as seen:
+        with watch(
+            max_steps=max_steps, accum_steps=accum_steps, item_losses=None if own else item_losses, scan=False
+        ) as seen:
             try:
-                runpy.run_path(str(path), run_name="__main__")
+                if own:  # the script's own function, wrapped as the script defines it
+                    eng = seen.engine
+                    eng.item_label = f"{path.name}:{name}"
+                    wrap = (name, lambda fn: wrapper(fn, eng.item_label, eng.saw_item_loss, eng.inside))
+                    run_main(str(path), wrap)
+                else:
+                    runpy.run_path(str(path), run_name="__main__")
             except SystemExit as end:
                 if end.code not in (None, 0):
                     raise
     finally:
         sys.argv, sys.path[:] = argv, syspath
+
     assert seen.report is not None
     return seen.report
 
