@@ -21,6 +21,7 @@ IN_PLACE = {
     "grad-hook",
     "multi-rank",
     "item-losses-unused",
+    "compiled-loss",
 }
 ISSUE_CODES = {
     c

@@ -285,3 +285,58 @@ def test_another_models_optimizer_alive_with_gradients_does_not_leak_into_the_ve
     assert "mean-of-means" in report.codes and "no-zero-grad" not in report.codes, report
     assert_figures(report, truth)
     del other_opt
+
+
+class LossInside(TinyLM):
+    """A model that returns its own loss (nanoGPT's, Transformers'): compiled, the loss is compiled too."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(super().forward(x).transpose(1, 2), y, ignore_index=PAD)
+
+
+def test_a_compiled_model_is_judged_and_a_loss_compiled_inside_it_is_named():
+    """torch.compile (aot_eager: AOTAutograd's compiled backward, as inductor's, without a C compiler):
+    a compiled model whose loss is computed outside is judged against the truth, the wrong loop named;
+    a loss computed inside the compiled function is never seen as a call: a limit, never a pass."""
+    torch._dynamo.reset()
+
+    def compiled(loop):
+        def train(model, opt, batches, k):
+            loop(torch.compile(model, backend="aot_eager"), opt, batches, k)
+
+        return train
+
+    report, truth = run(compiled(per_window_sum), n=8)
+    assert report.ok and report.codes == set(), report
+    assert_figures(report, truth)
+    report, truth = run(compiled(mean_over_k), n=8)
+    assert "mean-of-means" in report.codes, report
+    assert_figures(report, truth)
+
+    model, batches = LossInside(), micro_batches(8)
+    opt, inside = torch.optim.SGD(model.parameters(), lr=0.1), torch.compile(model, backend="aot_eager")
+    with watch() as seen:
+        for i, (x, y) in enumerate(batches):
+            (inside(x, y) / 4).backward()  # mean of means over ragged counts: wrong, and unseen
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+    assert seen.report.status == "cannot-judge" and seen.report.codes == {"compiled-loss"}, seen.report
+    assert "test_watch.py" in seen.report.findings[0].where[0]
+
+
+def test_a_dead_weak_proxy_alive_when_the_block_opens_is_skipped():
+    """torch.compile leaves weakref proxies whose objects died; isinstance on one raises ReferenceError,
+    which crashed watch() as it looked for the optimizers alive (seen after a compiled run)."""
+    import weakref
+
+    class Gone:
+        pass
+
+    obj = Gone()
+    proxy = weakref.proxy(obj)
+    del obj
+    report, truth = run(per_window_sum, n=4)
+    assert report.ok, report
+    with pytest.raises(ReferenceError):
+        isinstance(proxy, torch.optim.Optimizer)  # the proxy is dead, and still referenced here

@@ -309,6 +309,15 @@ CODES: dict[str, Code] = {
         "MODULE:FUNCTION (accumlib.watch(item_losses=...))",
         at="backward",
     ),
+    "compiled-loss": Code(
+        "limit",
+        "the loss was computed inside a torch.compile'd function, whose backward is one compiled node: the "
+        "loss calls inside it never run as calls accumlib can see, so its items are unknown and its steps "
+        "were not judged",
+        "compile the model without its loss (return the logits, compute the loss outside the compiled "
+        "function: a compiled model is judged that way), or run with compilation off to judge the loop",
+        at="backward",
+    ),
     "several-losses": Code(
         "limit",
         "this run adds {n} loss terms per micro-batch: {sites}; how they combine into one item's loss is the "

@@ -144,10 +144,11 @@ class InPlace:
 
         return seen
 
-    def _walk(self, roots: list[torch.Tensor]) -> tuple[list[LossCall], bool]:
-        """The loss calls each root reaches, and whether it reaches a watched parameter other than
-        through one of them (a regulariser, a loss verify does not know)."""
-        seen, found, stray = set(), [], False
+    def _walk(self, roots: list[torch.Tensor]) -> tuple[list[LossCall], bool, bool]:
+        """The loss calls each root reaches, whether it reaches a watched parameter other than through
+        one of them (a regulariser, a loss verify does not know), and whether through a torch.compile'd
+        function (AOTAutograd's one node for its whole backward: the loss calls inside it never ran)."""
+        seen, found, stray, compiled = set(), [], False, False
         todo = [r.grad_fn for r in roots if r.grad_fn is not None]
         while todo:
             node = todo.pop()
@@ -161,13 +162,14 @@ class InPlace:
             var = getattr(node, "variable", None)
             if var is not None and id(var) in self.params:
                 stray = True
+            compiled = compiled or type(node).__name__ == "CompiledFunctionBackward"
             todo.extend(n for n, _ in node.next_functions)
-        return found, stray
+        return found, stray, compiled
 
     def backward(self, original: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
         roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         self._hook_params()
-        calls, stray = self._walk(roots)
+        calls, stray, compiled = self._walk(roots)
         if not calls and not stray:
             return original(tensors, *args, **kwargs)  # no watched parameter is reached
         here = Backward(user_site() or "", calls, scale=self.scale)
@@ -176,8 +178,8 @@ class InPlace:
         terms = sorted({f"{c.kind} at {c.site}" for c in calls})
         if stray and terms:  # a regulariser, an auxiliary term: added to the loss, not a loss call
             terms.append(f"a term of the script's own in the loss backwarded at {here.site}")
-        if not calls:
-            self.problem("unseen-loss", here.site)
+        if not calls:  # a loss computed inside a compiled function: named, as what accumlib cannot see
+            self.problem("compiled-loss" if compiled else "unseen-loss", here.site)
         elif len(terms) > 1:
             self.terms = max(self.terms, len(terms))
             self.problem("several-losses", " and ".join(terms))

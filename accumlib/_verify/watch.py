@@ -20,6 +20,7 @@ import os
 import runpy
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from math import nan
@@ -56,6 +57,10 @@ def _optimizers(eng: InPlace, alive: bool) -> Iterator[None]:
     with warnings.catch_warnings():  # isinstance wakes deprecated module attributes, which warn
         warnings.simplefilter("ignore")
         for obj in gc.get_objects() if alive else ():
+            if (
+                type(obj) in weakref.ProxyTypes
+            ):  # isinstance on a dead proxy raises (torch.compile leaves some)
+                continue
             if isinstance(obj, torch.optim.Optimizer):
                 eng.saw_optimizer(obj)
             elif isinstance(obj, torch.nn.Module):  # backward hooks registered before the block opened
