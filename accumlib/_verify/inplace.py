@@ -33,9 +33,9 @@ import torch
 from .gradhooks import existing
 from .inplace_job import measure_job, sharded, world
 from .losscalls import LossCall
-from .measure import dist
+from .measure import against_sums
 from .numbers import Clip, StepNumbers
-from .oracle import Fit, clipped, gram
+from .oracle import Fit, clipped
 from .patches import current_lr, lrs
 from .record import StopRun
 from .sites import user_site
@@ -325,7 +325,7 @@ class InPlace:
         if job and not sharded(ps):  # every rank, at the same step: the job's window
             measure_job(numbers, ps, [self.sums.get(id(p)) for p in ps])
         elif numbers.items > 0 and numbers.finite:
-            _measure(numbers, [p.grad for p in ps], [self.sums.get(id(p)) for p in ps])
+            against_sums(numbers, [p.grad for p in ps], [self.sums.get(id(p)) for p in ps])
         self.finish(numbers)
 
     def finish(self, numbers: StepNumbers) -> None:
@@ -356,19 +356,6 @@ def _prints(params: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor | 
 def _loss_sum(c: LossCall) -> torch.Tensor:
     v = c.value.double()
     return v.sum() * c.items if c.reduction == "mean" else v.sum()
-
-
-def _measure(numbers: StepNumbers, grads: list[Any], oracle: list[Any]) -> None:
-    """G, what the optimizer holds (clips undone), against r = O / N: the relative error, the best
-    factor c and its residual, and the float32 figures the report reads (``measure.measure``'s)."""
-    n, u = numbers.items, numbers.unclip
-    g = gram([grads, oracle], scales=[1.0 / u, 1.0 / n])
-    gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
-    numbers.rel = dist(gg, gr, rr, 1.0) / math.sqrt(rr) if rr > 0 else math.inf
-    if rr > 0:
-        numbers.scale = gr / rr
-        numbers.scale_resid = dist(gg, gr, rr, numbers.scale) / max(math.sqrt(gg), 1e-300)
-    numbers.gg, numbers.gt, numbers.tt = gg * u * u, gr * u, rr
 
 
 def run_k(steps: list[StepNumbers]) -> int:

@@ -17,7 +17,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .measure import dist as distance
+from .measure import against_sums, fit
 from .numbers import StepNumbers
 from .oracle import gram
 
@@ -52,22 +52,15 @@ def measure_job(numbers: StepNumbers, ps: list[torch.Tensor], sums: list[torch.T
         for t in h:
             dist.all_reduce(t)
         g = gram([grads, h])
-        gg, gh, hh = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
-        if hh > 0:
-            numbers.per_rank_scale = gh / hh
-            numbers.per_rank_resid = distance(gg, gh, hh, numbers.per_rank_scale) / max(math.sqrt(gg), 1e-300)
+        if float(g[1, 1]) > 0:
+            _, numbers.per_rank_scale, numbers.per_rank_resid = fit(
+                float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
+            )
         del h
     for o in own:
         dist.all_reduce(o)  # in place: O is rebuilt from zero when the next window opens
-    n, u = numbers.items, numbers.unclip
-    if n > 0:
-        g = gram([grads, own], scales=[1.0 / u, 1.0 / n])
-        gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
-        numbers.rel = distance(gg, gr, rr, 1.0) / math.sqrt(rr) if rr > 0 else math.inf
-        if rr > 0:
-            numbers.scale = gr / rr
-            numbers.scale_resid = distance(gg, gr, rr, numbers.scale) / max(math.sqrt(gg), 1e-300)
-        numbers.gg, numbers.gt, numbers.tt = gg * u * u, gr * u, rr
+    if numbers.items > 0:
+        against_sums(numbers, grads, own)
     numbers.diverged = _spread(grads)
     numbers.params_diverged = _spread([p.detach() for p in ps])
 

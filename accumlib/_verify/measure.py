@@ -23,6 +23,31 @@ def dist(aa: float, ab: float, bb: float, c: float) -> float:
     return math.sqrt(max(aa - 2 * c * ab + c * c * bb, 0.0))
 
 
+def fit(gg: float, gr: float, rr: float) -> tuple[float, float, float]:
+    """From <G,G>, <G,r>, <r,r>: the relative error ||G - r|| / ||r||, the best factor c = <G,r>/<r,r>
+    and the fit's residual ||G - c r|| / ||G|| (nan where r is zero: no factor explains anything).
+
+    >>> fit(4.0, 2.0, 1.0)       # G = 2 r exactly
+    (1.0, 2.0, 0.0)
+    """
+    rel = dist(gg, gr, rr, 1.0) / math.sqrt(rr) if rr > 0 else math.inf
+    if rr <= 0:
+        return rel, math.nan, math.nan
+    return rel, gr / rr, dist(gg, gr, rr, gr / rr) / max(math.sqrt(gg), 1e-300)
+
+
+def against_sums(numbers: StepNumbers, grads: list[Any], sums: list[Any]) -> None:
+    """The in-place engine's figures: G, what the optimizer holds (clips undone), against r = O / N,
+    O the engine's sums (``inplace.py``, all-reduced across a job's ranks by ``inplace_job.py``)."""
+    n, u = numbers.items, numbers.unclip
+    g = gram([grads, sums], scales=[1.0 / u, 1.0 / n])
+    gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
+    numbers.rel, scale, resid = fit(gg, gr, rr)
+    if rr > 0:
+        numbers.scale, numbers.scale_resid = scale, resid
+    numbers.gg, numbers.gt, numbers.tt = gg * u * u, gr * u, rr
+
+
 def measure(
     numbers: StepNumbers,
     o: WindowOracle,
@@ -45,10 +70,9 @@ def measure(
     # G unclipped, r = O / N: the verdict's reference
     g = gram([grads, o.O()], scales=[1.0 / u, 1.0 / n], scratch=o.scratch)
     gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
-    numbers.rel = dist(gg, gr, rr, 1.0) / math.sqrt(rr) if rr > 0 else math.inf
+    numbers.rel, scale, resid = fit(gg, gr, rr)
     if rr > 0:
-        numbers.scale = gr / rr
-        numbers.scale_resid = dist(gg, gr, rr, numbers.scale) / max(math.sqrt(gg), 1e-300)
+        numbers.scale, numbers.scale_resid = scale, resid
     numbers.batchnorm = batchnorm
     # a job: no second replay (each would need its own exchange); its reference is the figure
     if job:
@@ -77,4 +101,4 @@ def measure(
     numbers.gg, numbers.gt, numbers.tt = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
 
 
-__all__ = ["dist", "measure"]
+__all__ = ["against_sums", "dist", "fit", "measure"]
