@@ -36,7 +36,7 @@ from .losscalls import LossCall
 from .measure import against_sums
 from .numbers import Clip, StepNumbers
 from .oracle import Fit, clipped
-from .patches import current_lr, lrs
+from .patches import capture_at_step, current_lr, lrs
 from .record import StopRun
 from .sites import user_site
 from .touched import PRINT, SAME_RATIO, hooked, unexplained
@@ -255,17 +255,7 @@ class InPlace:
 
     def on_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         self.saw_optimizer(opt)
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if closure is None:
-            self.capture(opt)
-            return None
-
-        def then_capture() -> Any:  # Lightning: the last micro-batch runs inside the closure
-            out = closure()
-            self.capture(opt)
-            return out
-
-        return args[:1], {k: v for k, v in kwargs.items() if k != "closure"} | {"closure": then_capture}
+        return capture_at_step(args, kwargs, lambda: self.capture(opt))
 
     # -- compute -----------------------------------------------------------------------------
     def capture(self, opt: torch.optim.Optimizer) -> None:

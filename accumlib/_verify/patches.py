@@ -12,7 +12,7 @@ it is given (``patched(rec)``): clips, scale, skipped steps, ``lr_changed``, whe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -133,4 +133,20 @@ def schedulers(rec: Recorder) -> Iterator[None]:
         torch.optim.lr_scheduler.LRScheduler.step = original  # type: ignore[method-assign]
 
 
-__all__ = ["clipping", "current_lr", "lrs", "patched", "scaler", "schedulers"]
+def capture_at_step(args: Any, kwargs: Any, capture: Callable[[], None]) -> Any:
+    """What an optimizer step pre-hook returns: ``capture()`` now, or, where the step takes a closure
+    (Lightning runs the window's last micro-batch inside it), right after the closure has run."""
+    closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+    if closure is None:
+        capture()
+        return None
+
+    def then_capture() -> Any:
+        out = closure()
+        capture()
+        return out
+
+    return args[:1], {k: v for k, v in kwargs.items() if k != "closure"} | {"closure": then_capture}
+
+
+__all__ = ["capture_at_step", "clipping", "current_lr", "lrs", "patched", "scaler", "schedulers"]

@@ -35,7 +35,7 @@ from .._batch import ItemLosses, cat_batches
 from .measure import measure
 from .numbers import Clip, MicroBatch, StepNumbers
 from .oracle import Replay, WindowOracle, clipped
-from .patches import current_lr
+from .patches import capture_at_step, current_lr
 from .ranks import Ranks, full, sharded
 from .shadow import sync_shadow
 from .sites import user_site
@@ -314,18 +314,7 @@ class Recorder:
             return None  # another model's optimizer (a GAN's other half)
         self.optimizer = optimizer  # the loop may have built its own; read learning rates from it
         self.sites["step"] = user_site() or ""
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if closure is None:
-            self.capture(optimizer)
-            return None
-
-        def then_capture() -> Any:  # Lightning: the last micro-batch runs inside the closure
-            out = closure()
-            self.capture(optimizer)
-            return out
-
-        rest = {k: v for k, v in kwargs.items() if k != "closure"}
-        return args[:1], rest | {"closure": then_capture}
+        return capture_at_step(args, kwargs, lambda: self.capture(optimizer))
 
     # -- the step ---------------------------------------------------------------------------
     def capture(self, optimizer: torch.optim.Optimizer) -> None:
