@@ -54,7 +54,9 @@ class Backward:
     calls: list[LossCall] = field(default_factory=list)
     ratios: list[torch.Tensor] = field(default_factory=list)  # m / u per call, 0-dim, on the device
     spread: list[torch.Tensor] = field(default_factory=list)  # reduction "none": unequal upstream
-    beta: float = 1.0  # what .grad was multiplied by since the previous backward (fingerprints)
+    # what .grad was multiplied by since the previous backward: a float, or the fingerprints (before,
+    # now; now None: every .grad set to None) that say it, read at the step in one sync (``factors``)
+    beta: Any = 1.0
     scale: float = 1.0  # GradScaler's scale when it ran
     lrs: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
@@ -212,26 +214,21 @@ class InPlace:
                 if p.grad is not None
             }
             return
-        here.beta = self._factor()
+        here.beta = self._prints_now()
 
-    def _factor(self) -> float:
-        """The one factor .grad was multiplied by since the last backward's fingerprints (1.0: untouched,
-        or it held only zeros; 0.0: zeroed or set to None; nan: not one factor), read in one sync."""
+    def _prints_now(self) -> Any:
+        """What .grad holds now against the last backward's fingerprints, kept on the device (no sync
+        between backwards): 1.0 where nothing was fingerprinted, nan where only some .grad became None,
+        else (before, now), ``now`` None where every .grad is None; ``factors`` reads them at the step."""
         keys, before = self.after
         if before is None:
             return 1.0
         grads = [self.params[k].grad for k in keys]
         if all(g is None for g in grads):
-            return 0.0 if bool(before.any()) else 1.0
+            return (before, None)
         if any(g is None for g in grads):
             return math.nan
-        now = torch.cat([g.detach().reshape(-1)[:PRINT] for g in grads])  # type: ignore[union-attr]
-        b, n = before.double().cpu(), now.double().cpu()
-        keep = b != 0
-        if not bool(keep.any()):  # a factor applied to zeros changes nothing
-            return 1.0
-        r = n[keep] / b[keep]
-        return float(r[0]) if bool(((r - r[0]).abs() <= SAME_RATIO * r[0].abs()).all()) else math.nan
+        return (before, torch.cat([g.detach().reshape(-1)[:PRINT] for g in grads]))  # type: ignore[union-attr]
 
     def _upstream(self, call: LossCall, here: Backward) -> Any:
         def seen(grad_outputs: tuple[torch.Tensor, ...]) -> None:
@@ -274,6 +271,9 @@ class InPlace:
         for at in [*self.grad_hooks, *existing(), *hooked(ps)]:
             self.problem("grad-hook", at)
         w = self.window
+        betas = factors([b.beta for b in w] + [self._prints_now()])  # one sync for the window
+        for b, beta in zip(w, betas):
+            b.beta = beta
         if not w:  # a gradient no watched backward made (torch.autograd.grad, assigned to .grad)
             self.problem("unseen-loss", self.sites["step"])
         numbers = StepNumbers(len(w), current_lr(opt), lr_changed=self.lr_changed, sites=dict(self.sites))
@@ -309,7 +309,7 @@ class InPlace:
         complete = [c for c in self.clips if c.seen >= len(w)]
         numbers.clips = list(self.clips)
         numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
-        numbers.rescaled = unexplained(self._factor(), numbers.unclip, self.scale)
+        numbers.rescaled = unexplained(betas[-1], numbers.unclip, self.scale)
         numbers.grad_hooks = hooked(ps)
         numbers.batchnorm = self.batchnorm
         if job and not sharded(ps):  # every rank, at the same step: the job's window
@@ -341,6 +341,31 @@ def _prints(params: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor | 
     if not keys:
         return keys, None
     return keys, torch.cat([params[k].grad.detach().reshape(-1)[:PRINT] for k in keys])  # type: ignore[union-attr]
+
+
+def factors(prints: list[Any]) -> list[float]:
+    """Each fingerprint pair's one factor (``_prints_now``): 1.0 untouched, or holding only zeros (a factor
+    applied to zeros changes nothing); 0.0 zeroed or set to None; nan not one factor. One device sync."""
+    pairs = [p for p in prints if isinstance(p, tuple)]
+    flat = [t.reshape(-1) for b, n in pairs for t in (b, n if n is not None else b[:0])]
+    host = torch.cat([t.double() for t in flat]).cpu() if flat else torch.zeros(0, dtype=torch.float64)
+    parts = iter(host.split([t.numel() for t in flat]))
+    out = []
+    for p in prints:
+        if not isinstance(p, tuple):
+            out.append(float(p))
+            continue
+        b, n = next(parts), next(parts)
+        keep = b != 0
+        if not bool(keep.any()):
+            out.append(1.0)
+        elif p[1] is None:
+            out.append(0.0)
+        else:
+            r = n[keep] / b[keep]
+            same = bool(((r - r[0]).abs() <= SAME_RATIO * r[0].abs()).all())
+            out.append(float(r[0]) if same else math.nan)
+    return out
 
 
 def _loss_sum(c: LossCall) -> torch.Tensor:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -65,6 +66,11 @@ def unexplained(r: float, unclip: float, scale: float) -> float:
     return r / unclip
 
 
+@lru_cache(maxsize=1024)
+def _own(filename: str) -> bool:  # resolved once per file: every step asks for every parameter's hooks
+    return str(Path(filename).resolve()).startswith(_OWN_CODE)
+
+
 def hooked(params: list[torch.nn.Parameter]) -> list[str]:
     """file:line of every function hooked on a parameter's gradient (``Tensor.register_hook``), torch's
     and accumlib's own left out."""
@@ -74,7 +80,7 @@ def hooked(params: list[torch.nn.Parameter]) -> list[str]:
             fn = getattr(fn, "func", fn)  # functools.partial
             # a function, or a callable object (its class's __call__)
             code = getattr(fn, "__code__", None) or getattr(vars(type(fn)).get("__call__"), "__code__", None)
-            if code is None or str(Path(code.co_filename).resolve()).startswith(_OWN_CODE):
+            if code is None or _own(code.co_filename):
                 continue
             at = code_site(code)
             if at not in out:
