@@ -24,6 +24,8 @@ line, if any), ``run(quick: bool = False) -> dict`` (its knobs are module consta
                        11.3M MLP and lm-tokens; _ranks_worker.py runs on each rank)
     run_cost.py        a loop under accumlib.watch() (the engine of accumlib run) against the loop alone:
                        time, and the engine's extra bytes against the parameters'
+    run_nanogpt.py     accumlib run on nanoGPT's own train.py (tiny config, 20 iterations) against the
+                       script alone, 1 process and 2 gloo ranks (read from a clone: ACCUMLIB_NANOGPT_SRC)
     kernel_memory.py   every notebook's Run All in a fresh kernel: its peak and held resident memory
                        (_kernel_memory_proc.py reads /proc, the kernel's processes summed with it)
 
@@ -78,6 +80,7 @@ SECTION_MODULES = (
     "verify_ranks",
     "kernel_memory",
     "run_cost",
+    "run_nanogpt",
 )
 
 

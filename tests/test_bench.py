@@ -560,3 +560,20 @@ def test_kernel_memory_refuses_a_prefix_that_names_no_notebook(capsys):
         kernel_memory.main(["99"])
     assert exit_.value.code == 2
     assert "notebooks must name prefixes of notebooks/*.ipynb (got 99)" in capsys.readouterr().err
+
+
+def test_run_nanogpt_says_not_available_without_a_clone_and_measures_with_one(monkeypatch):
+    """nanoGPT's files are never committed: without ACCUMLIB_NANOGPT_SRC the section says so instead of
+    printing a number; with a clone, its quick run gives finite figures and the engine's exact bytes."""
+    section = bench.MODULES["run_nanogpt"]
+    clone = os.environ.get("ACCUMLIB_NANOGPT_SRC")
+    monkeypatch.delenv("ACCUMLIB_NANOGPT_SRC", raising=False)
+    res = section.run(quick=True)
+    assert "ACCUMLIB_NANOGPT_SRC" in res["not_available"] and "rows" not in res
+    if not clone:
+        pytest.skip("set ACCUMLIB_NANOGPT_SRC to a nanoGPT clone to measure the section")
+    monkeypatch.setenv("ACCUMLIB_NANOGPT_SRC", clone)
+    res = section.run(quick=True)
+    (row,) = res["rows"]
+    assert all(_finite(row[f]) for f in ("alone_s", "watch_s", "ratio")), row
+    assert row["extra_over_params"] == 1.0 and row["verdict_ok"], row  # one float32 sum per parameter
