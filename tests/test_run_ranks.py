@@ -84,11 +84,20 @@ def torchrun(folder: Path, script: str, timeout: float = 150) -> tuple[int, str]
         ("per_rank.py", "            (loss / n_local).backward()\n", "per-rank-mean"),
         # DDP's mean over ranks not undone: every step 1/R of the true gradient
         ("no_world.py", "            (loss / n).backward()\n", "misscaled"),
+        # the ranks never exchange gradients: each steps its own, the ranks drift apart
+        ("no_ddp.py", BACKWARD, "ranks-diverged"),
     ],
 )
 def test_a_ddp_job_is_judged_once_for_the_whole_job(tmp_path, name, new, code):
     assert SCRIPT.count(BACKWARD) == 1
     (tmp_path / name).write_text(SCRIPT.replace(BACKWARD, new))
+    if name == "no_ddp.py":  # no gradient sync at all: each rank steps its own window's gradient
+        wrapped = "model = DDP(torch.nn.Sequential("
+        assert SCRIPT.count(wrapped) == 1
+        text = SCRIPT.replace(wrapped, "model = (torch.nn.Sequential(").replace(
+            "with model.no_sync() if i < accum - 1 else torch.enable_grad():", "if True:"
+        )
+        (tmp_path / name).write_text(text)
     status, out = torchrun(tmp_path, name)
     report = json.loads((tmp_path / "r.json").read_text())
     assert out.count("verdict: ") == 1  # one report for the job, by rank 0

@@ -6,13 +6,15 @@ data-parallel job takes together, one all-reduce turns O_r into sum_r O_r in pla
 optimizer holds after DDP's own mean over ranks, is compared with it exactly as on one process.
 Where the ranks' counts differ, a second all-reduce gives H = (1/R) sum_r O_r / N_r, what a job that
 divides by each rank's own count steps (``per-rank-mean``); rank 0's gradient and parameters,
-broadcast, say whether the ranks stepped alike (``ranks-diverged``). The extra memory is one
-parameter-sized buffer, for as long as a comparison lasts.
+broadcast, say whether the ranks stepped alike (``ranks-diverged``). Collectives go by buckets of at most
+``BUCKET_BYTES`` (one all-reduce for a small model's whole step, not one per parameter); the extra memory
+is a bucket's flat copies, and H (one parameter-sized buffer) for as long as its comparison lasts.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,33 +51,69 @@ def measure_job(numbers: StepNumbers, ps: list[torch.Tensor], sums: list[torch.T
     mine = numbers.rank_items[dist.get_rank()]
     if len(set(numbers.rank_items)) > 1:  # H = (1/R) sum_r O_r / N_r, on a copy (O_r is still needed)
         h = [o / max(mine, 1) / r for o in own]
-        for t in h:
-            dist.all_reduce(t)
+        all_reduce(h)
         g = gram([grads, h])
         if float(g[1, 1]) > 0:
             _, numbers.per_rank_scale, numbers.per_rank_resid = fit(
                 float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
             )
         del h
-    for o in own:
-        dist.all_reduce(o)  # in place: O is rebuilt from zero when the next window opens
+    all_reduce(own)  # in place: O is rebuilt from zero when the next window opens
     if numbers.items > 0:
         against_sums(numbers, grads, own)
-    numbers.diverged = _spread(grads)
-    numbers.params_diverged = _spread([p.detach() for p in ps])
+    numbers.diverged, numbers.params_diverged = _spread(grads, [p.detach() for p in ps])
 
 
-def _spread(tensors: list[torch.Tensor]) -> float:
-    """max over ranks of ||t_r - t_0|| / ||t_0||, one tensor at a time (rank 0's broadcast)."""
-    diff, base = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
-    for t in tensors:
-        zero = t.detach().clone()
+# One collective per bucket of tensors of one dtype, at most this many bytes: a tiny model's step is one
+# all-reduce, not one per parameter (gloo: about a millisecond each), and the flat copy a bucket needs
+# stays small beside the parameters.
+BUCKET_BYTES = 2**25
+
+
+def buckets(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """Indices of ``tensors`` grouped by dtype and device, each group cut at ``BUCKET_BYTES``.
+
+    >>> buckets([torch.zeros(3), torch.zeros(2, dtype=torch.float64), torch.zeros(4)])
+    [[0, 2], [1]]
+    """
+    groups: dict[tuple[Any, Any], list[list[int]]] = {}
+    for i, t in enumerate(tensors):
+        runs = groups.setdefault((t.dtype, t.device), [[]])
+        size = sum(tensors[j].numel() * tensors[j].element_size() for j in runs[-1])
+        if runs[-1] and size + t.numel() * t.element_size() > BUCKET_BYTES:
+            runs.append([])
+        runs[-1].append(i)
+    return [run for runs in groups.values() for run in runs]
+
+
+def all_reduce(tensors: list[torch.Tensor]) -> None:
+    """Sum every tensor over the ranks, in place, one all-reduce per bucket."""
+    for run in buckets(tensors):
+        flat = torch.cat([tensors[i].reshape(-1) for i in run])
+        dist.all_reduce(flat)
+        for i, part in zip(run, flat.split([tensors[i].numel() for i in run])):
+            tensors[i].copy_(part.view_as(tensors[i]))
+
+
+def _spread(*groups: list[torch.Tensor]) -> list[float]:
+    """For each group of tensors, max over ranks of ||t_r - t_0|| / ||t_0|| over all of them: rank 0's
+    tensors broadcast by bucket (the groups together), the ranks' squared distances in one all-reduce."""
+    tensors = [t for g in groups for t in g]
+    owner = [k for k, g in enumerate(groups) for _ in g]
+    device = tensors[0].device  # NCCL reduces device tensors only; no sync until the end
+    diff = torch.zeros(len(groups), dtype=torch.float64, device=device)
+    base = torch.zeros(len(groups), dtype=torch.float64, device=device)
+    for run in buckets(tensors):
+        mine = torch.cat([tensors[i].detach().reshape(-1) for i in run])
+        zero = mine.clone()
         dist.broadcast(zero, 0)
-        diff += (t.detach().double() - zero.double()).square().sum().cpu()
-        base += zero.double().square().sum().cpu()
-    worst = diff.to(tensors[0].device)  # NCCL reduces device tensors only
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return math.sqrt(float(worst)) / max(math.sqrt(float(base)), 1e-300)
+        sizes, at = [tensors[i].numel() for i in run], torch.tensor([owner[i] for i in run], device=device)
+        d = torch.stack([x.sum() for x in (mine.double() - zero.double()).square().split(sizes)])
+        b = torch.stack([x.sum() for x in zero.double().square().split(sizes)])
+        diff.index_add_(0, at, d)
+        base.index_add_(0, at, b)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    return [math.sqrt(float(w)) / max(math.sqrt(float(b)), 1e-300) for w, b in zip(diff.cpu(), base.cpu())]
 
 
-__all__ = ["measure_job", "sharded", "world"]
+__all__ = ["BUCKET_BYTES", "all_reduce", "buckets", "measure_job", "sharded", "world"]
