@@ -240,19 +240,20 @@ def test_a_gradient_made_by_autograd_grad_and_assigned_is_not_judged():
     assert seen.report.status == "cannot-judge" and "unseen-loss" in seen.report.codes, seen.report
 
 
-def test_two_optimizers_stepping_are_a_limit():
-    """A GAN's shape: two optimizers over two halves, each stepping; the engine judges one, says so."""
-    g, d = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
-    opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+def test_one_parameter_stepped_by_two_optimizers_is_a_limit():
+    """Two optimizers holding the same parameters: whose step took which gradient is not one answer.
+    (Several optimizers over their own parameters are judged: tests/test_watch_optimizers.py.)"""
+    model = torch.nn.Linear(3, 2)
+    opt_a, opt_b = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
     with watch() as seen:
         for i in range(4):
-            F.cross_entropy(d(g(x[2 * i : 2 * i + 2])), y[2 * i : 2 * i + 2]).backward()
-            opt_d.step()
-            opt_g.step()
-            opt_d.zero_grad()
-            opt_g.zero_grad()
+            F.cross_entropy(model(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2]).backward()
+            opt_a.step()
+            opt_b.step()
+            opt_a.zero_grad()
     assert seen.report.status == "cannot-judge" and "several-optimizers" in seen.report.codes, seen.report
+    assert "2 parameters held by two optimizers" in seen.report.findings[-1].message
 
 
 def test_batchnorm_in_training_is_a_limit_and_groupnorm_is_judged():

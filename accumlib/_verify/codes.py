@@ -334,8 +334,12 @@ CODES: dict[str, Code] = {
     ),
     "several-optimizers": Code(
         "limit",
-        "more than one optimizer stepped the watched parameters ({sites}); the in-place engine judges one",
-        "watch the loop of one optimizer at a time (a GAN: accumlib.verify with each half's item_losses)",
+        "several optimizers stepped in a way that does not say whose gradient is whose ({sites}): a step "
+        "whose window holds backwards that never reached its parameters (two optimizers' windows "
+        "interleaved), a parameter held by two optimizers, or a clip over both and another clip; each "
+        "optimizer over its own parameters and its own window (a GAN's two halves) is judged",
+        "give each optimizer its own window (its backwards, then its step; then the other's), or judge each "
+        "half with accumlib.verify(train_fn, item_losses=...) on its own",
     ),
     "grad-hook": Code(
         "limit",

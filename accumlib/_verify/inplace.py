@@ -59,6 +59,7 @@ class Backward:
     beta: Any = 1.0
     scale: float = 1.0  # GradScaler's scale when it ran
     lrs: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    reached: frozenset[int] = frozenset()  # the parameters it deposited into
 
 
 @dataclass
@@ -94,6 +95,10 @@ class InPlace:
     item_label: str = ""  # the item_losses function, as the user named it
     item_calls: int = 0  # item_losses calls seen
     terms: int = 0  # the most loss terms one backward added (several-losses)
+    # several optimizers (a GAN's two halves, two parameter groups): who steps each parameter, and the
+    # window the last step closed, for an optimizer that steps right after another over the same backwards
+    owner: dict[int, int] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)
 
     @property
     def param_ids(self) -> set[int]:  # the patches' test for "this run's parameters" (patches.py)
@@ -196,6 +201,7 @@ class InPlace:
                 h.remove()
             for c in calls:
                 self.pending.pop(id(c.node), None)
+            here.reached = frozenset(self.reached)
             self.window.append(here)
             # only what this backward reached: another model's optimizer (alive in a notebook) is not ours
             self.after = _prints({k: self.params[k] for k in self.reached})
@@ -205,6 +211,7 @@ class InPlace:
         """Before the backward: a window begins (O = 0; .grad should hold nothing), or what happened
         to .grad since the previous backward (zeroed, rescaled) is read off its fingerprints."""
         if not self.window:
+            self.last = {}  # a backward since the last step: no optimizer steps over that window again
             for buf in self.sums.values():
                 buf.zero_()
             # read at the step, for the stepping optimizer's parameters alone (no sync here)
@@ -216,13 +223,25 @@ class InPlace:
             return
         here.beta = self._prints_now()
 
-    def _prints_now(self) -> Any:
+    def _prints_now(self, only: set[int] | None = None) -> Any:
         """What .grad holds now against the last backward's fingerprints, kept on the device (no sync
         between backwards): 1.0 where nothing was fingerprinted, nan where only some .grad became None,
-        else (before, now), ``now`` None where every .grad is None; ``factors`` reads them at the step."""
+        else (before, now), ``now`` None where every .grad is None; ``factors`` reads them at the step.
+        ``only``: these parameters' (the stepping optimizer's)."""
         keys, before = self.after
         if before is None:
             return 1.0
+        if only is not None:
+            at, n = [], 0
+            for k in keys:
+                size = min(PRINT, self.params[k].numel())
+                if k in only:
+                    at.append((k, n, size))
+                n += size
+            if not at:
+                return 1.0
+            keys = [k for k, _, _ in at]
+            before = torch.cat([before[i : i + size] for _, i, size in at])
         grads = [self.params[k].grad for k in keys]
         if all(g is None for g in grads):
             return (before, None)
@@ -260,9 +279,17 @@ class InPlace:
         ps = [p for g in opt.param_groups for p in g["params"] if id(p) in self.params]
         if not ps:
             return  # an optimizer with nothing to train
-        self.stepping.setdefault(id(opt), user_site() or type(opt).__name__)
-        if len(self.stepping) > 1:
-            self.problem("several-optimizers", user_site() or "")
+        self.stepping.setdefault(id(opt), f"{type(opt).__name__} stepped at {user_site() or '?'}")
+        shared = [p for p in ps if self.owner.setdefault(id(p), id(opt)) != id(opt)]
+        if shared:  # one parameter, two optimizers: which step's gradient is which is not ours to say
+            self.problem("several-optimizers", f"{len(shared)} parameters held by two optimizers")
+        if not self.window and self.last:  # a second optimizer over the backwards the last step closed
+            self.window, self.clips = self.last["window"], self.last["clips"]
+            self.lr_changed, self.opened = self.last["lr_changed"], self.last["opened"]
+            self.sites = dict(self.last["sites"])
+        own = {id(p) for p in ps}
+        if any(not (b.reached & own) for b in self.window):  # another optimizer's backward in this window
+            self.problem("several-optimizers", self.stepping[id(opt)])
         self.sites["step"] = user_site() or ""
         job = world() > 1
         if job and sharded(ps):  # FSDP2: each rank holds a shard of G and of O
@@ -271,12 +298,13 @@ class InPlace:
         for at in [*self.grad_hooks, *existing(), *hooked(ps)]:
             self.problem("grad-hook", at)
         w = self.window
-        betas = factors([b.beta for b in w] + [self._prints_now()])  # one sync for the window
+        betas = factors([b.beta for b in w] + [self._prints_now(own)])  # one sync for the window
         for b, beta in zip(w, betas):
             b.beta = beta
         if not w:  # a gradient no watched backward made (torch.autograd.grad, assigned to .grad)
             self.problem("unseen-loss", self.sites["step"])
         numbers = StepNumbers(len(w), current_lr(opt), lr_changed=self.lr_changed, sites=dict(self.sites))
+        numbers.optimizer = self.stepping[id(opt)]
         if not w and not job:
             return self.finish(numbers)
         numbers.lrs = [b.lrs.get(id(opt), ()) for b in w]
@@ -306,8 +334,8 @@ class InPlace:
         )  # .grad held something as the window opened
         numbers.leak, numbers.leak_coef = self.leak, tail
         numbers.finite = all(math.isfinite(f.a) for f in fits)
-        complete = [c for c in self.clips if c.seen >= len(w)]
-        numbers.clips = list(self.clips)
+        numbers.clips = self._own_clips(ps, own)
+        complete = [c for c in numbers.clips if c.seen >= len(w)]
         numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
         numbers.rescaled = unexplained(betas[-1], numbers.unclip, self.scale)
         numbers.grad_hooks = hooked(ps)
@@ -318,10 +346,33 @@ class InPlace:
             against_sums(numbers, [p.grad for p in ps], [self.sums.get(id(p)) for p in ps])
         self.finish(numbers)
 
+    def _own_clips(self, ps: list[torch.Tensor], mine: set[int]) -> list[Clip]:
+        """The window's clips as this optimizer's parameters saw them. One clip over two optimizers'
+        parameters scaled both by one coefficient k of the norm of all: for this step it is a clip of this
+        part's own norm (its .grad now, over k) to k times that, the same coefficient (exact)."""
+        shared = [c for c in self.clips if c.params and not c.params <= mine]
+        if not shared:
+            return list(self.clips)
+        if len(self.clips) > 1:  # which clip scaled which part by how much is not one coefficient
+            self.problem("several-optimizers", "a clip over two optimizers' parameters, and another clip")
+            return list(self.clips)
+        c = shared[0]
+        k = clipped(c.total_norm, c.max_norm)
+        grads = [p.grad.detach().double().square().sum() for p in ps if p.grad is not None]
+        pre = math.sqrt(float(torch.stack(grads).sum())) / k if grads else 0.0
+        return [Clip(c.seen, k * (pre + 1e-6), pre, c.site, frozenset(mine))]
+
     def finish(self, numbers: StepNumbers) -> None:
         if self.blind:  # its figures mean nothing: no verdict is drawn from them
             self.unjudged[len(self.steps)], self.blind = self.blind, []
         self.steps.append(numbers)
+        self.last = {
+            "window": self.window,
+            "clips": self.clips,
+            "lr_changed": self.lr_changed,
+            "opened": self.opened,
+            "sites": self.sites,
+        }
         self.window, self.clips, self.lr_changed, self.leak = [], [], False, False
         self.sites, self.pending = {}, {}  # a loss call no backward reached by the step was not trained on
         if self.max_steps is not None and len(self.steps) >= self.max_steps:

@@ -20,6 +20,7 @@ class Clip:
     max_norm: float
     total_norm: float
     site: str | None = None  # file:line of the user's clip call (``sites.py``)
+    params: frozenset[int] = frozenset()  # ids of the parameters it clipped together
 
 
 @dataclass
@@ -48,6 +49,7 @@ class StepNumbers:
     grad_hooks: list[str] = field(default_factory=list)
     # file:line in the user's code of the window's calls: "step", "backward" (its last), "scheduler"
     sites: dict[str, str] = field(default_factory=dict)
+    optimizer: str = ""  # which optimizer stepped, where several did (the in-place engine's)
     # the one factor .grad was multiplied by between the window's last backward and the step, clips and
     # GradScaler's unscale_ included (1.0: untouched; nan: not one factor, or not measured)
     rescaled: float = 1.0

@@ -70,7 +70,8 @@ def clipping(rec: Recorder) -> Iterator[None]:
 
     def seen(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
         if any(id(p) in rec.param_ids for p in params):  # not another model's clip (a GAN's other half)
-            rec.clips.append(Clip(len(rec.window), max_norm, float(total_norm), user_site()))
+            clip = Clip(len(rec.window), max_norm, float(total_norm), user_site(), frozenset(map(id, params)))
+            rec.clips.append(clip)
 
     with on_clip(seen):
         yield

@@ -190,24 +190,44 @@ def watch(
 
 
 def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
-    """The stages after the run: every step diagnosed, the run's tail, what could not be judged."""
+    """The stages after the run: every step diagnosed, the run's tail, what could not be judged. Several
+    optimizers (a GAN's two halves): each one's steps diagnosed on their own, with their own k, each
+    finding naming its optimizer; the rows stay in the run's order."""
     steps = eng.steps
-    k = accum_steps or run_k(steps)
-    if steps and not stopped and not eng.window:  # the run's last window may be its data's legitimate tail
-        steps[-1].epoch_end, steps[-1].pass_length = True, sum(s.micro_batches for s in steps)
-    verdicts, assumed = diagnose_run(steps, k=k)
-    for t in eng.unjudged:
-        verdicts[t].codes = []
-    rows = [
-        replace(
-            r, codes=("not judged: " + ", ".join(eng.unjudged[t]),), rel_error=nan, norm_ratio=nan, scale=nan
+    groups: dict[str, list[int]] = {}
+    for t, s in enumerate(steps):
+        groups.setdefault(s.optimizer, []).append(t)
+    rows: list[Any] = [None] * len(steps)
+    findings: list[Finding] = []
+    ks: list[int] = []
+    for label, idx in groups.items():
+        sub = [steps[t] for t in idx]
+        k = accum_steps or run_k(sub)
+        ks.append(k)
+        if not stopped and not eng.window:  # the last window may be its data's legitimate tail
+            sub[-1].epoch_end, sub[-1].pass_length = True, sum(s.micro_batches for s in sub)
+        verdicts, assumed = diagnose_run(sub, k=k)
+        for j, t in enumerate(idx):
+            if t in eng.unjudged:
+                verdicts[j].codes = []
+        for j, r in enumerate(step_rows(sub, verdicts, assumed)):
+            t = idx[j]
+            if t in eng.unjudged:
+                r = replace(r, codes=("not judged: " + ", ".join(eng.unjudged[t]),), rel_error=nan)
+                r = replace(r, norm_ratio=nan, scale=nan)
+            rows[t] = replace(r, step=t)
+        found = step_findings(sub, verdicts, k=k) + run_notes(
+            sub, verdicts, assumed, dropout=(), stopped=False
         )
-        if t in eng.unjudged
-        else r
-        for t, r in enumerate(step_rows(steps, verdicts, assumed))
-    ]
-    findings = step_findings(steps, verdicts, k=k)
-    findings += run_notes(steps, verdicts, assumed, dropout=(), stopped=stopped)
+        if len(groups) > 1:  # the group's own step numbers back to the run's, and whose finding it is
+            found = [
+                replace(f, steps=tuple(idx[j] for j in f.steps), message=f"{label}: {f.message}")
+                for f in found
+            ]
+        findings += found
+    if stopped:
+        findings.append(Finding.of("partial-run", n=len(steps)))
+    k = ks[0] if ks else accum_steps or 1
     stepped = sum(s.items for s in steps)
     left = sum(int(sum(c.items for c in b.calls)) for b in eng.window)
     if not steps:  # nothing to judge: said, never passed (a limit, exit 4)

@@ -319,21 +319,21 @@ MUTANTS = [
     ),
     Mutant(
         "a closure passed positionally not seen",
-        R,
+        PA,
         'closure = kwargs.get("closure", args[1] if len(args) > 1 else None)',
         'closure = kwargs.get("closure")',
     ),
     Mutant(
         "the step captured before its closure ran the last micro-batch",
-        R,
-        "            out = closure()\n            self.capture(optimizer)",
-        "            self.capture(optimizer)\n            out = closure()",
+        PA,
+        "        out = closure()\n        capture()",
+        "        capture()\n        out = closure()",
     ),
     Mutant(
         "the closure's return value dropped",
-        R,
-        "            self.capture(optimizer)\n            return out",
-        "            self.capture(optimizer)\n            return None",
+        PA,
+        "        capture()\n        return out",
+        "        capture()\n        return None",
     ),
     Mutant(
         "another model's optimizer step captured as this model's",
