@@ -186,3 +186,22 @@ def test_two_optimizers_over_one_loss_are_each_judged_over_the_same_backwards(cl
     report = seen.report
     assert report.ok and len(report.steps) == 4, report
     assert all(r.micro_batches == 4 and r.rel_error < FLOAT32_RTOL for r in report.steps)
+
+
+def test_the_generators_loss_in_the_discriminators_window_is_a_limit_never_a_pass():
+    """D zeroed, then G's backward (which reaches D too), then D's own: D steps with G's loss in its
+    gradient. Both losses divided by the window's items together would match their merged mean exactly;
+    that is not D's loss, so the window is refused, never passed."""
+    G, D = halves()
+    opt_g, opt_d = torch.optim.SGD(G.parameters(), 0.1), torch.optim.SGD(D.parameters(), 0.1)
+    with watch() as seen:
+        for b in SIZES[:2]:
+            z, real = torch.randn(b, 4), torch.randn(b, 2)
+            opt_d.zero_grad()
+            opt_g.zero_grad()
+            n = 3 * b  # G's b items and D's 2b, counted together
+            (bce(D(G(z)), torch.ones(b)) / n).backward()
+            x, y = torch.cat([real, G(z).detach()]), torch.cat([torch.ones(b), torch.zeros(b)])
+            (bce(D(x), y) / n).backward()
+            opt_d.step()
+    assert seen.report.status == "cannot-judge" and seen.report.codes == {"several-optimizers"}, seen.report

@@ -98,6 +98,7 @@ class InPlace:
     # several optimizers (a GAN's two halves, two parameter groups): who steps each parameter, and the
     # window the last step closed, for an optimizer that steps right after another over the same backwards
     owner: dict[int, int] = field(default_factory=dict)
+    holders: dict[int, set[int]] = field(default_factory=dict)  # parameter -> the optimizers holding it
     last: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -135,6 +136,11 @@ class InPlace:
                     if id(p) not in self.params and p.requires_grad:
                         self.params[id(p)] = p
                         self.handles.append(p.register_hook(self._deposit(p)))
+                    self.holders.setdefault(id(p), set()).add(id(opt))
+
+    def _owners(self, b: Backward) -> frozenset[int]:
+        """The optimizers holding a parameter this backward reached: whose loss it was, as the run shows."""
+        return frozenset(o for k in b.reached for o in self.holders.get(k, ()))
 
     def _deposit(self, p: torch.Tensor) -> Any:
         def seen(g: torch.Tensor) -> None:
@@ -288,7 +294,10 @@ class InPlace:
             self.lr_changed, self.opened = self.last["lr_changed"], self.last["opened"]
             self.sites = dict(self.last["sites"])
         own = {id(p) for p in ps}
-        if any(not (b.reached & own) for b in self.window):  # another optimizer's backward in this window
+        # every backward of the window reached this optimizer's parameters, and the same optimizers' (a GAN's
+        # generator loss, which reaches the discriminator too, never in the discriminator's window)
+        owners = {self._owners(b) for b in self.window}
+        if len(owners) > 1 or any(id(opt) not in o for o in owners):
             self.problem("several-optimizers", self.stepping[id(opt)])
         self.sites["step"] = user_site() or ""
         job = world() > 1
