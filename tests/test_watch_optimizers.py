@@ -205,3 +205,21 @@ def test_the_generators_loss_in_the_discriminators_window_is_a_limit_never_a_pas
             (bce(D(x), y) / n).backward()
             opt_d.step()
     assert seen.report.status == "cannot-judge" and seen.report.codes == {"several-optimizers"}, seen.report
+
+
+def test_one_optimizer_stepping_twice_over_one_window_is_never_passed():
+    """step() twice after one window (the gradient applied twice): the second step saw no backward of its
+    own; the window a step closed is shared only with another optimizer that has not stepped over it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    with watch() as seen:
+        for s in range(2):
+            for j in range(2):
+                i = 4 * s + 2 * j
+                (F.cross_entropy(model(x[i : i + 2]), y[i : i + 2], reduction="sum") / 4).backward()
+            opt.step()
+            opt.step()  # the bug
+            opt.zero_grad()
+    assert not seen.report.ok and "unseen-loss" in seen.report.codes, seen.report

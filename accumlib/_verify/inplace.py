@@ -100,6 +100,7 @@ class InPlace:
     owner: dict[int, int] = field(default_factory=dict)
     holders: dict[int, set[int]] = field(default_factory=dict)  # parameter -> the optimizers holding it
     last: dict[str, Any] = field(default_factory=dict)
+    stepping_now: int = 0  # the optimizer whose step is being captured
 
     @property
     def param_ids(self) -> set[int]:  # the patches' test for "this run's parameters" (patches.py)
@@ -286,10 +287,12 @@ class InPlace:
         if not ps:
             return  # an optimizer with nothing to train
         self.stepping.setdefault(id(opt), f"{type(opt).__name__} stepped at {user_site() or '?'}")
+        self.stepping_now = id(opt)
         shared = [p for p in ps if self.owner.setdefault(id(p), id(opt)) != id(opt)]
         if shared:  # one parameter, two optimizers: which step's gradient is which is not ours to say
             self.problem("several-optimizers", f"{len(shared)} parameters held by two optimizers")
-        if not self.window and self.last:  # a second optimizer over the backwards the last step closed
+        stepped_over = self.last.get("stepped", set())
+        if not self.window and self.last and id(opt) not in stepped_over:  # another optimizer, same backwards
             self.window, self.clips = self.last["window"], self.last["clips"]
             self.lr_changed, self.opened = self.last["lr_changed"], self.last["opened"]
             self.sites = dict(self.last["sites"])
@@ -375,7 +378,9 @@ class InPlace:
         if self.blind:  # its figures mean nothing: no verdict is drawn from them
             self.unjudged[len(self.steps)], self.blind = self.blind, []
         self.steps.append(numbers)
+        again = self.last.get("stepped", set()) if self.last and self.last["window"] is self.window else set()
         self.last = {
+            "stepped": again | {self.stepping_now},
             "window": self.window,
             "clips": self.clips,
             "lr_changed": self.lr_changed,
