@@ -29,6 +29,7 @@ and the cell holds torch's own function again once the last one exits, on any ex
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator
 from types import CellType
@@ -36,6 +37,9 @@ from typing import Any
 
 import torch
 import torch.nn.utils.clip_grad as _clip_mod
+
+from .numbers import Clip
+from .oracle import clipped
 
 Listener = Callable[[list[torch.Tensor], float, torch.Tensor], None]
 
@@ -102,4 +106,21 @@ def watching() -> bool:
     return _installed() is not _TORCH_CLIP
 
 
-__all__ = ["on_clip", "watching"]
+def share(clips: list[Clip], params: list[torch.Tensor], own: set[int]) -> tuple[list[Clip], bool]:
+    """A window's clips as one optimizer's parameters (``own``: their ids) saw them, and whether that is
+    one answer. One clip over two optimizers' parameters scaled both by one coefficient k of the norm of
+    all: for this optimizer's step it is a clip of its own part's norm (its .grad now, over k) to k times
+    that, the same coefficient (exact). With another clip beside it, no one coefficient: False."""
+    shared = [c for c in clips if c.params and not c.params <= own]
+    if not shared:
+        return list(clips), True
+    if len(clips) > 1:
+        return list(clips), False
+    c = shared[0]
+    k = clipped(c.total_norm, c.max_norm)
+    grads = [p.grad.detach().double().square().sum() for p in params if p.grad is not None]
+    pre = math.sqrt(float(torch.stack(grads).sum())) / k if grads else 0.0
+    return [Clip(c.seen, k * (pre + 1e-6), pre, c.site, frozenset(own))], True
+
+
+__all__ = ["share", "on_clip", "watching"]

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .clips import share
 from .gradhooks import existing
 from .inplace_job import measure_job, sharded, world
 from .losscalls import LossCall
@@ -39,7 +39,7 @@ from .oracle import Fit, clipped
 from .patches import capture_at_step, current_lr, lrs
 from .record import StopRun
 from .sites import user_site
-from .touched import PRINT, SAME_RATIO, hooked, unexplained
+from .touched import PRINT, factors, hooked, prints, unexplained
 
 LOW = (torch.float16, torch.bfloat16)
 # u_j of two loss calls judged as one micro-batch must agree to float32 rounding of a division
@@ -211,7 +211,7 @@ class InPlace:
             here.reached = frozenset(self.reached)
             self.window.append(here)
             # only what this backward reached: another model's optimizer (alive in a notebook) is not ours
-            self.after = _prints({k: self.params[k] for k in self.reached})
+            self.after = prints({k: self.params[k] for k in self.reached})
             self.reached = set()
 
     def _open(self, here: Backward) -> None:
@@ -323,7 +323,7 @@ class InPlace:
         ratios = [torch.stack([r.double() for r in b.ratios]) if b.ratios else None for b in w]
         items = [int(sum(c.items for c in b.calls)) for b in w]
         numbers.items = sum(items)
-        numbers.loss_sum = float(sum(_loss_sum(c) for b in w for c in b.calls))
+        numbers.loss_sum = float(sum(c.loss_sum() for b in w for c in b.calls))
         spread = [float(s) for b in w for s in b.spread]
         for r in ratios:
             if r is not None and r.numel() > 1 and float((r - r[0]).abs().max() / r[0].abs()) > SAME_U:
@@ -346,7 +346,9 @@ class InPlace:
         )  # .grad held something as the window opened
         numbers.leak, numbers.leak_coef = self.leak, tail
         numbers.finite = all(math.isfinite(f.a) for f in fits)
-        numbers.clips = self._own_clips(ps, own)
+        numbers.clips, whose = share(self.clips, ps, own)
+        if not whose:  # which clip scaled which part by how much is not one coefficient
+            self.problem("several-optimizers", "a clip over two optimizers' parameters, and another clip")
         complete = [c for c in numbers.clips if c.seen >= len(w)]
         numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
         numbers.rescaled = unexplained(betas[-1], numbers.unclip, self.scale)
@@ -357,22 +359,6 @@ class InPlace:
         elif numbers.items > 0 and numbers.finite:
             against_sums(numbers, [p.grad for p in ps], [self.sums.get(id(p)) for p in ps])
         self.finish(numbers)
-
-    def _own_clips(self, ps: list[torch.Tensor], mine: set[int]) -> list[Clip]:
-        """The window's clips as this optimizer's parameters saw them. One clip over two optimizers'
-        parameters scaled both by one coefficient k of the norm of all: for this step it is a clip of this
-        part's own norm (its .grad now, over k) to k times that, the same coefficient (exact)."""
-        shared = [c for c in self.clips if c.params and not c.params <= mine]
-        if not shared:
-            return list(self.clips)
-        if len(self.clips) > 1:  # which clip scaled which part by how much is not one coefficient
-            self.problem("several-optimizers", "a clip over two optimizers' parameters, and another clip")
-            return list(self.clips)
-        c = shared[0]
-        k = clipped(c.total_norm, c.max_norm)
-        grads = [p.grad.detach().double().square().sum() for p in ps if p.grad is not None]
-        pre = math.sqrt(float(torch.stack(grads).sum())) / k if grads else 0.0
-        return [Clip(c.seen, k * (pre + 1e-6), pre, c.site, frozenset(mine))]
 
     def finish(self, numbers: StepNumbers) -> None:
         if self.blind:  # its figures mean nothing: no verdict is drawn from them
@@ -400,48 +386,4 @@ class InPlace:
         self.handles.clear()
 
 
-def _prints(params: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor | None]:
-    """The first ``PRINT`` entries of every parameter's .grad, in one tensor (one kernel, no sync)."""
-    keys = [k for k, p in params.items() if p.grad is not None]
-    if not keys:
-        return keys, None
-    return keys, torch.cat([params[k].grad.detach().reshape(-1)[:PRINT] for k in keys])  # type: ignore[union-attr]
-
-
-def factors(prints: list[Any]) -> list[float]:
-    """Each fingerprint pair's one factor (``_prints_now``): 1.0 untouched, or holding only zeros (a factor
-    applied to zeros changes nothing); 0.0 zeroed or set to None; nan not one factor. One device sync."""
-    pairs = [p for p in prints if isinstance(p, tuple)]
-    flat = [t.reshape(-1) for b, n in pairs for t in (b, n if n is not None else b[:0])]
-    host = torch.cat([t.double() for t in flat]).cpu() if flat else torch.zeros(0, dtype=torch.float64)
-    parts = iter(host.split([t.numel() for t in flat]))
-    out = []
-    for p in prints:
-        if not isinstance(p, tuple):
-            out.append(float(p))
-            continue
-        b, n = next(parts), next(parts)
-        keep = b != 0
-        if not bool(keep.any()):
-            out.append(1.0)
-        elif p[1] is None:
-            out.append(0.0)
-        else:
-            r = n[keep] / b[keep]
-            same = bool(((r - r[0]).abs() <= SAME_RATIO * r[0].abs()).all())
-            out.append(float(r[0]) if same else math.nan)
-    return out
-
-
-def _loss_sum(c: LossCall) -> torch.Tensor:
-    v = c.value.double()
-    return v.sum() * c.items if c.reduction == "mean" else v.sum()
-
-
-def run_k(steps: list[StepNumbers]) -> int:
-    """accum_steps as the run shows it: the most common window length (the longer on a tie)."""
-    lengths = Counter(s.micro_batches for s in steps if s.micro_batches)
-    return max(lengths, key=lambda m: (lengths[m], m)) if lengths else 1
-
-
-__all__ = ["Backward", "InPlace", "run_k"]
+__all__ = ["Backward", "InPlace"]

@@ -47,6 +47,11 @@ class LossCall:
     value: torch.Tensor  # the output, detached: the loss sum of its items, read at the step
     index: int = 0  # which of ``node``'s outputs it is (a function's output may be a split's, a view's)
 
+    def loss_sum(self) -> torch.Tensor:
+        """The sum of its items' losses, in float64 (a mean times its items)."""
+        v = self.value.double()
+        return v.sum() * self.items if self.reduction == "mean" else v.sum()
+
 
 def _class_items(target: torch.Tensor, weight: torch.Tensor | None, ignore: int) -> torch.Tensor:
     keep = target != ignore

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -88,4 +89,37 @@ def hooked(params: list[torch.nn.Parameter]) -> list[str]:
     return out
 
 
-__all__ = ["PRINT", "SAME_RATIO", "fingerprint", "hooked", "rescale", "unexplained"]
+def prints(params: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor | None]:
+    """The first ``PRINT`` entries of every parameter's .grad, in one tensor (one kernel, no sync)."""
+    keys = [k for k, p in params.items() if p.grad is not None]
+    if not keys:
+        return keys, None
+    return keys, torch.cat([params[k].grad.detach().reshape(-1)[:PRINT] for k in keys])  # type: ignore[union-attr]
+
+
+def factors(prints: list[Any]) -> list[float]:
+    """Each fingerprint pair's one factor (``_prints_now``): 1.0 untouched, or holding only zeros (a factor
+    applied to zeros changes nothing); 0.0 zeroed or set to None; nan not one factor. One device sync."""
+    pairs = [p for p in prints if isinstance(p, tuple)]
+    flat = [t.reshape(-1) for b, n in pairs for t in (b, n if n is not None else b[:0])]
+    host = torch.cat([t.double() for t in flat]).cpu() if flat else torch.zeros(0, dtype=torch.float64)
+    parts = iter(host.split([t.numel() for t in flat]))
+    out = []
+    for p in prints:
+        if not isinstance(p, tuple):
+            out.append(float(p))
+            continue
+        b, n = next(parts), next(parts)
+        keep = b != 0
+        if not bool(keep.any()):
+            out.append(1.0)
+        elif p[1] is None:
+            out.append(0.0)
+        else:
+            r = n[keep] / b[keep]
+            same = bool(((r - r[0]).abs() <= SAME_RATIO * r[0].abs()).all())
+            out.append(float(r[0]) if same else math.nan)
+    return out
+
+
+__all__ = ["PRINT", "SAME_RATIO", "factors", "fingerprint", "hooked", "prints", "rescale", "unexplained"]

@@ -21,6 +21,7 @@ import runpy
 import sys
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from math import nan
@@ -33,10 +34,11 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from .._checks import check_int
 from .diagnose_run import diagnose_run, run_notes, step_findings, step_rows
 from .gradhooks import on_grad_hooks, site_of
-from .inplace import InPlace, run_k
+from .inplace import InPlace
 from .itemlosses import ItemLossesError, check_in_script, in_module, is_script, parse, run_main, wrapper
 from .lock import one_run
 from .losscalls import on_loss_call
+from .numbers import StepNumbers
 from .patches import clipping, scaler, schedulers
 from .record import StopRun
 from .report import Finding, Report
@@ -187,6 +189,12 @@ def watch(
             hook.remove()
             eng.close()
         out.report = judge(eng, accum_steps, stopped=stopped)
+
+
+def run_k(steps: list[StepNumbers]) -> int:
+    """accum_steps as the run shows it: the most common window length (the longer on a tie)."""
+    lengths = Counter(s.micro_batches for s in steps if s.micro_batches)
+    return max(lengths, key=lambda m: (lengths[m], m)) if lengths else 1
 
 
 def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
