@@ -34,6 +34,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _upstream
+from _upstream import sha256  # hs.sha256: the tests hash what they read with the same function
+
 ACCELERATE_URL = "https://github.com/huggingface/accelerate"
 # accelerate's main at this commit says version 1.15.0.dev0; the clone has no v1.15.0 tag (the installed
 # package is 1.15.0), so the scripts are pinned at main's HEAD of 2026-07-24.
@@ -85,29 +88,14 @@ class Glue(evaluate.Metric):
 '''
 
 
-def sha256(data: bytes) -> str:
-    """The hex sha256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
 def source() -> Path | None:
     """The accelerate clone named by ``ACCUMLIB_ACCELERATE_SRC``, or None where it is unset or missing."""
-    value = os.environ.get(SOURCE_ENV)
-    return Path(value) if value and Path(value).exists() else None
+    return _upstream.source(SOURCE_ENV)
 
 
 def upstream_bytes(name: str, src: Path) -> bytes:
     """The pinned script ``name`` at its commit, read from the clone ``src`` (work tree or git directory)."""
-    pin = UPSTREAM[name]
-    git_dir = src / ".git" if (src / ".git").exists() else src
-    out = subprocess.run(
-        ["git", f"--git-dir={git_dir}", "show", f"{pin['commit']}:{pin['path']}"],
-        capture_output=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise FileNotFoundError(f"{pin['path']} at {pin['commit']} is not in {src}: {out.stderr.decode()}")
-    return out.stdout
+    return _upstream.upstream_bytes(UPSTREAM, name, src)
 
 
 def script(name: str, dest: Path, src: Path | None = None) -> Path:

@@ -25,7 +25,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from _procs import free_port  # one definition for the tests' ports (tests/_procs.py)
 
 CHROMIUM = os.environ.get("ACCUMLIB_CHROMIUM", "/usr/bin/chromium")
 INSTALL_HINT = "sudo apt-get install -y chromium"
@@ -71,12 +72,6 @@ def chromium_missing_reason() -> str | None:
     except ImportError:
         return "playwright is not installed: pip install -c constraints.txt -e '.[dev]'"
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -23,20 +23,20 @@ with gloo. ``run_under_accumlib`` runs a train.py under ``python -m accumlib run
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import _upstream
 import numpy as np
 import pytest
+from _procs import free_port, run_bounded
+from _upstream import sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "tests" / "scripts" / "nanogpt" / "config_tiny.py"  # accumlib's own file, committed
@@ -98,34 +98,15 @@ ITER_LINE = re.compile(r"^iter (\d+): loss (\d+\.\d+), time ", re.M)
 # ---------------------------------------------------------------- the pinned files
 
 
-def sha256(data: bytes) -> str:
-    """The hex sha256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
 def source() -> Path | None:
     """The nanoGPT clone named by ``ACCUMLIB_NANOGPT_SRC``; None where the variable is unset or empty.
     A value naming nothing is an error (FileNotFoundError), not a skip: a mistyped path should not pass."""
-    value = os.environ.get(SOURCE_ENV)
-    if not value:
-        return None
-    if not Path(value).exists():
-        raise FileNotFoundError(f"{SOURCE_ENV}={value} names nothing: point it at a clone of {NANOGPT_URL}")
-    return Path(value)
+    return _upstream.source(SOURCE_ENV, clone_of=NANOGPT_URL)
 
 
 def upstream_bytes(name: str, src: Path) -> bytes:
     """The pinned file ``name`` at its commit, read from the clone ``src`` (work tree or git directory)."""
-    pin = UPSTREAM[name]
-    git_dir = src / ".git" if (src / ".git").exists() else src
-    out = subprocess.run(
-        ["git", f"--git-dir={git_dir}", "show", f"{pin['commit']}:{pin['path']}"],
-        capture_output=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise FileNotFoundError(f"{pin['path']} at {pin['commit']} is not in {src}: {out.stderr.decode()}")
-    return out.stdout
+    return _upstream.upstream_bytes(UPSTREAM, name, src)
 
 
 def script_dir(tmp_path: Path, src: Path | None = None, *, name: str = "nanogpt") -> Path:
@@ -207,13 +188,6 @@ def _torchrun_head(nproc: int, port: int | None) -> list[str]:
     return ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *rdzv]
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(
     args: Sequence[str], *, cwd: Path, timeout: float = 60, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -224,26 +198,7 @@ def run(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     if (ROOT / ".venv" / "pycache").is_dir():
         env.setdefault("PYTHONPYCACHEPREFIX", str(ROOT / ".venv" / "pycache"))
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    finally:
-        if proc.poll() is None:  # interrupted some other way: leave nothing running
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_bounded([sys.executable, *args], timeout=timeout, cwd=cwd, env=env)
 
 
 def run_under_accumlib(

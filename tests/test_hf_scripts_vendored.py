@@ -9,9 +9,6 @@ session, killed with its whole process group when it outlives its bound. The 2-r
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +16,7 @@ from pathlib import Path
 import _hf_scripts as hs
 import pytest
 import repro_accelerate_double_shift as repro
+from _procs import free_port, run_bounded
 
 HERE = Path(__file__).resolve().parent
 REPRO = HERE / "repro_accelerate_double_shift.py"
@@ -33,22 +31,11 @@ LAST_LINE = {
 
 def run(argv: list[str], env: dict | None = None, timeout: float = 60, cwd: Path | None = None):
     """Run ``argv`` in a new session; past ``timeout`` kill its process group and fail the test."""
-    proc = subprocess.Popen(
-        argv,
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        return run_bounded(argv, timeout=timeout, cwd=cwd, env=env, merge_stderr=True)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output or ""
         pytest.fail(f"{argv[1:3]} ran past {timeout} s; its process group was killed\n{out[-3000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, "")
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +46,6 @@ def work(tmp_path_factory):
     if hs.source() is not None:
         built["scripts"] = {name: hs.script(name, tmp) for name in SCRIPTS}
     return built
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the 2-rank rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def result(out: str) -> dict:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _procs import free_port, run_bounded
 
 SCRIPT = """\
 import torch
@@ -52,28 +51,17 @@ dist.destroy_process_group()
 BACKWARD = "            (loss * world / n).backward()  # DDP averages over ranks: times R, over the job's N\n"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(folder: Path, script: str, timeout: float = 150) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
            "127.0.0.1", "--master-port", str(free_port()), "-m", "accumlib", "run", "--json", "r.json", "--",
            script]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        done = run_bounded(cmd, timeout=timeout, cwd=folder, env=env, merge_stderr=True)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output or ""
         pytest.fail(f"the 2-rank job ran past {timeout} s; its process group was killed\n{out[-3000:]}")
-    return proc.returncode, out
+    return done.returncode, done.stdout
 
 
 @pytest.mark.parametrize(

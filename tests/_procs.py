@@ -1,0 +1,67 @@
+"""Child processes for the tests: a free port for a rendezvous, and a run bounded in time.
+
+A torchrun job or a training script starts processes of its own (ranks, data workers); killing only the
+process the test started would leave the rest running, holding ports and cores for the tests after it. So
+``run_bounded`` starts the command in a new session (its own process group) and kills the whole group when
+it outlives its bound, and also when the test is interrupted some other way (pytest-timeout, Ctrl-C). One
+copy here, so that every test that launches such a job bounds and stops it the same way.
+
+What the group does not hold is not killed: a process that starts a session of its own, as torch's elastic
+agent (torchrun) starts each rank, outlives a SIGKILL of torchrun's group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now on 127.0.0.1 (a rendezvous or a server's port).
+
+    Another process may take it before the caller binds it: callers that cannot tolerate that retry.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_bounded(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    merge_stderr: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (text output captured) in its own process group and return its CompletedProcess.
+
+    Past ``timeout`` seconds the whole group is killed (SIGKILL) and ``subprocess.TimeoutExpired`` raised,
+    its ``output`` and ``stderr`` the text the command wrote until then, for the caller's message. Any other
+    way out (an exception in the wait, pytest-timeout, KeyboardInterrupt) kills the group too. With
+    ``merge_stderr`` stderr goes into stdout (one interleaved log) and ``stderr`` is ``""``.
+    """
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        os.killpg(proc.pid, signal.SIGKILL)
+        exc.output, exc.stderr = proc.communicate()
+        raise
+    finally:
+        if proc.poll() is None:  # interrupted some other way: leave nothing running
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err or "")
