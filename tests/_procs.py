@@ -6,8 +6,10 @@ process the test started would leave the rest running, holding ports and cores f
 it outlives its bound, and also when the test is interrupted some other way (pytest-timeout, Ctrl-C). One
 copy here, so that every test that launches such a job bounds and stops it the same way.
 
-What the group does not hold is not killed: a process that starts a session of its own, as torch's elastic
-agent (torchrun) starts each rank, outlives a SIGKILL of torchrun's group.
+A process that starts a session of its own, as torch's elastic agent (torchrun) starts each rank, is not in
+that group: so the command's descendants are also found by their parent ids (``/proc``) before anything is
+killed, and killed with it. Otherwise an orphaned rank runs on, and, holding the output pipe open, keeps
+the test waiting for output after the kill.
 """
 
 from __future__ import annotations
@@ -28,6 +30,39 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...), by the parent ids in /proc/*/stat."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended while we looked
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command's name may hold spaces and parentheses
+        parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL the command's process group and every descendant, wherever its session."""
+    below = descendants(proc.pid)  # first: once the parent dies its children are re-parented
+    for kill in (
+        lambda: os.killpg(proc.pid, signal.SIGKILL),
+        *(lambda p=p: os.kill(p, signal.SIGKILL) for p in below),
+    ):
+        try:
+            kill()
+        except ProcessLookupError:
+            pass
 
 
 def run_bounded(
@@ -57,11 +92,11 @@ def run_bounded(
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_all(proc)
         exc.output, exc.stderr = proc.communicate()
         raise
     finally:
         if proc.poll() is None:  # interrupted some other way: leave nothing running
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_all(proc)
             proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err or "")
