@@ -1,4 +1,4 @@
-"""Offline data: seeded synthetic sets, scikit-learn's bundled digits, token sequences.
+"""Offline data: seeded synthetic sets, scikit-learn's bundled digits, token sequences, generated text.
 
 Nothing here downloads. ``load_digits`` reads the 1,797 8x8 images that ship inside
 scikit-learn, so the notebooks train on real data without a network.
@@ -110,6 +110,53 @@ class TokenSequences(Dataset):
         return self.seqs[i]
 
 
+# The words of TextLines' grammar: a sentence is a subject, a verb, an object and 0 to 3 adjuncts.
+_SUBJECTS = ("the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "our team")
+_VERBS = ("sees", "likes", "finds", "carries", "paints", "follows", "counts")
+_OBJECTS = ("the ball", "a red box", "two apples", "the river", "a long letter", "the stars", "some bread")
+_ADJUNCTS = ("in the park", "at noon", "with a smile", "after the rain", "near the old bridge", "every day")
+TEXT_ALPHABET = " .abcdefghijklmnopqrstuvwxyz"  # ids 1..28 (0 is PAD_ID)
+
+
+class TextLines(Dataset):
+    """Generated English-like sentences, one per item, as character ids: text a small GPT can learn offline.
+
+    Each sentence is drawn from a seeded grammar (subject, verb, object, 0 to 3 adjuncts, a full stop), so
+    the lengths differ (20 to 86 characters): micro-batches hold different numbers of tokens, as in
+    fine-tuning on real text. Ids are 1 + the index in ``TEXT_ALPHABET``; 0 is ``PAD_ID``.
+
+    >>> lines = TextLines(2)
+    >>> lines.text(0)
+    'a small bird carries the ball.'
+    >>> len(lines[0]), lines.vocab
+    (30, 29)
+    """
+
+    def __init__(self, n: int = 256, seed: int = 0):
+        n = check_int("n", n, low=1)
+        g = torch.Generator().manual_seed(seed)
+
+        def pick(words: tuple[str, ...]) -> str:
+            return words[int(torch.randint(len(words), (1,), generator=g))]
+
+        self.vocab = len(TEXT_ALPHABET) + 1
+        self.seqs: list[torch.Tensor] = []
+        for _ in range(n):
+            words = [pick(_SUBJECTS), pick(_VERBS), pick(_OBJECTS)]
+            words += [pick(_ADJUNCTS) for _ in range(int(torch.randint(4, (1,), generator=g)))]
+            line = " ".join(words) + "."
+            self.seqs.append(torch.tensor([TEXT_ALPHABET.index(ch) + 1 for ch in line]))
+
+    def text(self, i: int) -> str:
+        return "".join(TEXT_ALPHABET[int(t) - 1] for t in self.seqs[i])
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.seqs[i]
+
+
 def pad_collate(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad sequences; targets are inputs shifted by one, ``IGNORE_INDEX`` on padding.
 
@@ -156,6 +203,8 @@ def digits_subset(n: int | None = None, seed: int = 0) -> Any:
 __all__ = [
     "IGNORE_INDEX",
     "PAD_ID",
+    "TEXT_ALPHABET",
+    "TextLines",
     "TokenSequences",
     "count_tokens",
     "digits",

@@ -98,4 +98,73 @@ class TinyLM(nn.Module):
         return self.head(h)
 
 
-__all__ = ["MLP", "SmallCNN", "TinyLM"]
+class _Block(nn.Module):
+    """nanoGPT's pre-norm block: causal self-attention, then a 4x-wide GELU MLP, each added to its input."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        b, t, d = h.shape
+        q, k, v = self.qkv(self.ln1(h)).split(d, dim=2)
+        q, k, v = (x.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for x in (q, k, v))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return h + self.mlp(self.ln2(h))
+
+
+class GPT(nn.Module):
+    """A small GPT with nanoGPT's layout: token and position embeddings, ``n_layers`` pre-norm blocks, a
+    final LayerNorm and an output head tied to the token embedding.
+
+    As in ``TinyLM``, attention is causal, so right padding never changes the logits of real tokens.
+
+    >>> model = GPT(vocab=29, n_layers=2, d_model=32, n_heads=2, max_len=16)
+    >>> model(torch.zeros(3, 10, dtype=torch.long)).shape
+    torch.Size([3, 10, 29])
+    >>> GPT(d_model=30, n_heads=4)
+    Traceback (most recent call last):
+    ...
+    ValueError: n_heads must divide d_model = 30 (got 4)
+    """
+
+    def __init__(
+        self, vocab: int = 29, n_layers: int = 4, d_model: int = 128, n_heads: int = 4, max_len: int = 96
+    ):
+        super().__init__()
+        check_int("n_layers", n_layers, low=1)
+        check_int("n_heads", n_heads, low=1)
+        if check_int("d_model", d_model, low=1) % n_heads:
+            raise ValueError(f"n_heads must divide d_model = {d_model} (got {n_heads})")
+        self.max_len = check_int("max_len", max_len, low=1)
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(_Block(d_model, n_heads) for _ in range(n_layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.tok.weight  # nanoGPT's weight tying
+        for (
+            name,
+            p,
+        ) in self.named_parameters():  # nanoGPT's initialisation: N(0, 0.02), residual outputs smaller
+            if p.dim() == 2:
+                std = 0.02 / (2 * n_layers) ** 0.5 if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        check_int("sequence length", t, high=self.max_len, why="GPT's max_len, its positions")
+        h = self.tok(ids) + self.pos(torch.arange(t, device=ids.device))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln(h))
+
+
+__all__ = ["GPT", "MLP", "SmallCNN", "TinyLM"]

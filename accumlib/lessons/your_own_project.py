@@ -12,7 +12,8 @@ The parts of the lesson live beside this module: ``_your_own_project_plain`` (th
 each graded by verify), ``_your_own_project_schedule`` (the learning-rate
 schedule in optimizer steps, the exercise's check), ``_your_own_project_memory`` (activation checkpointing
 against accumulation, measured), ``_your_own_project_frameworks`` (the settings of Transformers,
-Accelerate, Lightning, TRL and PEFT, each run under verify).
+Accelerate, Lightning, TRL and PEFT, each run under verify), ``_your_own_project_gpt`` (a small GPT
+trained a few hundred steps by the correct loop and each common bug: loss curves and distances).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..tolerances import FLOAT32_RTOL
 from ._exercise import Exercise
 from ._explorer import Explorer
 from ._your_own_project_frameworks import RUNS, FrameworkResult, frameworks
+from ._your_own_project_gpt import GPTResult, plot_gpt, small_gpt
 from ._your_own_project_memory import MemoryResult, checkpointing
 from ._your_own_project_plain import PLAIN, PlainLoop, grade_plain
 from ._your_own_project_schedule import (
@@ -359,12 +361,15 @@ __all__ = [
     "CurveResult",
     "EXERCISE",
     "FrameworkResult",
+    "GPTResult",
     "MemoryResult",
     "PLAIN",
     "PlainLoop",
     "RUNS",
     "checkpointing",
     "frameworks",
+    "plot_gpt",
+    "small_gpt",
     "grade_plain",
     "plot_schedule",
     "LABELS",

@@ -1,0 +1,325 @@
+"""Lesson 10, part: the effect at a size you recognise. A small GPT trained for a few hundred steps.
+
+The identity every correct run implements, per optimizer step over a window of micro-batches b_j:
+
+    grad (1/N) sum_{i in window} l_i  =  sum_j grad (sum_{i in b_j} l_i) / N,   N = the window's tokens
+
+``small_gpt`` trains ``accumlib.models.GPT`` (nanoGPT's layout) on ``accumlib.data.TextLines`` (generated
+sentences of 20 to 86 characters) with what a nanoGPT user writes: AdamW with betas (0.9, 0.95) and
+weight decay 0.1, a linear warm-up then a cosine decay counted in optimizer steps, the gradient clipped
+at norm 1. Every run starts from the same model and sees the same sentences in the same order, windows of
+32 sentences (the last window of each epoch shorter), cut as 32 x 1 (the large batch: the reference),
+8 x 4 and 4 x 8. The runs, all in lock step so that each step's parameters can be compared:
+
+- ``sum / N``: token losses summed, divided by the window's token count (the loop to copy);
+- ``mean / k``: each micro-batch's mean divided by k (the short last window by k too);
+- ``naive sum``: each micro-batch's mean, summed (k times the gradient);
+- ``counted before the shift``: the sum divided by the tokens counted before the labels' shift (N + S);
+- ``scheduler per micro-batch``: the right gradient, ``scheduler.step()`` once per micro-batch.
+
+What is recorded at every optimizer step: the window's true mean token loss (what a log should show)
+and the distance of the parameters from the large batch's after the step, relative to how far the large
+batch has moved from the start. Presets: ``tiny`` (seconds: the notebook under nbval and the tests),
+``small`` (0.8M parameters, 300 steps: minutes on a CPU; the notebook's committed figures).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from .. import _style
+from .._checks import check_choice, check_int
+from .._text import Table
+from ..data import IGNORE_INDEX, TextLines, pad_collate
+from ..models import GPT
+from ..tolerances import FLOAT32_RTOL
+
+WINDOW = 32  # sentences per optimizer step, in every run
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model size, a data set and a run length."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_sequences: int  # not a multiple of WINDOW: every epoch ends with a short window
+    steps: int
+    lr: float
+    warmup: int
+
+
+PRESETS = {
+    "tiny": Preset(n_layers=2, d_model=32, n_heads=2, n_sequences=136, steps=20, lr=3e-3, warmup=3),
+    "small": Preset(n_layers=4, d_model=128, n_heads=4, n_sequences=1000, steps=300, lr=2e-3, warmup=30),
+}
+
+# (loop, micro-batch, k); the first is the reference, the next two must land on it
+RUNS = (
+    ("sum / N", 32, 1),
+    ("sum / N", 8, 4),
+    ("sum / N", 4, 8),
+    ("mean / k", 4, 8),
+    ("naive sum", 4, 8),
+    ("counted before the shift", 4, 8),
+    ("scheduler per micro-batch", 4, 8),
+)
+CORRECT = "sum / N"
+MIN_LR = 0.1  # the cosine decays to 10 % of the peak, as nanoGPT's does
+
+
+def _lr_factor(step: int, preset: Preset) -> float:
+    """Linear warm-up over ``preset.warmup`` steps, a cosine to MIN_LR at ``preset.steps``, flat after."""
+    if step < preset.warmup:
+        return (step + 1) / preset.warmup
+    done = min(1.0, (step - preset.warmup) / max(1, preset.steps - preset.warmup))
+    return MIN_LR + (1 - MIN_LR) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def _windows(preset: Preset, seed: int):
+    """The window order every run shares: a new permutation each epoch, cut into windows of WINDOW."""
+    order = torch.Generator().manual_seed(seed)
+    while True:
+        perm = torch.randperm(preset.n_sequences, generator=order).tolist()
+        yield from (perm[i : i + WINDOW] for i in range(0, len(perm), WINDOW))
+
+
+class _Run:
+    """One model, its AdamW and its schedule, trained one window at a time."""
+
+    def __init__(self, loop: str, batch_size: int, accum_steps: int, preset: Preset, seed: int):
+        self.loop, self.batch_size, self.accum_steps = loop, batch_size, accum_steps
+        torch.manual_seed(seed)  # the same initial model in every run
+        self.model = GPT(TextLines(1).vocab, preset.n_layers, preset.d_model, preset.n_heads)
+        self.start = torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.1
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, functools.partial(_lr_factor, preset=preset)
+        )
+        self.losses: list[float] = []
+        self.seconds = 0.0
+
+    def window(self, lines: TextLines, window: list[int]) -> None:
+        """One optimizer step over ``window``: accumulate, clip, step."""
+        t0 = time.perf_counter()
+        self.losses.append(self.accumulate(lines, window))
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        if self.loop != "scheduler per micro-batch":
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.seconds += time.perf_counter() - t0
+
+    def accumulate(self, lines: TextLines, window: list[int]) -> float:
+        """The window's backwards, written out with each run's one difference; returns the window's true
+        mean token loss (what a log should show, whatever the loop)."""
+        micro = [
+            pad_collate([lines[i] for i in window[j : j + self.batch_size]])
+            for j in range(0, len(window), self.batch_size)
+        ]
+        n_tokens = sum(int((t != IGNORE_INDEX).sum()) for _, t in micro)  # counted before any backward
+        n_before_shift = n_tokens + len(window)  # each sentence's tokens before the shift drops one
+        loss_sum = 0.0
+        for inputs, targets in micro:
+            logits = self.model(inputs)
+            token_loss = torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+            )
+            loss_sum += token_loss.item()
+            n_micro = int((targets != IGNORE_INDEX).sum())
+            if self.loop == "mean / k":  # Accelerate's and Lightning's division, the short window's too
+                loss = token_loss / n_micro / self.accum_steps
+            elif self.loop == "naive sum":
+                loss = token_loss / n_micro
+            elif self.loop == "counted before the shift":
+                loss = token_loss / n_before_shift
+            else:  # sum / N, and the scheduler's run, whose gradient is right
+                loss = token_loss / n_tokens
+            loss.backward()
+            if self.loop == "scheduler per micro-batch":
+                with warnings.catch_warnings():  # torch warns once that it ran before optimizer.step()
+                    warnings.simplefilter("ignore", UserWarning)
+                    self.scheduler.step()  # the slip: at the end of the loop body, outside the `if`
+        return loss_sum / n_tokens
+
+    def params(self) -> torch.Tensor:
+        return torch.nn.utils.parameters_to_vector(self.model.parameters()).detach()
+
+
+@dataclass(frozen=True)
+class GPTRun:
+    """One run's record: its window's true mean token loss and its distance from the large batch, per step."""
+
+    loop: str
+    batch_size: int
+    accum_steps: int
+    losses: tuple[float, ...]
+    distances: tuple[float, ...]  # |theta - theta_large| / |theta_large - theta_0| after each step
+    seconds: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.batch_size} x {self.accum_steps}, {self.loop}"
+
+    @property
+    def correct(self) -> bool:
+        """Whether the loop is the right one (by construction, not by its numbers)."""
+        return self.loop == CORRECT
+
+
+@dataclass(frozen=True)
+class GPTResult:
+    """Every run of ``RUNS`` on one preset; ``runs[0]`` is the large batch (32 x 1)."""
+
+    preset_name: str
+    preset: Preset
+    n_parameters: int
+    runs: tuple[GPTRun, ...]
+
+    @property
+    def reference(self) -> GPTRun:
+        return self.runs[0]
+
+    def find(self, loop: str, batch_size: int = 4, accum_steps: int = 8) -> GPTRun:
+        for r in self.runs:
+            if (r.loop, r.batch_size, r.accum_steps) == (loop, batch_size, accum_steps):
+                return r
+        raise ValueError(f"run must be one computed (got {loop!r} at {batch_size} x {accum_steps})")
+
+    def loss_gap(self, run: GPTRun) -> float:
+        """The largest relative difference of the run's logged losses from the large batch's."""
+        return max(abs(a - b) / b for a, b in zip(run.losses, self.reference.losses))
+
+    def steps_within(self, run: GPTRun, bound: float = FLOAT32_RTOL) -> int:
+        """How many optimizer steps, from the first, leave ``run`` within ``bound`` of the large batch."""
+        return next((i for i, d in enumerate(run.distances) if d > bound), len(run.distances))
+
+    def summary(self) -> str:
+        """One line per run: how far from the large batch's parameters, and when."""
+        lines = []
+        for r in self.runs[1:]:
+            d, within = r.distances, self.steps_within(r)
+            line = f"{r.label}: {d[0]:.1e} after step 1, "
+            if within == len(d):
+                line += f"within {FLOAT32_RTOL:.0e} for all {within} steps"
+            elif self.steps_within(r, 1e-2) == 0:
+                line += f"beyond {1e-2:.0e} from the first step"
+            else:
+                line += f"within {FLOAT32_RTOL:.0e} for the first {within} steps"
+                if max(d) > 1e-2:
+                    line += f", beyond {1e-2:.0e} from step {self.steps_within(r, 1e-2) + 1}"
+            gap = f"{r.losses[-1] - self.reference.losses[-1]:+.3f}".replace("-0.000", "+0.000")
+            lines.append(f"{line}; {d[-1]:.2g} at the end, last loss {gap} against 32 x 1")
+        return "\n".join(lines)
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [
+            (
+                r.label,
+                f"{r.losses[-1]:.4f}",
+                f"{self.loss_gap(r):.1e}",
+                f"{max(r.distances):.1e}",
+                f"{r.distances[-1]:.1e}",
+                f"{r.seconds / len(r.losses) * 1e3:.0f}",
+            )
+            for r in self.runs[1:]
+        ]
+
+    def table(self) -> Table:
+        p = self.preset
+        return Table(
+            (
+                "run",
+                "last loss",
+                "largest loss gap",
+                "largest distance",
+                "distance at the end",
+                "ms per step",
+            ),
+            self.rows(),
+            caption=(
+                f"GPT, {p.n_layers} layers x {p.d_model} wide ({self.n_parameters:,} parameters), "
+                f"{p.steps} optimizer steps of {WINDOW} sentences; large batch 32 x 1: last loss "
+                f"{self.reference.losses[-1]:.4f}, {self.reference.seconds / p.steps * 1e3:.0f} ms per step"
+            ),
+        )
+
+
+def small_gpt(preset: str = "tiny", *, seed: int = 0) -> GPTResult:
+    """Train every run of ``RUNS`` on ``preset`` in lock step; return each one's losses and distances.
+
+    >>> small_gpt("huge")
+    Traceback (most recent call last):
+    ...
+    ValueError: preset must be one of 'small', 'tiny' (got 'huge')
+    """
+    preset = check_choice("preset", preset, sorted(PRESETS))
+    return _small_gpt(preset, check_int("seed", seed, low=0))
+
+
+@functools.lru_cache(maxsize=4)
+def _small_gpt(name: str, seed: int) -> GPTResult:
+    preset = PRESETS[name]
+    lines = TextLines(preset.n_sequences, seed=seed)
+    runs = [_Run(loop, b, k, preset, seed) for loop, b, k in RUNS]
+    distances: list[list[float]] = [[] for _ in runs]
+    windows = _windows(preset, seed)
+    for _ in range(preset.steps):
+        window = next(windows)
+        for run in runs:
+            run.window(lines, window)
+        large = runs[0].params()
+        moved = float((large - runs[0].start).norm())
+        for run, d in zip(runs, distances):
+            d.append(float((run.params() - large).norm()) / moved)
+    n_parameters = sum(p.numel() for p in runs[0].model.parameters())
+    records = tuple(
+        GPTRun(r.loop, r.batch_size, r.accum_steps, tuple(r.losses), tuple(d), r.seconds)
+        for r, d in zip(runs, distances)
+    )
+    return GPTResult(name, preset, n_parameters, records)
+
+
+@_style.styled
+def plot_gpt(result: GPTResult) -> Figure:
+    """Left: the logged loss per optimizer step. Right: the distance from the large batch's parameters."""
+    p = result.preset
+    fig, (ax, bx) = _style.figure(
+        2,
+        width=13.0,
+        height=6.5,
+        title=f"A {result.n_parameters / 1e6:.2g}M-parameter GPT, {p.steps} steps: each run against 32 x 1",
+    )
+    steps = range(1, p.steps + 1)
+    ax.plot(steps, result.reference.losses, label="32 x 1 (the large batch)", **_style.ROLE["oracle"], lw=2.5)
+    colors = _style.PALETTE
+    for i, r in enumerate(result.runs[1:]):
+        kw = dict(color=colors[i % len(colors)], label=r.label, lw=1.5 if r.correct else 1.2)
+        if r.correct:
+            kw["linestyle"] = "--"
+        ax.plot(steps, r.losses, **kw)
+        bx.plot(steps, [max(d, 1e-9) for d in r.distances], **kw)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean token loss of the window")
+    ax.set_title("The loss curve")
+    bound = bx.axhline(
+        FLOAT32_RTOL, label="float32 rounding bound", **{**_style.ROLE["oracle"], "marker": ""}
+    )
+    bx.set_yscale("log")
+    bx.set_xlabel("optimizer step")
+    bx.set_ylabel("|θ − θ large| / |θ large − θ start| (0 drawn at 1e-9)")
+    bx.set_title("Distance from the large batch's parameters")
+    bx.legend(handles=[bound], loc="lower right")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3)
+    return fig
