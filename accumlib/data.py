@@ -116,14 +116,18 @@ _VERBS = ("sees", "likes", "finds", "carries", "paints", "follows", "counts")
 _OBJECTS = ("the ball", "a red box", "two apples", "the river", "a long letter", "the stars", "some bread")
 _ADJUNCTS = ("in the park", "at noon", "with a smile", "after the rain", "near the old bridge", "every day")
 TEXT_ALPHABET = " .abcdefghijklmnopqrstuvwxyz"  # ids 1..28 (0 is PAD_ID)
+TEXT_LENGTHS = (  # the shortest and longest sentence the grammar makes, in characters (ids)
+    sum(min(map(len, w)) for w in (_SUBJECTS, _VERBS, _OBJECTS)) + 3,  # two spaces and the full stop
+    sum(max(map(len, w)) for w in (_SUBJECTS, _VERBS, _OBJECTS)) + 3 + 3 * (1 + max(map(len, _ADJUNCTS))),
+)
 
 
 class TextLines(Dataset):
     """Generated English-like sentences, one per item, as character ids: text a small GPT can learn offline.
 
     Each sentence is drawn from a seeded grammar (subject, verb, object, 0 to 3 adjuncts, a full stop), so
-    the lengths differ (20 to 86 characters): micro-batches hold different numbers of tokens, as in
-    fine-tuning on real text. Ids are 1 + the index in ``TEXT_ALPHABET``; 0 is ``PAD_ID``.
+    the lengths differ (``TEXT_LENGTHS``: 20 to 95 characters): micro-batches hold different numbers of
+    tokens, as in fine-tuning on real text. Ids are 1 + the index in ``TEXT_ALPHABET``; 0 is ``PAD_ID``.
 
     >>> lines = TextLines(2)
     >>> lines.text(0)
@@ -204,6 +208,7 @@ __all__ = [
     "IGNORE_INDEX",
     "PAD_ID",
     "TEXT_ALPHABET",
+    "TEXT_LENGTHS",
     "TextLines",
     "TokenSequences",
     "count_tokens",

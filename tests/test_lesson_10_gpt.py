@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from accumlib import compare, true_gradient
-from accumlib.data import TextLines, pad_collate
+from accumlib.data import TEXT_LENGTHS, TextLines, pad_collate
 from accumlib.lessons import your_own_project as yp
 from accumlib.tasks import token_losses
 from accumlib.tolerances import FLOAT32_RTOL
@@ -137,3 +137,18 @@ def test_the_notebook_commits_the_small_presets_run():
     assert f"{p.steps} optimizer steps" in text
     for loop, b, k in gpt.RUNS[1:]:
         assert f"{b} x {k}, {loop}" in text
+
+
+def test_the_notebooks_prose_states_the_presets(tiny):
+    """Counts in the lesson's prose are the presets' (the tiny model's size, the small run's length)."""
+    nb = json.loads((ROOT / "notebooks" / "10_your_own_project.ipynb").read_text())
+    prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    small, tiny_p = gpt.PRESETS["small"], gpt.PRESETS["tiny"]
+    assert f"a {tiny.n_parameters:,}-parameter GPT, {tiny_p.steps} steps" in prose
+    assert f"{small.n_layers} layers, {small.d_model} wide, {small.steps} optimizer steps over" in prose
+    assert f"over {small.n_sequences:,} sentences" in prose
+    assert f"Windows hold {gpt.WINDOW} sentences" in prose
+    low, high = TEXT_LENGTHS
+    assert f"{low} to {high} characters" in prose
+    lengths = [len(s) for s in TextLines(2_000)]
+    assert low <= min(lengths) and max(lengths) <= high and max(lengths) - min(lengths) > 50

@@ -5,7 +5,7 @@ The identity every correct run implements, per optimizer step over a window of m
     grad (1/N) sum_{i in window} l_i  =  sum_j grad (sum_{i in b_j} l_i) / N,   N = the window's tokens
 
 ``small_gpt`` trains ``accumlib.models.GPT`` (nanoGPT's layout) on ``accumlib.data.TextLines`` (generated
-sentences of 20 to 86 characters) with what a nanoGPT user writes: AdamW with betas (0.9, 0.95) and
+sentences of 20 to 95 characters) with what a nanoGPT user writes: AdamW with betas (0.9, 0.95) and
 weight decay 0.1, a linear warm-up then a cosine decay counted in optimizer steps, the gradient clipped
 at norm 1. Every run starts from the same model and sees the same sentences in the same order, windows of
 32 sentences (the last window of each epoch shorter), cut as 32 x 1 (the large batch: the reference),
