@@ -35,6 +35,7 @@ from ..loops import CONTRACTS
 from ..tolerances import FLOAT32_RTOL
 from ._exercise import Exercise
 from ._explorer import Explorer
+from ._your_own_project_cost import CostResult, accumulation_cost, cost_alt_text, plot_cost
 from ._your_own_project_frameworks import RUNS, FrameworkResult, frameworks
 from ._your_own_project_gpt import GPTResult, plot_gpt, small_gpt
 from ._your_own_project_memory import MemoryResult, checkpointing
@@ -357,6 +358,7 @@ EXERCISE = Exercise(
 
 __all__ = [
     "BASE_LR",
+    "CostResult",
     "Curve",
     "CurveResult",
     "EXERCISE",
@@ -366,8 +368,11 @@ __all__ = [
     "PLAIN",
     "PlainLoop",
     "RUNS",
+    "accumulation_cost",
     "checkpointing",
+    "cost_alt_text",
     "frameworks",
+    "plot_cost",
     "plot_gpt",
     "small_gpt",
     "grade_plain",
