@@ -25,7 +25,7 @@ PRECISION ?= float32
 DEVICE    ?= auto
 SEED      ?= 0
 
-.PHONY: install lab test lint format notebooks verify report bench survey gpu-check clean
+.PHONY: install lab test lint format notebooks lesson-data verify report bench survey gpu-check clean
 
 install: $(STAMP)
 
@@ -75,6 +75,12 @@ notebooks: $(STAMP)
 	@test -n "$(strip $(NOTEBOOKS))" || { echo "make notebooks: no notebook in notebooks/ starts with NB=$(NB)" >&2; exit 2; }
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.timeout=600 $(NOTEBOOKS)
+
+# Lesson 10's recorded run of the small GPT (300 steps, seven runs: 5 to 10 minutes on 2 cores), which the
+# notebook shows and the tests check against a fresh computation of its first steps. After a change to
+# accumlib/lessons/_your_own_project_gpt.py's training, run this, then make notebooks NB=10.
+lesson-data: $(STAMP)
+	$(PY) -m accumlib.lessons._your_own_project_gpt
 
 verify: $(STAMP)
 	$(VENV)/bin/accumlib verify

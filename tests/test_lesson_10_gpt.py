@@ -7,6 +7,7 @@ float64 over the whole window as one batch (right padding never changes a causal
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,22 +122,51 @@ def test_bad_input(kwargs, message):
         yp.small_gpt(**kwargs)
 
 
-def test_the_notebook_commits_the_small_presets_run():
-    """The committed figures of the larger setting are this code's: its preset, its runs, its step count."""
+@pytest.fixture(scope="module")
+def recorded():
+    return yp.small_gpt("small", recorded=True)
+
+
+def test_the_recorded_small_run_is_this_codes(recorded):
+    """The committed run (minutes to make) against a fresh computation of its first steps (seconds)."""
+    assert recorded.preset == gpt.PRESETS["small"] and recorded.recorded.startswith("recorded ")
+    assert [(r.loop, r.batch_size, r.accum_steps) for r in recorded.runs] == list(gpt.RUNS)
+    assert all(len(r.losses) == len(r.distances) == recorded.preset.steps for r in recorded.runs)
+    steps = 3  # inside the warm-up: the schedule of the first steps does not depend on the run's length
+    fresh = gpt._train(replace(gpt.PRESETS["small"], steps=steps), "small", 0)
+    assert fresh.n_parameters == recorded.n_parameters
+    for new, old in zip(fresh.runs, recorded.runs):
+        # the same sums in another order on another CPU: float32 rounding, far below the bugs' effects
+        assert new.losses == pytest.approx(old.losses[:steps], rel=10 * FLOAT32_RTOL), new.label
+        for a, b in zip(new.distances, old.distances):
+            if max(a, b) <= FLOAT32_RTOL:  # rounding against rounding: both must stay at that level
+                continue
+            assert a == pytest.approx(b, rel=1e-2), new.label  # a bug's distance, set by the bug
+
+
+def test_a_stale_record_is_refused(recorded, tmp_path):
+    data = json.loads(gpt.RECORDED["small"].read_text())
+    data["preset"]["steps"] = 299
+    stale = tmp_path / "small_gpt.json"
+    stale.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="must be a run of this code's 'small' preset at seed 0"):
+        gpt.load(stale)
+    with pytest.raises(ValueError, match=r"preset must be one of 'small' with recorded=True"):
+        yp.small_gpt("tiny", recorded=True)
+
+
+def test_the_notebook_shows_the_recorded_run(recorded):
+    """The notebook's larger setting is the recorded run, read in an ordinary cell (nbval runs it)."""
     nb = json.loads((ROOT / "notebooks" / "10_your_own_project.ipynb").read_text())
     cells = [
         c for c in nb["cells"] if c["cell_type"] == "code" and 'small_gpt("small"' in "".join(c["source"])
     ]
-    assert len(cells) == 1
-    assert "nbval-skip" in cells[0]["metadata"].get("tags", [])  # minutes on a CPU: run by make notebooks
+    assert len(cells) == 1 and "recorded=True" in "".join(cells[0]["source"])
+    assert not {"nbval-skip", "nbval-ignore-output"} & set(cells[0]["metadata"].get("tags", []))
     text = "".join(
         "".join(o.get("data", {}).get("text/plain", o.get("text", ""))) for o in cells[0]["outputs"]
     )
-    p = gpt.PRESETS["small"]
-    assert f"{p.n_layers} layers x {p.d_model} wide" in text
-    assert f"{p.steps} optimizer steps" in text
-    for loop, b, k in gpt.RUNS[1:]:
-        assert f"{b} x {k}, {loop}" in text
+    assert recorded.summary() in text and recorded.recorded in text
 
 
 def test_the_notebooks_prose_states_the_presets(tiny):

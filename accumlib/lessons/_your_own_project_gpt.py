@@ -26,10 +26,12 @@ batch has moved from the start. Presets: ``tiny`` (seconds: the notebook under n
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -186,6 +188,7 @@ class GPTResult:
     preset: Preset
     n_parameters: int
     runs: tuple[GPTRun, ...]
+    recorded: str = ""  # where and when a recorded run was made ("": computed in this process)
 
     @property
     def reference(self) -> GPTRun:
@@ -256,21 +259,36 @@ class GPTResult:
         )
 
 
-def small_gpt(preset: str = "tiny", *, seed: int = 0) -> GPTResult:
+def small_gpt(preset: str = "tiny", *, seed: int = 0, recorded: bool = False) -> GPTResult:
     """Train every run of ``RUNS`` on ``preset`` in lock step; return each one's losses and distances.
+
+    ``recorded=True`` returns instead the run of ``preset`` committed with the package (``RECORDED``,
+    made by ``python -m accumlib.lessons._your_own_project_gpt``, ``make lesson-data``): the small preset
+    takes minutes on a CPU. The tests check it against a fresh computation of its first steps.
 
     >>> small_gpt("huge")
     Traceback (most recent call last):
     ...
     ValueError: preset must be one of 'small', 'tiny' (got 'huge')
+    >>> small_gpt("tiny", recorded=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: preset must be one of 'small' with recorded=True: the presets recorded (got 'tiny')
     """
+    seed = check_int("seed", seed, low=0)
+    if recorded:
+        if preset not in RECORDED:
+            names = ", ".join(repr(n) for n in sorted(RECORDED))
+            raise ValueError(
+                f"preset must be one of {names} with recorded=True: the presets recorded (got {preset!r})"
+            )
+        return load(RECORDED[preset], seed)
     preset = check_choice("preset", preset, sorted(PRESETS))
-    return _small_gpt(preset, check_int("seed", seed, low=0))
+    return _train(PRESETS[preset], preset, seed)
 
 
 @functools.lru_cache(maxsize=4)
-def _small_gpt(name: str, seed: int) -> GPTResult:
-    preset = PRESETS[name]
+def _train(preset: Preset, name: str, seed: int) -> GPTResult:
     lines = TextLines(preset.n_sequences, seed=seed)
     runs = [_Run(loop, b, k, preset, seed) for loop, b, k in RUNS]
     distances: list[list[float]] = [[] for _ in runs]
@@ -291,6 +309,47 @@ def _small_gpt(name: str, seed: int) -> GPTResult:
     return GPTResult(name, preset, n_parameters, records)
 
 
+# --- the recorded run ------------------------------------------------------------------------------
+RECORDED = {"small": Path(__file__).with_name("small_gpt.json")}
+
+
+def load(path: Path, seed: int = 0) -> GPTResult:
+    """A run written by ``record``; its preset must be the one this code defines (else it is stale)."""
+    data = json.loads(Path(path).read_text())
+    preset = Preset(**data["preset"])
+    if preset != PRESETS[data["preset_name"]] or data["seed"] != seed:
+        raise ValueError(
+            f"{path.name} must be a run of this code's {data['preset_name']!r} preset at seed {seed} "
+            f"(got {preset} at seed {data['seed']}): run `make lesson-data` to record it again"
+        )
+    runs = tuple(
+        GPTRun(**{**r, "losses": tuple(r["losses"]), "distances": tuple(r["distances"])})
+        for r in data["runs"]
+    )
+    return GPTResult(data["preset_name"], preset, data["n_parameters"], runs, data["recorded"])
+
+
+def record(name: str = "small", seed: int = 0) -> Path:
+    """Compute ``name``'s run and write it where ``small_gpt(name, recorded=True)`` reads it."""
+    result = small_gpt(name, seed=seed)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), "a CPU")
+    where = (
+        f"recorded {time.strftime('%Y-%m-%d', time.gmtime())} on {cpu}, {torch.get_num_threads()} torch "
+        f"thread(s), torch {torch.__version__.split('+')[0]}"
+    )
+    data = {**asdict(result), "recorded": where, "seed": seed}
+    path = RECORDED[name]
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux
+        return []
+
+
 @_style.styled
 def plot_gpt(result: GPTResult) -> Figure:
     """Left: the logged loss per optimizer step. Right: the distance from the large batch's parameters."""
@@ -302,24 +361,35 @@ def plot_gpt(result: GPTResult) -> Figure:
         title=f"A {result.n_parameters / 1e6:.2g}M-parameter GPT, {p.steps} steps: each run against 32 x 1",
     )
     steps = range(1, p.steps + 1)
+    every = max(1, p.steps // 15)  # a marker every few steps: each run stays recognisable, the line readable
     ax.plot(steps, result.reference.losses, label="32 x 1 (the large batch)", **_style.ROLE["oracle"], lw=2.5)
-    colors = _style.PALETTE
+    colors, markers = _style.PALETTE, _style.MARKERS
     for i, r in enumerate(result.runs[1:]):
-        kw = dict(color=colors[i % len(colors)], label=r.label, lw=1.5 if r.correct else 1.2)
-        if r.correct:
-            kw["linestyle"] = "--"
+        kw = dict(
+            color=colors[i % len(colors)],
+            marker=markers[i % len(markers)],
+            markevery=(i % every, every),  # staggered, so that runs on one curve still show each marker
+            label=r.label,
+            lw=1.5 if r.correct else 1.2,
+            linestyle="--" if r.correct else "-",
+        )
         ax.plot(steps, r.losses, **kw)
-        bx.plot(steps, [max(d, 1e-9) for d in r.distances], **kw)
+        bx.plot(steps, r.distances, **kw)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean token loss of the window")
     ax.set_title("The loss curve")
     bound = bx.axhline(
-        FLOAT32_RTOL, label="float32 rounding bound", **{**_style.ROLE["oracle"], "marker": ""}
+        FLOAT32_RTOL, label="1e-4: float32 rounding of a step", **{**_style.ROLE["oracle"], "marker": ""}
     )
     bx.set_yscale("log")
     bx.set_xlabel("optimizer step")
-    bx.set_ylabel("|θ − θ large| / |θ large − θ start| (0 drawn at 1e-9)")
+    bx.set_ylabel("|θ − θ large| / |θ large − θ start|")
     bx.set_title("Distance from the large batch's parameters")
-    bx.legend(handles=[bound], loc="lower right")
+    bx.legend(handles=[bound], loc="center right")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3)
     return fig
+
+
+if __name__ == "__main__":  # make lesson-data
+    torch.set_num_threads(1)  # as the notebook runs it
+    print("wrote", record("small"))
