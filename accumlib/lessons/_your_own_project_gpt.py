@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .. import _style
 from .._checks import check_choice, check_int
@@ -358,7 +359,7 @@ def plot_gpt(result: GPTResult) -> Figure:
         2,
         width=13.0,
         height=6.5,
-        title=f"A {result.n_parameters / 1e6:.2g}M-parameter GPT, {p.steps} steps: each run against 32 x 1",
+        title=f"A {result.n_parameters:,}-parameter GPT, {p.steps} steps: each run against 32 x 1",
     )
     steps = range(1, p.steps + 1)
     every = max(1, p.steps // 15)  # a marker every few steps: each run stays recognisable, the line readable
@@ -378,14 +379,17 @@ def plot_gpt(result: GPTResult) -> Figure:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean token loss of the window")
     ax.set_title("The loss curve")
-    bound = bx.axhline(
-        FLOAT32_RTOL, label="1e-4: float32 rounding of a step", **{**_style.ROLE["oracle"], "marker": ""}
+    bx.axhline(FLOAT32_RTOL, **{**_style.ROLE["oracle"], "marker": ""})
+    # named on the line itself, at the right end: the figure's legend is as wide as the figure already
+    bx.text(
+        0.98, FLOAT32_RTOL, "float32 rounding", transform=bx.get_yaxis_transform(), ha="right", va="bottom"
     )
     bx.set_yscale("log")
     bx.set_xlabel("optimizer step")
     bx.set_ylabel("|θ − θ large| / |θ large − θ start|")
     bx.set_title("Distance from the large batch's parameters")
-    bx.legend(handles=[bound], loc="center right")
+    for axis in (ax, bx):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3)
     return fig
 
