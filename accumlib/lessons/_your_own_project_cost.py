@@ -43,10 +43,9 @@ from matplotlib.ticker import NullLocator
 from .. import _style
 from .._checks import check_choice, check_float, check_int, check_ints
 from .._text import Table
-from ..data import IGNORE_INDEX, TextLines, pad_collate
+from ..data import IGNORE_INDEX, TextLines
 from ..memory import activation_bytes
-from ..models import GPT
-from ._your_own_project_gpt import PRESETS, WINDOW
+from ._your_own_project_gpt import PRESETS, WINDOW, adamw, gpt_for, micro_batches, token_loss_sum
 
 RANK_K = 4  # micro-batches per rank per window in the two-rank measurement
 RANK_MICRO = WINDOW // RANK_K  # 8 sentences each: every rank holds a window of 32
@@ -163,45 +162,27 @@ class CostResult:
         )
 
 
-def _token_loss_sum(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    inputs, targets = batch
-    return torch.nn.functional.cross_entropy(
-        model(inputs).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
-
-
-def _model(preset_name: str, seed: int) -> GPT:
-    p = PRESETS[preset_name]
-    torch.manual_seed(seed)  # the same initial model for every k and every rank
-    return GPT(TextLines(1).vocab, p.n_layers, p.d_model, p.n_heads)
-
-
 def _cut(lines: TextLines, first: int, size: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Sentences first..first+size-1 as k micro-batches, collated before any timing (data loading is not
     the cost measured here)."""
-    b = size // k
-    return [pad_collate([lines[i] for i in range(first + j, first + j + b)]) for j in range(0, size, b)]
-
-
-def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    return micro_batches(lines, list(range(first, first + size)), size // k)
 
 
 def _k_cost(preset_name: str, lines: TextLines, k: int, repeats: int, seed: int) -> KCost:
     """The window's activation peak at k, and the best of ``repeats`` optimizer steps after one warm-up
     window (the allocator, AdamW's state)."""
-    model = _model(preset_name, seed)
-    optimizer = _optimizer(model)
+    model = gpt_for(PRESETS[preset_name], seed)
+    optimizer = adamw(model, 1e-3)
     first = _cut(lines, 0, WINDOW, k)
     # the peak of a window is its largest micro-batch's activations: each backward frees its graph
-    peak = max(activation_bytes(model, b, _token_loss_sum) for b in first)
+    peak = max(activation_bytes(model, b, token_loss_sum) for b in first)
     best = float("inf")
     for w in range(repeats + 1):
         micro = _cut(lines, w * WINDOW, WINDOW, k)
         n_tokens = sum(int((t != IGNORE_INDEX).sum()) for _, t in micro)  # N: known before any backward
         start = time.perf_counter()
         for batch in micro:
-            (_token_loss_sum(model, batch) / n_tokens).backward()
+            (token_loss_sum(model, batch) / n_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -220,9 +201,9 @@ def _rank_worker(rank: int, world_size: int, preset_name: str, repeats: int, see
 
     per_window = WINDOW * world_size
     lines = TextLines(per_window * (repeats + 1), seed)
-    models = {v: DDP(_model(preset_name, seed)) for v in SYNCS}
+    models = {v: DDP(gpt_for(PRESETS[preset_name], seed)) for v in SYNCS}
     counters = {v: count_allreduce(m) for v, m in models.items()}
-    optimizers = {v: _optimizer(m) for v, m in models.items()}
+    optimizers = {v: adamw(m, 1e-3) for v, m in models.items()}
     record: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "seconds": {}, "calls": {}, "bytes": {}}
     for w in range(repeats + 1):
         micro = _cut(lines, w * per_window + rank * WINDOW, WINDOW, RANK_K)
@@ -237,7 +218,7 @@ def _rank_worker(rank: int, world_size: int, preset_name: str, repeats: int, see
                 # forward and backward inside no_sync: DDP arms its all-reduce during the forward
                 with model.no_sync() if defer else contextlib.nullcontext():
                     # DDP averages over the R ranks, so R / N makes every token weigh 1 / N
-                    (_token_loss_sum(model, batch) * world_size / int(n)).backward()
+                    (token_loss_sum(model, batch) * world_size / int(n)).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -315,8 +296,8 @@ def accumulation_cost(
         costs = tuple(_k_cost(preset, lines, k, repeats, seed) for k in ks)
     finally:
         torch.set_num_threads(before)
-    model = _model(preset, seed)
-    large = activation_bytes(model, _cut(lines, 0, WINDOW, 1)[0], _token_loss_sum)
+    model = gpt_for(PRESETS[preset], seed)
+    large = activation_bytes(model, _cut(lines, 0, WINDOW, 1)[0], token_loss_sum)
     records = _run_ranks(preset, world_size, repeats, seed, timeout)
     syncs = tuple(
         SyncCost(

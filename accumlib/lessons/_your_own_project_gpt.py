@@ -35,10 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
-from .. import _style
 from .._checks import check_choice, check_int
 from .._text import Table
 from ..data import IGNORE_INDEX, TextLines, pad_collate
@@ -96,17 +93,40 @@ def _windows(preset: Preset, seed: int):
         yield from (perm[i : i + WINDOW] for i in range(0, len(perm), WINDOW))
 
 
+def gpt_for(preset: Preset, seed: int) -> GPT:
+    """The preset's GPT, seeded: the same initial model in every run, at every k and on every rank."""
+    torch.manual_seed(seed)
+    return GPT(TextLines(1).vocab, preset.n_layers, preset.d_model, preset.n_heads)
+
+
+def adamw(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """nanoGPT's AdamW: betas (0.9, 0.95), weight decay 0.1."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def micro_batches(lines: TextLines, window: list[int], batch_size: int) -> list[Any]:
+    """The window's sentences cut into micro-batches of ``batch_size``, each collated (padded, shifted)."""
+    return [
+        pad_collate([lines[i] for i in window[j : j + batch_size]]) for j in range(0, len(window), batch_size)
+    ]
+
+
+def token_loss_sum(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The sum of a micro-batch's token losses, padding ignored: what every loop here divides."""
+    inputs, targets = batch
+    return torch.nn.functional.cross_entropy(
+        model(inputs).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
 class _Run:
     """One model, its AdamW and its schedule, trained one window at a time."""
 
     def __init__(self, loop: str, batch_size: int, accum_steps: int, preset: Preset, seed: int):
         self.loop, self.batch_size, self.accum_steps = loop, batch_size, accum_steps
-        torch.manual_seed(seed)  # the same initial model in every run
-        self.model = GPT(TextLines(1).vocab, preset.n_layers, preset.d_model, preset.n_heads)
+        self.model = gpt_for(preset, seed)
         self.start = torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.1
-        )
+        self.optimizer = adamw(self.model, preset.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, functools.partial(_lr_factor, preset=preset)
         )
@@ -127,18 +147,12 @@ class _Run:
     def accumulate(self, lines: TextLines, window: list[int]) -> float:
         """The window's backwards, written out with each run's one difference; returns the window's true
         mean token loss (what a log should show, whatever the loop)."""
-        micro = [
-            pad_collate([lines[i] for i in window[j : j + self.batch_size]])
-            for j in range(0, len(window), self.batch_size)
-        ]
+        micro = micro_batches(lines, window, self.batch_size)
         n_tokens = sum(int((t != IGNORE_INDEX).sum()) for _, t in micro)  # counted before any backward
         n_before_shift = n_tokens + len(window)  # each sentence's tokens before the shift drops one
         loss_sum = 0.0
         for inputs, targets in micro:
-            logits = self.model(inputs)
-            token_loss = torch.nn.functional.cross_entropy(
-                logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-            )
+            token_loss = token_loss_sum(self.model, (inputs, targets))
             loss_sum += token_loss.item()
             n_micro = int((targets != IGNORE_INDEX).sum())
             if self.loop == "mean / k":  # Accelerate's and Lightning's division, the short window's too
@@ -349,49 +363,6 @@ def _cpuinfo() -> list[str]:
         return Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:  # not Linux
         return []
-
-
-@_style.styled
-def plot_gpt(result: GPTResult) -> Figure:
-    """Left: the logged loss per optimizer step. Right: the distance from the large batch's parameters."""
-    p = result.preset
-    fig, (ax, bx) = _style.figure(
-        2,
-        width=13.0,
-        height=6.5,
-        title=f"A {result.n_parameters:,}-parameter GPT, {p.steps} steps: each run against 32 x 1",
-    )
-    steps = range(1, p.steps + 1)
-    every = max(1, p.steps // 15)  # a marker every few steps: each run stays recognisable, the line readable
-    ax.plot(steps, result.reference.losses, label="32 x 1 (the large batch)", **_style.ROLE["oracle"], lw=2.5)
-    colors, markers = _style.PALETTE, _style.MARKERS
-    for i, r in enumerate(result.runs[1:]):
-        kw = dict(
-            color=colors[i % len(colors)],
-            marker=markers[i % len(markers)],
-            markevery=(i % every, every),  # staggered, so that runs on one curve still show each marker
-            label=r.label,
-            lw=1.5 if r.correct else 1.2,
-            linestyle="--" if r.correct else "-",
-        )
-        ax.plot(steps, r.losses, **kw)
-        bx.plot(steps, r.distances, **kw)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("mean token loss of the window")
-    ax.set_title("The loss curve")
-    bx.axhline(FLOAT32_RTOL, **{**_style.ROLE["oracle"], "marker": ""})
-    # named on the line itself, at the right end: the figure's legend is as wide as the figure already
-    bx.text(
-        0.98, FLOAT32_RTOL, "float32 rounding", transform=bx.get_yaxis_transform(), ha="right", va="bottom"
-    )
-    bx.set_yscale("log")
-    bx.set_xlabel("optimizer step")
-    bx.set_ylabel("|θ − θ large| / |θ large − θ start|")
-    bx.set_title("Distance from the large batch's parameters")
-    for axis in (ax, bx):
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3)
-    return fig
 
 
 if __name__ == "__main__":  # make lesson-data

@@ -13,7 +13,7 @@ each graded by verify), ``_your_own_project_schedule`` (the learning-rate
 schedule in optimizer steps, the exercise's check), ``_your_own_project_memory`` (activation checkpointing
 against accumulation, measured), ``_your_own_project_frameworks`` (the settings of Transformers,
 Accelerate, Lightning, TRL and PEFT, each run under verify), ``_your_own_project_gpt`` (a small GPT
-trained a few hundred steps by the correct loop and each common bug: loss curves and distances).
+trained by the correct loop and each common bug; its figure in ``_your_own_project_gpt_figure``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from ._exercise import Exercise
 from ._explorer import Explorer
 from ._your_own_project_cost import CostResult, accumulation_cost, cost_alt_text, plot_cost
 from ._your_own_project_frameworks import RUNS, FrameworkResult, frameworks
-from ._your_own_project_gpt import GPTResult, plot_gpt, small_gpt
+from ._your_own_project_gpt import GPTResult, small_gpt
+from ._your_own_project_gpt_figure import plot_gpt
 from ._your_own_project_memory import MemoryResult, checkpointing
 from ._your_own_project_plain import PLAIN, PlainLoop, grade_plain
 from ._your_own_project_schedule import (
