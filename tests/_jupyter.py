@@ -382,6 +382,35 @@ def open_notebook(page, server: LabServer, path: str, timeout_ms: int = 60_000) 
         timeout=timeout_ms,
     )
     wait_kernel_idle(page, server, path, timeout_ms)
+    wait_widget_manager(page, timeout_ms)
+
+
+# The comm ipywidgets' widget manager opens on every kernel it connects to, to fetch the kernel's
+# widgets. Before ipywidgets is imported the kernel answers it on stderr ("No such comm target
+# registered: jupyter.widget.control"), harmless; a test that marks the kernel's messages before
+# that answer arrives would read it as its own cell's error.
+WIDGET_CONTROL_TARGET = "jupyter.widget.control"
+
+
+def wait_widget_manager(page, timeout_ms: int) -> None:
+    """Wait until the notebook's widget manager has asked the kernel for its widgets and the kernel
+    has answered every request the page sent (it went idle for each): from here on, any kernel
+    message a test sees answers what the test did."""
+    watch = page.kernel
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        asked = any(
+            m.msg_type == "comm_open" and m.content.get("target_name") == WIDGET_CONTROL_TARGET
+            for m in list(watch.sent.values())
+        )
+        if asked and not watch.unanswered():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"widget manager not settled after {timeout_ms / 1000:.0f} s: "
+                f"control comm opened: {asked}; unanswered requests: {watch.unanswered()}"
+            )
+        page.wait_for_timeout(100)  # a Playwright call: websocket events are delivered only during one
 
 
 def wait_kernel_idle(page, server: LabServer, path: str, timeout_ms: int) -> None:
@@ -548,6 +577,19 @@ class KernelWatch:
 
     def mark(self) -> int:
         return len(self.received)
+
+    def unanswered(self) -> list[str]:
+        """Shell and control requests the page sent that the kernel has not yet gone idle for."""
+        idle = {
+            m.parent_id
+            for m in list(self.received)
+            if m.msg_type == "status" and m.content.get("execution_state") == "idle"
+        }
+        return [
+            f"{m.msg_type} {m.msg_id}"
+            for m in list(self.sent.values())
+            if m.channel in ("shell", "control") and m.msg_id not in idle
+        ]
 
     def busy_with(self, since: int = 0) -> list[str]:
         """Requests (after message ``since``) the kernel said it is busy with and not yet idle for."""
