@@ -66,7 +66,9 @@ def test_every_section_produces_finite_figures(quick_run):
         for row in res["rows"]:
             for f in fields:
                 assert _finite(row[f]), (section, f, row)
-    assert all(r["passed"] for r in report["sections"]["notebook_times"]["rows"])
+    section = report["sections"]["notebook_times"]
+    assert all(r["passed"] for r in section["rows"]) and section["suite_passed"]
+    assert _finite(section["suite_s"]) and _finite(section["separate_s"])
 
 
 def test_hand_written_twins_do_the_accumlib_loops_work(quick_run):

@@ -397,3 +397,40 @@ def test_the_guide_quotes_the_measured_ratios(updates):
     answer = " ".join(answer.split())
     for name in ("SGD", "AdamW"):
         assert ", ".join(f"{r:.3f}" for r in updates.ratios[name]) in answer, name
+
+
+def test_framework_runs_freeze_the_old_objects_and_give_them_back():
+    """The lessons' Trainer runs skip the full collection Accelerate's free_memory makes per run
+    (lessons/_common.py): inside, the objects alive before are frozen; after, on any exit, they are
+    not, and garbage made inside is still collected; a caller's own freeze is left as it was."""
+    import gc
+    import weakref
+
+    from accumlib.lessons._common import long_lived_objects_frozen
+
+    class Node:
+        pass
+
+    assert gc.get_freeze_count() == 0
+    with long_lived_objects_frozen():
+        assert gc.get_freeze_count() > 0
+        cycle = Node()
+        cycle.me = cycle  # garbage made inside the block, reachable only from itself
+        gone = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        assert gone() is None
+    assert gc.get_freeze_count() == 0
+
+    with pytest.raises(KeyError), long_lived_objects_frozen():
+        raise KeyError("a run that fails")
+    assert gc.get_freeze_count() == 0
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with long_lived_objects_frozen():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen  # the caller's freeze stays
+    finally:
+        gc.unfreeze()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import check_choice
+from ._common import long_lived_objects_frozen
 
 
 @dataclass(frozen=True)
@@ -123,5 +124,5 @@ def run(name: str) -> Any:
     check_choice("name", name, tuple(RUNS))
     from ..survey.run import quiet
 
-    with quiet():
+    with quiet(), long_lived_objects_frozen():
         return RUNS[name].make()

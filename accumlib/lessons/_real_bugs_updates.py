@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._text import Table
+from ._common import long_lived_objects_frozen
 
 # The Trainer's settings per optimizer: everything else is make_trainer's (the Trainer's defaults).
 OPTIMIZERS: dict[str, dict[str, Any]] = {
@@ -83,7 +84,8 @@ def _updates(loss_type: str | None, overrides: dict[str, Any]) -> list[Any]:
     trainer.remove_callback(transformers.PrinterCallback)  # its end-of-training metrics line is no result
     snapshots = Snapshots()
     trainer.add_callback(snapshots)
-    trainer.train()
+    with long_lived_objects_frozen():
+        trainer.train()
     thetas = snapshots.thetas
     return [after - before for before, after in zip(thetas, thetas[1:])]
 

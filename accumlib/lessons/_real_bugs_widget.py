@@ -18,6 +18,7 @@ from typing import Any
 from .. import _style
 from .._checks import check_choice
 from .._text import Table
+from ._common import long_lived_objects_frozen
 from ._exercise import Exercise
 
 # One class per outcome of the survey: GPT-2 and CTRL count labels before the shift, Llama, Qwen2 and
@@ -94,7 +95,8 @@ def trainer_run(model_type: str = "gpt2") -> TrainerRun:
         # the loss the model's own averages (BART's causal LM does not
         # shift its labels), as the survey judges it
         losses = TASKS["causal-lm"].item_losses[own_item_losses(model)]
-        report = verify_trainer(make_trainer(model), item_losses=losses)
+        with long_lived_objects_frozen():
+            report = verify_trainer(make_trainer(model), item_losses=losses)
     return TrainerRun(model_type, type(model).__name__, report, _survey_says(model_type))
 
 
@@ -200,7 +202,8 @@ def _grade_trainer(train_fn: Callable[..., Any]) -> Any:
                 f"accumulation (got {args.gradient_accumulation_steps} and "
                 f"{args.per_device_train_batch_size})"
             )
-        return verify_trainer(trainer)
+        with long_lived_objects_frozen():
+            return verify_trainer(trainer)
 
 
 EXERCISE = Exercise(

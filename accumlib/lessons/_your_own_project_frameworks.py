@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from .._checks import check_choice
 from .._text import Table
 from ..survey.run import quiet  # the libraries' advice (config warnings, logging) is not the lesson
+from ._common import long_lived_objects_frozen
 from ._real_bugs_runs import make_trainer
 
 
@@ -212,7 +213,8 @@ def frameworks(keys: Any = tuple(RUNS)) -> FrameworkResult:
     out = []
     for key in keys:
         start = time.perf_counter()
-        report = RUNS[key].run()
+        with long_lived_objects_frozen():
+            report = RUNS[key].run()
         out.append(
             Judged(
                 key,
