@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -227,14 +228,35 @@ def _img(fig: Figure, alt: str | None) -> str:
     import html
 
     src = base64.b64encode(png(fig)).decode()
+    # the drawing is the figure as it is now (savefig's own restores only mark it stale): any change
+    # from here on marks it stale again, and the PNG formatter draws it anew
+    fig.stale = False
+    _LAST_PNG[:] = [weakref.ref(fig), src]
     return f'<img src="data:image/png;base64,{src}" alt="{html.escape(alt or describe(fig))}">'
+
+
+# The PNG the HTML formatter just drew, for the PNG formatter IPython calls right after it on the same
+# figure (its formatters run in order: text/plain, text/html, ..., image/png): a figure a cell returns is
+# drawn once, not once for each MIME type (each draw is a full constrained layout: about 1 s for a
+# two-panel figure on 2 cores). Taken once, and only for the same figure, unchanged since.
+_LAST_PNG: list[Any] = []
+
+
+def _png_b64(fig: Figure) -> str:
+    import base64
+
+    last, _LAST_PNG[:] = list(_LAST_PNG), []
+    if last and last[0]() is fig and not fig.stale:
+        return last[1]
+    return base64.b64encode(png(fig)).decode()
 
 
 _FORMATTER_SHELLS: set[int] = set()
 
 
 def _install_html_formatter() -> None:
-    """Let IPython show a Figure returned by a cell as ``<img alt=...>`` (beside the inline backend's PNG)."""
+    """Let IPython show a Figure returned by a cell as ``<img alt=...>``, and as PNG from the same drawing
+    (in place of the inline backend's second one, which also draws outside the lessons' rcParams)."""
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython is a dependency of the lessons
@@ -243,6 +265,7 @@ def _install_html_formatter() -> None:
     if ip is None or id(ip) in _FORMATTER_SHELLS:
         return
     ip.display_formatter.formatters["text/html"].for_type(Figure, lambda fig: _img(fig, None))
+    ip.display_formatter.formatters["image/png"].for_type(Figure, _png_b64)
     _FORMATTER_SHELLS.add(id(ip))
 
 
@@ -264,7 +287,8 @@ def _fit_legends(fig: Figure, canvas: Any) -> None:
     and an x-axis label wider than its panel, as drawn, wrapped to it."""
     import textwrap
 
-    canvas.draw()
+    # layout without rasterising: the extents are all this needs
+    fig.draw_without_rendering()
     renderer = canvas.get_renderer()
     for ax in fig.axes:
         label = ax.xaxis.label
@@ -286,13 +310,13 @@ def _fit_legends(fig: Figure, canvas: Any) -> None:
                 ncols=legend._ncols - 1,
                 fontsize=max(MIN_FONT_PT, legend.texts[0].get_fontsize()),
             )
-            canvas.draw()
+            fig.draw_without_rendering()
             renderer = canvas.get_renderer()
     for legend in fig.legends:
         while legend._ncols > 1 and legend.get_window_extent(renderer).width > fig.bbox.width:
             legend.set_ncols(legend._ncols - 1)  # set_ncols alone keeps the old box: rebuild it
             legend._init_legend_box(legend.legend_handles, [t.get_text() for t in legend.texts])
-            canvas.draw()
+            fig.draw_without_rendering()
             renderer = canvas.get_renderer()
 
 

@@ -104,6 +104,36 @@ def test_every_way_a_figure_is_shown_carries_alt_text():
         InteractiveShell.clear_instance()
 
 
+def test_a_figure_a_cell_returns_is_drawn_once_for_both_its_mime_types(monkeypatch):
+    """IPython asks the HTML formatter, then the PNG one: the PNG is the HTML's drawing, unless the
+    figure changed since (then it is drawn anew, never a stale picture)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    drawn = []
+    real_png = _style.png
+    monkeypatch.setattr(_style, "png", lambda fig: drawn.append(fig) or real_png(fig))
+    fig, ax = _style.figure(title="t")
+    ax.plot([0, 1], [0.5, 0.25], label="curve")
+    shell = InteractiveShell.instance()
+    try:
+        _style.styled(lambda: fig)()
+        data, _ = shell.display_formatter.format(fig)
+        assert len(drawn) == 1 and f'base64,{data["image/png"]}"' in data["text/html"]
+        assert base64.b64decode(data["image/png"])[:4] == b"\x89PNG"
+
+        shell.display_formatter.format(fig, include=["text/html"])  # an HTML-only display, then a change
+        ax.set_title("changed")
+        only_png, _ = shell.display_formatter.format(fig, include=["image/png"])
+        assert len(drawn) == 3 and only_png["image/png"] != data["image/png"]
+
+        other, _ = _style.figure()  # another figure never gets this one's picture
+        shell.display_formatter.format(fig, include=["text/html"])
+        shell.display_formatter.format(other, include=["image/png"])
+        assert drawn[-1] is other
+    finally:
+        InteractiveShell.clear_instance()
+
+
 def test_show_in_fills_an_output_with_a_figure_a_table_and_text():
     out = widgets.Output()
     fig, ax = _style.figure()
