@@ -54,7 +54,7 @@ LOSS = "        loss = F.cross_entropy(model(x), y)\n"
 STEPS, ITEMS = 3, 48
 
 
-def launch(folder: Path, script: str, timeout: float = 150) -> tuple[int, str]:
+def launch(folder: Path, script: str, timeout: float = 150, use_cpu: bool = True) -> tuple[int, str]:
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     assert accelerate, "the accelerate command is installed with accelerate"
     cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -62,11 +62,10 @@ def launch(folder: Path, script: str, timeout: float = 150) -> tuple[int, str]:
            "--main_process_port", str(free_port()),
            "-m", "accumlib", "run", "--json", "r.json", "--", script]  # fmt: skip
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"},
         "OMP_NUM_THREADS": "1",
-        "ACCELERATE_USE_CPU": "1",
         "HF_HOME": str(folder / "hf"),  # no accelerate config of the user's is read
-    }
+    } | ({"ACCELERATE_USE_CPU": "1"} if use_cpu else {})
     try:
         done = run_bounded(cmd, timeout=timeout, cwd=folder, env=env, merge_stderr=True)
     except subprocess.TimeoutExpired as exc:
@@ -104,3 +103,20 @@ def test_accelerate_launch_starts_accumlib_run_on_every_rank_and_one_verdict_com
         assert status == 1 and not report["ok"], out[-3000:]
         assert code in {f["code"] for f in report["findings"]}, out[-3000:]
         assert all(abs(r["scale"] - 4) < 1e-4 for r in report["steps"]), report["steps"]
+
+
+def test_without_accelerate_use_cpu_each_rank_trains_alone_on_all_the_data(tmp_path):
+    """Accelerate 1.15's inconsistency on a machine without a GPU, reproduced: under ``--multi_gpu``
+    without ``ACCELERATE_USE_CPU``, ``_prepare_backend`` finds no backend and says ``DistributedType.NO``
+    (one process: no DDP wrap, no sharded loader), yet ``PartialState.__init__`` still initialises a
+    process group of 2 (its branch for every backend but CPU, state.py about line 218). Each rank steps
+    all 48 items alone. accumlib judges the group it finds: each step's window is both ranks' (the same
+    8 items twice, 16), and each rank's gradient is that window's mean, so the job is ok, with 96 items
+    stepped where 48 exist. (Ranks fed different data would step apart: ``ranks-diverged``, tested in
+    test_run_ranks.py.) If this test fails, Accelerate changed: re-read the README's launch paragraph."""
+    (tmp_path / "correct.py").write_text(SCRIPT)
+    status, out = launch(tmp_path, "correct.py", use_cpu=False)
+    assert out.count("of 1 DistributedType.NO") == 2, out[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert status == 0 and report["ok"], out[-3000:]
+    assert len(report["steps"]) == 2 * STEPS and report["items_stepped"] == 2 * ITEMS
