@@ -109,7 +109,7 @@ def test_without_accelerate_use_cpu_each_rank_trains_alone_on_all_the_data(tmp_p
     """Accelerate 1.15's inconsistency on a machine without a GPU, reproduced: under ``--multi_gpu``
     without ``ACCELERATE_USE_CPU``, ``_prepare_backend`` finds no backend and says ``DistributedType.NO``
     (one process: no DDP wrap, no sharded loader), yet ``PartialState.__init__`` still initialises a
-    process group of 2 (its branch for every backend but CPU, state.py about line 218). Each rank steps
+    process group of 2 (its branch for every backend but CPU, state.py line 244). Each rank steps
     all 48 items alone. accumlib judges the group it finds: each step's window is both ranks' (the same
     8 items twice, 16), and each rank's gradient is that window's mean, so the job is ok, with 96 items
     stepped where 48 exist. (Ranks fed different data would step apart: ``ranks-diverged``, tested in
