@@ -79,3 +79,18 @@ def test_the_scan_sees_every_way_of_importing_a_lesson(tmp_path):
     clean = pkg / "clean.py"
     clean.write_text("from .. import _style\nfrom .._text import Table\nimport accumlib.lessonsx\n")
     assert reaches_lessons(clean, tmp_path / "accumlib") == []
+
+
+def test_no_module_of_the_library_takes_a_standard_library_modules_name():
+    """A module named like the standard library's (``_verify/numbers.py`` once was, beside ``api.py``'s
+    ``import numbers``) reads as that module in every import list and traceback."""
+    import sys
+
+    found = [
+        p
+        for p in LIBRARY.rglob("*")
+        if (p.suffix == ".py" or p.is_dir()) and p.stem in sys.stdlib_module_names
+    ]
+    assert not found, found
+    # the test sees one: a module named like the standard library's would be caught
+    assert "numbers" in sys.stdlib_module_names and "oracle" not in sys.stdlib_module_names

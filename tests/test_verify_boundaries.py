@@ -548,8 +548,8 @@ def test_a_skipped_micro_batch_of_a_stream_is_counted_like_a_map_style_one():
 
 # ---- pure-function boundary tests of diagnose (the tolerances' documented margins) ----------------
 from accumlib._verify.diagnose import diagnose  # noqa: E402
-from accumlib._verify.numbers import StepNumbers  # noqa: E402
-from accumlib._verify.oracle import Fit  # noqa: E402
+from accumlib._verify.step_numbers import StepNumbers  # noqa: E402
+from accumlib._verify.window_oracle import Fit  # noqa: E402
 
 
 def numbers(*, rel, w=1.0, resid=1e-7, m=4):

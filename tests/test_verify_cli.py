@@ -222,9 +222,9 @@ def test_a_failure_inside_verify_is_cannot_judge_not_the_loops_fault(loops, caps
     """A case verify does not handle fails in its own stages: exit 4 and VerifyError, never 'your code
     raised'."""
     import accumlib
-    from accumlib._verify import oracle
+    from accumlib._verify import window_oracle as oracle
 
-    # the oracle's own line fails (calling None raises TypeError in oracle.py's frame), as a case it
+    # the oracle's own line fails (calling None raises TypeError in window_oracle.py's frame), as a case it
     # does not handle would; a function defined here would put the raising frame in this file instead
     monkeypatch.setattr(oracle, "leading_rows", None)
     assert main(["verify", f"{loops}:divided", "--batch-size", "5"]) == 4

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import accumlib
-from accumlib._verify.oracle import CHUNK, SMALL
+from accumlib._verify.window_oracle import CHUNK, SMALL
 from accumlib.tolerances import FLOAT32_RTOL
 
 K, WIDE = 4, 1100

@@ -38,8 +38,8 @@ from typing import Any
 import torch
 import torch.nn.utils.clip_grad as _clip_mod
 
-from .numbers import Clip
-from .oracle import clipped
+from .step_numbers import Clip
+from .window_oracle import clipped
 
 Listener = Callable[[list[torch.Tensor], float, torch.Tensor], None]
 

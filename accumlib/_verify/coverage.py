@@ -15,10 +15,10 @@ import torch
 
 from .._batch import checked_losses, to_device
 from .job import Job
-from .numbers import Coverage, MicroBatch
-from .oracle import exact
 from .record import Recorder
 from .sources import Tracked
+from .step_numbers import Coverage, MicroBatch
+from .window_oracle import exact
 
 
 def leftovers(rec: Recorder) -> list[MicroBatch]:

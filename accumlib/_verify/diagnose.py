@@ -7,7 +7,7 @@ loop ran under autocast, a replay of the window's micro-batches in the loop's ow
 weighted exactly. Nothing below turns a failed step into an ok one; it only names the failure.
 
 Names come from the per-micro-batch weights w_j the oracle stage fitted (see
-``accumlib._verify.oracle``; 1 is right), read against what each bug predicts, with
+``accumlib._verify.window_oracle``; 1 is right), read against what each bug predicts, with
 v_j = w_j n_j / N the weight of micro-batch j's *mean*:
   never divided v_j = 1;  divided by k on a short tail v_j = 1/k (equal: w_j = m/k);
   per-micro-batch means with different n_j v_j = 1/m;  zeroed mid-window w_j = 0 for early j;
@@ -25,8 +25,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..tolerances import AUTOCAST_RTOL, COEF_RTOL, FIT_RTOL, FLOAT32_RTOL, SAME_FACTOR_RTOL, SCALED_CLIP_RATIO
-from .numbers import Clip, StepNumbers
 from .rounding import counted_before_shift, run_tol
+from .step_numbers import Clip, StepNumbers
 
 
 @dataclass

@@ -24,8 +24,8 @@ from typing import Any
 from ..tolerances import CLIP_NORM_RTOL, LOGGED_RTOL, SAME_FACTOR_RTOL
 from .codes import CODES
 from .diagnose import CAUSES, StepVerdict, compensated_clip, diagnose, near, step_tol
-from .numbers import Coverage, StepNumbers
 from .report import Finding, StepRow
+from .step_numbers import Coverage, StepNumbers
 
 
 def clip_norms(n: StepNumbers) -> list[float]:

@@ -34,12 +34,12 @@ from .gradhooks import existing
 from .inplace_job import measure_job, sharded, world
 from .losscalls import LossCall
 from .measure import against_sums
-from .numbers import Clip, StepNumbers
-from .oracle import Fit, clipped
 from .patches import capture_at_step, current_lr, lrs
 from .record import StopRun
 from .sites import user_site
+from .step_numbers import Clip, StepNumbers
 from .touched import PRINT, factors, hooked, prints, unexplained
+from .window_oracle import Fit, clipped
 
 LOW = (torch.float16, torch.bfloat16)
 # u_j of two loss calls judged as one micro-batch must agree to float32 rounding of a division

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from .measure import against_sums, fit
-from .numbers import StepNumbers
-from .oracle import gram
+from .step_numbers import StepNumbers
+from .window_oracle import gram
 
 
 def world() -> int:

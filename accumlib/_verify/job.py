@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .numbers import StepNumbers
 from .report import Finding
+from .step_numbers import StepNumbers
 
 
 @dataclass

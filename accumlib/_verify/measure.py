@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .numbers import StepNumbers
-from .oracle import Replay, WindowOracle, gram
+from .step_numbers import StepNumbers
+from .window_oracle import Replay, WindowOracle, gram
 
 
 def dist(aa: float, ab: float, bb: float, c: float) -> float:

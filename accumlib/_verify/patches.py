@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .clips import on_clip
-from .numbers import Clip, StepNumbers
 from .sites import user_site
+from .step_numbers import Clip, StepNumbers
 
 if TYPE_CHECKING:
     from .record import Recorder

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .oracle import Vec, gram
+from .window_oracle import Vec, gram
 
 _CHUNK = 1 << 16  # elements per float64 chunk in Ranks._spread (512 KiB)
 

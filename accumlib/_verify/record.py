@@ -33,14 +33,14 @@ from torch.utils.data import get_worker_info
 
 from .._batch import ItemLosses, cat_batches
 from .measure import measure
-from .numbers import Clip, MicroBatch, StepNumbers
-from .oracle import Replay, WindowOracle, clipped
 from .patches import capture_at_step, current_lr
 from .ranks import Ranks, full, sharded
 from .shadow import sync_shadow
 from .sites import user_site
 from .sources import WORKERS, Passes, Tracked, TrackedIterable, as_received, tensors
+from .step_numbers import Clip, MicroBatch, StepNumbers
 from .touched import fingerprint, hooked, rescale, unexplained
+from .window_oracle import Replay, WindowOracle, clipped
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
 

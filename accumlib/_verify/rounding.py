@@ -5,7 +5,7 @@ Each micro-batch's fit (``.grad`` at a boundary = a s_j + beta .grad before, s_j
 that micro-batch) leaves exactly the rounding between the loop's gradient and the oracle's at that
 boundary; ``run_tol`` scales it (``accumlib.tolerances.ROUNDING_MARGIN``).
 
->>> from accumlib._verify.numbers import StepNumbers
+>>> from accumlib._verify.step_numbers import StepNumbers
 >>> run_tol(StepNumbers(4, 0.05))  # no fit: the fixed float32 tolerance
 0.0001
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from ..tolerances import FLOAT32_RTOL, ROUNDING_FLOOR, ROUNDING_MARGIN
-from .numbers import StepNumbers
+from .step_numbers import StepNumbers
 
 
 def run_tol(n: StepNumbers) -> float:

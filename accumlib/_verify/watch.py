@@ -38,10 +38,10 @@ from .inplace import InPlace
 from .itemlosses import ItemLossesError, check_in_script, in_module, is_script, parse, run_main, wrapper
 from .lock import one_run
 from .losscalls import on_loss_call
-from .numbers import StepNumbers
 from .patches import clipping, scaler, schedulers
 from .record import StopRun
 from .report import Finding, Report
+from .step_numbers import StepNumbers
 
 
 @dataclass

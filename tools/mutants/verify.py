@@ -42,7 +42,7 @@ RANKS_PARAMS = ("tests/test_verify_ranks_params.py",)
 # a constant divisor, a masked misscale); coverage counts the items a run used; measure a step's numbers
 D, DR = "accumlib/_verify/diagnose.py", "accumlib/_verify/diagnose_run.py"
 CV, ME = "accumlib/_verify/coverage.py", "accumlib/_verify/measure.py"
-R, OR, A = "accumlib/_verify/record.py", "accumlib/_verify/oracle.py", "accumlib/_verify/api.py"
+R, OR, A = "accumlib/_verify/record.py", "accumlib/_verify/window_oracle.py", "accumlib/_verify/api.py"
 P, C, T = "accumlib/_verify/report.py", "accumlib/_verify/copying.py", "accumlib/tolerances.py"
 S, SH, PA = "accumlib/_verify/sources.py", "accumlib/_verify/shadow.py", "accumlib/_verify/patches.py"
 J, RK, CLI = "accumlib/_verify/job.py", "accumlib/_verify/ranks.py", "accumlib/_verify/cli.py"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .oracle import Fit
+    from .window_oracle import Fit
 
 
 @dataclass
