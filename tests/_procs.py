@@ -100,3 +100,16 @@ def run_bounded(
             _kill_all(proc)
             proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err or "")
+
+
+def run_job(argv: Sequence[str], *, timeout: float, cwd: Path, env: Mapping[str, str]) -> tuple[int, str]:
+    """A multi-rank job's launcher (torchrun, accelerate launch) under ``run_bounded``, stderr in its log:
+    its exit status and log. Past ``timeout`` the test fails with the log's tail."""
+    import pytest
+
+    try:
+        done = run_bounded(argv, timeout=timeout, cwd=cwd, env=env, merge_stderr=True)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output or ""
+        pytest.fail(f"the job ran past {timeout} s; its process group was killed\n{out[-3000:]}")
+    return done.returncode, done.stdout

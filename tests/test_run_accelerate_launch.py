@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _procs import free_port, run_bounded
+from _procs import free_port, run_job
 
 pytest.importorskip("accelerate")
 
@@ -66,12 +65,7 @@ def launch(folder: Path, script: str, timeout: float = 150, use_cpu: bool = True
         "OMP_NUM_THREADS": "1",
         "HF_HOME": str(folder / "hf"),  # no accelerate config of the user's is read
     } | ({"ACCELERATE_USE_CPU": "1"} if use_cpu else {})
-    try:
-        done = run_bounded(cmd, timeout=timeout, cwd=folder, env=env, merge_stderr=True)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.output or ""
-        pytest.fail(f"the 2-rank job ran past {timeout} s; its process group was killed\n{out[-3000:]}")
-    return done.returncode, done.stdout
+    return run_job(cmd, timeout=timeout, cwd=folder, env=env)
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _procs import free_port, run_bounded
+from _procs import free_port, run_job
 
 SCRIPT = """\
 import torch
@@ -56,12 +55,7 @@ def torchrun(folder: Path, script: str, timeout: float = 150) -> tuple[int, str]
            "127.0.0.1", "--master-port", str(free_port()), "-m", "accumlib", "run", "--json", "r.json", "--",
            script]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        done = run_bounded(cmd, timeout=timeout, cwd=folder, env=env, merge_stderr=True)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.output or ""
-        pytest.fail(f"the 2-rank job ran past {timeout} s; its process group was killed\n{out[-3000:]}")
-    return done.returncode, done.stdout
+    return run_job(cmd, timeout=timeout, cwd=folder, env=env)
 
 
 @pytest.mark.parametrize(
