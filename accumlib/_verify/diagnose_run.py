@@ -64,7 +64,7 @@ def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float
         (a loss divided by 2N on a one-window run), so it stays ``misscaled``.
     """
     scaled = [(s, v) for s, v in zip(numbers, verdicts) if v.codes == ["misscaled"] and not s.clips]
-    if len(scaled) < 2 or any(v.factor is None or v.factor >= 1 for _, v in scaled):
+    if len(scaled) < 2 or any(v.factor is None or _shrink(s, v) >= 1 for s, v in scaled):
         return None
     norms = [math.sqrt(s.gg) for s, _ in scaled]
     c = max(norms)
@@ -72,6 +72,14 @@ def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float
     if all(near(x, c, CLIP_NORM_RTOL) for x in norms) and all(x <= c * (1 + CLIP_NORM_RTOL) for x in fine):
         return c
     return None
+
+
+def _shrink(s: StepNumbers, v: StepVerdict) -> float:
+    """What the step's gradient was scaled by: c, times the rescale of .grad after the window's last
+    backward where the engine saw one (the in-place engine reads a clip of the loop's own there, while
+    its c, the micro-batches' weights, stays 1)."""
+    assert v.factor is not None
+    return v.factor * s.rescaled if v.cause == "rescaled" else v.factor
 
 
 def diagnose_run(

@@ -60,6 +60,7 @@ class Backward:
     scale: float = 1.0  # GradScaler's scale when it ran
     lrs: dict[int, tuple[float, ...]] = field(default_factory=dict)
     reached: frozenset[int] = frozenset()  # the parameters it deposited into
+    frozen: frozenset[int] = frozenset()  # the optimizers' parameters with requires_grad off as it ran
 
 
 @dataclass
@@ -188,6 +189,9 @@ class InPlace:
             return original(tensors, *args, **kwargs)  # no watched parameter is reached
         here = Backward(user_site() or "", calls, scale=self.scale)
         here.lrs = {id(o): lrs(o) for o in list(self.optimizers)}
+        here.frozen = frozenset(
+            id(p) for o in list(self.optimizers) for p in _params(o) if not p.requires_grad
+        )
         self.sites["backward"] = here.site
         terms = sorted({f"{c.kind} at {c.site}" for c in calls})
         if stray and terms:  # a regulariser, an auxiliary term: added to the loss, not a loss call
@@ -320,6 +324,10 @@ class InPlace:
         if not w and not job:
             return self.finish(numbers)
         numbers.lrs = [b.lrs.get(id(opt), ()) for b in w]
+        mine_all = {
+            id(p) for p in _params(opt)
+        }  # frozen ones included: a change of requires_grad in the window
+        numbers.frozen_changed = len({b.frozen & mine_all for b in w}) > 1
         ratios = [torch.stack([r.double() for r in b.ratios]) if b.ratios else None for b in w]
         items = [int(sum(c.items for c in b.calls)) for b in w]
         numbers.items = sum(items)
@@ -384,6 +392,10 @@ class InPlace:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+
+def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for g in opt.param_groups for p in g["params"]]
 
 
 __all__ = ["Backward", "InPlace"]
