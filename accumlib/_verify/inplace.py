@@ -133,12 +133,11 @@ class InPlace:
 
     def _hook_params(self) -> None:
         for opt in list(self.optimizers):
-            for g in opt.param_groups:
-                for p in g["params"]:
-                    if id(p) not in self.params and p.requires_grad:
-                        self.params[id(p)] = p
-                        self.handles.append(p.register_hook(self._deposit(p)))
-                    self.holders.setdefault(id(p), set()).add(id(opt))
+            for p in _params(opt):
+                if id(p) not in self.params and p.requires_grad:
+                    self.params[id(p)] = p
+                    self.handles.append(p.register_hook(self._deposit(p)))
+                self.holders.setdefault(id(p), set()).add(id(opt))
 
     def _owners(self, b: Backward) -> frozenset[int]:
         """The optimizers holding a parameter this backward reached: whose loss it was, as the run shows."""
@@ -324,10 +323,8 @@ class InPlace:
         if not w and not job:
             return self.finish(numbers)
         numbers.lrs = [b.lrs.get(id(opt), ()) for b in w]
-        mine_all = {
-            id(p) for p in _params(opt)
-        }  # frozen ones included: a change of requires_grad in the window
-        numbers.frozen_changed = len({b.frozen & mine_all for b in w}) > 1
+        # requires_grad changed inside the window, for any of this optimizer's parameters (frozen ones too)
+        numbers.frozen_changed = len({b.frozen & {id(p) for p in _params(opt)} for b in w}) > 1
         ratios = [torch.stack([r.double() for r in b.ratios]) if b.ratios else None for b in w]
         items = [int(sum(c.items for c in b.calls)) for b in w]
         numbers.items = sum(items)

@@ -221,8 +221,8 @@ MUTANTS = [
     Mutant(
         "a clip refuted only when every step scales up, not any",
         DR,
-        "any(v.factor is None or v.factor >= 1 for _, v in scaled)",
-        "all(v.factor is None or v.factor >= 1 for _, v in scaled)",
+        "any(v.factor is None or _shrink(s, v) >= 1 for s, v in scaled)",
+        "all(v.factor is None or _shrink(s, v) >= 1 for s, v in scaled)",
     ),
     Mutant(
         "clip norms matched 10x more loosely",
