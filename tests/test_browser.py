@@ -2,7 +2,8 @@
 
 Each test serves a throwaway copy of notebooks/ with this environment's JupyterLab
 (tests/_jupyter.py) and opens a notebook in Debian's Chromium through Playwright. One test per
-lesson notebook (every notebooks/0N_*.ipynb, found when the tests are collected) runs all cells
+lesson notebook (every notebooks/NN_*.ipynb, found when the tests are collected) first measures its
+committed figures as a 1024 x 768 projector shows them (tests/test_browser_projector.py), runs all cells
 from the Run menu, fails on any error or stderr output, then changes every ipywidgets control
 the notebook renders once and fails on any error or stderr the change brings (in the cell or
 only on the kernel's websocket, where a widget callback's errors go), on a figure or output
@@ -24,6 +25,7 @@ import shutil
 import sys
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,7 @@ from _jupyter import (
     voila_app,
     wait_kernel_idle,
 )
+from test_browser_projector import committed_figures_on_a_projector
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -54,6 +57,7 @@ ARTIFACTS = Path(os.environ.get("ACCUMLIB_ARTIFACTS", REPO / "test-artifacts")) 
 # Every lesson notebook and the course map, found at collection time (new lessons join by name).
 LESSONS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 NB_VERIFY = "07_verify_your_loop.ipynb"
+NB_OWN_PROJECT = "10_your_own_project.ipynb"
 DATA_BESIDE_NOTEBOOKS: tuple[str, ...] = ()  # nothing: lesson 9 loads its survey tables from the package
 
 # Run All in the browser, measured here (2 cores shared with other jobs, load 1-4): 5-28 s per
@@ -285,12 +289,14 @@ def _exercise_control(
     }
 
 
-def _exercise_notebook(page, lab, path: str, request, after_run_all=None) -> dict:
+def _exercise_notebook(page, lab, path: str, request, after_run_all=None, before_run_all=None) -> dict:
     """Open ``path``, Run All, then change every control once (page order). Returns the record
-    written to test-artifacts/browser/: seconds, Run All problems, and each control's record."""
+    written to test-artifacts/browser/: seconds, Run All problems, and each control's record.
+    ``before_run_all(page)``: a check of the committed notebook as opened; its problems lead the record's."""
     started = time.monotonic()
     open_notebook(page, lab, path)
     opened = time.monotonic() - started
+    committed = before_run_all(page) if before_run_all is not None else []
     run_all_s, run_all_problems = _run_all(page, lab, path)
     page.screenshot(path=_artifact(request, "run-all"), full_page=True)
     if after_run_all is not None:  # a notebook's own check of what Run All rendered
@@ -330,6 +336,7 @@ def _exercise_notebook(page, lab, path: str, request, after_run_all=None) -> dic
         "seconds_run_all": round(run_all_s, 1),
         "seconds_controls": round(sum(c.get("seconds_total", 0) for c in controls), 1),
         "seconds_total": round(time.monotonic() - started, 1),
+        "committed_problems": committed,
         "run_all_problems": run_all_problems,
         "controls": controls,
     }
@@ -343,7 +350,8 @@ def _exercise_notebook(page, lab, path: str, request, after_run_all=None) -> dic
 
 
 def _describe(record: dict) -> str:
-    lines = [f"Run All: {p}" for p in record["run_all_problems"]]
+    lines = [f"As committed: {p}" for p in record.get("committed_problems", [])]
+    lines += [f"Run All: {p}" for p in record["run_all_problems"]]
     for c in record["controls"]:
         for p in c["problems"]:
             lines.append(
@@ -362,12 +370,23 @@ def test_lesson_runs_and_every_control_works(lab, page, request, name):
     path = _need(name)
     try:
         record = _exercise_notebook(
-            page, lab, path, request, _verify_report_matches_printed if name == NB_VERIFY else None
+            page,
+            lab,
+            path,
+            request,
+            _verify_report_matches_printed if name == NB_VERIFY else None,
+            # the committed figures on a 1024 x 768 projector, on this page load (test_browser_projector.py)
+            lambda pg: committed_figures_on_a_projector(pg, lab.root, path, partial(_artifact, request)),
         )
     finally:
         lab.shutdown_kernel(path)
     problems = _describe(record)
     assert not problems, f"{name}:\n{problems}"
+    if name == NB_OWN_PROJECT:  # its one widget: micro-batch, k and loop, each redrawing the curves
+        kinds = sorted(c["kind"] for c in record["controls"])
+        assert len(kinds) == 3, f"the widget's three controls were not all found: {record['controls']}"
+        for c in record["controls"]:
+            assert c["figure"] == "redrawn", f"{c['kind']} {c['label']!r}: curves not redrawn ({c['figure']})"
 
 
 def _verify_report_matches_printed(page) -> list[str]:
