@@ -115,6 +115,45 @@ def _batchnorm(eng: InPlace) -> Iterator[None]:
         torch.batch_norm = original  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def _passes(eng: InPlace) -> Iterator[None]:
+    """Where a pass over a DataLoader ends, which the run's length alone cannot say once it has several
+    epochs: as the engine closes a step, if the DataLoader the run drew from last has yielded its whole
+    pass, the step ends a pass of that many micro-batches (its short window is then the pass's tail, as
+    verify's own loader tells it). A prefetching loader (Accelerate's, Lightning's) runs one micro-batch
+    ahead: it reads as ended one micro-batch early, where only a window of exactly the pass's tail is
+    excused."""
+    base = torch.utils.data.dataloader._BaseDataLoaderIter  # every DataLoader iterator's __next__
+    original, finish, last = base.__next__, eng.finish, [lambda: None]
+
+    def drawn(it: Any) -> Any:
+        batch = original(it)
+        last[0] = weakref.ref(it)
+        return batch
+
+    def finished(numbers: StepNumbers) -> None:  # a step, or a window GradScaler skipped (patches.py)
+        it = last[0]()
+        size = _length(it) if it is not None else None
+        if size and it._num_yielded >= size:  # type: ignore[union-attr]
+            numbers.epoch_end, numbers.pass_length = True, size
+        finish(numbers)
+
+    base.__next__ = drawn  # type: ignore[method-assign]
+    eng.finish = eng.finish_step = finished  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        base.__next__ = original  # type: ignore[method-assign]
+        del eng.finish, eng.finish_step
+
+
+def _length(it: Any) -> int | None:
+    try:
+        return len(it)
+    except TypeError:  # an iterable dataset without a length: passes end where its iterator ends
+        return None
+
+
 def _item_losses(spec: str | Callable[..., object] | None) -> tuple[str, str] | None:
     """``item_losses`` as (module, name), checked before anything runs: ``"MODULE:FUNCTION"``, or a
     function the loop calls by its module-level name (a notebook's own: module ``__main__``)."""
@@ -178,6 +217,7 @@ def watch(
                 on_grad_hooks(eng.saw_hook),
                 _backwards(eng),
                 _batchnorm(eng),
+                _passes(eng),
                 clipping(eng),  # type: ignore[arg-type]
                 scaler(eng),  # type: ignore[arg-type]
                 schedulers(eng),  # type: ignore[arg-type]
@@ -212,8 +252,11 @@ def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
         sub = [steps[t] for t in idx]
         k = accum_steps or run_k(sub)
         ks.append(k)
-        if not stopped and not eng.window:  # the last window may be its data's legitimate tail
-            sub[-1].epoch_end, sub[-1].pass_length = True, sum(s.micro_batches for s in sub)
+        if not stopped and not eng.window and not sub[-1].epoch_end:  # the last window may be its data's
+            sub[-1].epoch_end, sub[-1].pass_length = (
+                True,
+                sum(s.micro_batches for s in sub),
+            )  # tail (no loader)
         verdicts, assumed = diagnose_run(sub, k=k)
         for j, t in enumerate(idx):
             if t in eng.unjudged:
