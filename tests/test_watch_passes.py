@@ -135,3 +135,52 @@ def test_accelerates_prefetching_loader_ends_its_passes_at_their_tails(epochs):
     assert report.codes == {"tail-misscaled"}, report
     tails = next(f for f in report.findings if f.code == "tail-misscaled").steps
     assert tails == tuple(3 * e + 2 for e in range(epochs))
+
+
+def rounded_down(stop_after: int | None = None):
+    """Each epoch cut to whole windows (the pass's last 3 micro-batches never drawn), after a probe of one
+    batch (``next(iter(loader))``, no step). ``stop_after``: the loop's own step budget, which ends the run
+    inside a pass (a max_steps: nothing is left for a next pass)."""
+
+    def loop(model, opt, loader, epochs, labelled):
+        next(iter(loader))
+        steps = 0
+        for _ in range(epochs):
+            it = iter(loader)
+            for _ in range(len(loader) // K):
+                for _ in range(K):
+                    x, y = next(it)
+                    (F.cross_entropy(model(x), y, reduction="sum") / (B * K)).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                steps += 1
+                if steps == stop_after:
+                    return
+
+    return loop
+
+
+def _run_plain(loop, epochs=3):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    loader = DataLoader(_data(), batch_size=B, shuffle=True)
+    with watch(accum_steps=K) as seen:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loop(model, opt, loader, epochs, None)
+    return seen.report
+
+
+def test_epochs_rounded_down_to_whole_windows_drop_each_passes_tail():
+    report = _run_plain(rounded_down())
+    assert not report.ok and report.codes == {"tail-dropped"}, report
+    said = next(f for f in report.findings if f.code == "tail-dropped").message
+    # passes 1 and 2 left 3 micro-batches each for the next pass; the probe took no step, so it is no pass
+    assert said.startswith("6 micro-batches were never drawn") and "(of 11 micro-batches)" in said, said
+    assert all(r.rel_error < FLOAT32_RTOL for r in report.steps)  # each step's own gradient is right
+
+
+def test_a_run_that_ends_inside_its_first_pass_is_no_dropped_tail_under_watch():
+    """The loop's own step budget ends the run inside a pass: nothing began after it, so nothing was left
+    for a next pass (verify(train_fn), which hands out the data, names this tail-dropped)."""
+    report = _run_plain(rounded_down(stop_after=1))
+    assert report.ok and report.codes == set(), report

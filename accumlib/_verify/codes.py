@@ -65,6 +65,9 @@ CODES: dict[str, Code] = {
         "count, not by k (accumlib.ragged does both)",
         said={
             "count": "{n} of {total} items reached no optimizer step",
+            # accumlib run / watch: a pass over a DataLoader left unfinished for the next one
+            "passes": "{n} micro-batches were never drawn: the loop began its next pass over the data (of "
+            "{total} micro-batches) before it finished the one before",
             "never": "the loop never called optimizer.step(); {n} of {total} items reached no optimizer step",
             "job": "{n} of {total} items reached no optimizer step on any rank",
             "job-never": "the job never called optimizer.step(); {n} of {total} items reached no optimizer "

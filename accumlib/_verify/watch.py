@@ -115,20 +115,40 @@ def _batchnorm(eng: InPlace) -> Iterator[None]:
         torch.batch_norm = original  # type: ignore[assignment]
 
 
+@dataclass
+class Passes:
+    """What ``_passes`` saw of the run's DataLoaders: micro-batches the loop left undrawn when it began the
+    next pass (``skipped``), and a pass's length in micro-batches (``of``)."""
+
+    skipped: int = 0
+    of: int = 0
+
+
 @contextlib.contextmanager
-def _passes(eng: InPlace) -> Iterator[None]:
+def _passes(eng: InPlace, seen: Passes) -> Iterator[None]:
     """Where a pass over a DataLoader ends, which the run's length alone cannot say once it has several
     epochs: as the engine closes a step, if the DataLoader the run drew from last has yielded its whole
     pass, the step ends a pass of that many micro-batches (its short window is then the pass's tail, as
     verify's own loader tells it). A prefetching loader (Accelerate's, Lightning's) runs one micro-batch
     ahead: it reads as ended one micro-batch early, where only a window of exactly the pass's tail is
-    excused."""
+    excused. And a pass over a dataset left unfinished for the next one, with a step taken while it ran,
+    is a tail never drawn (an epoch rounded down to whole windows); a probe such as ``next(iter(loader))``
+    takes no step and is not one. The run's last pass may end anywhere (a max_steps): not counted."""
     base = torch.utils.data.dataloader._BaseDataLoaderIter  # every DataLoader iterator's __next__
     original, finish, last = base.__next__, eng.finish, [lambda: None]
+    mine: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> [drawn, length, steps then]
+    current: dict[int, list[int]] = {}  # id(dataset) -> the pass drawing from it now
 
     def drawn(it: Any) -> Any:
         batch = original(it)
         last[0] = weakref.ref(it)
+        now = mine.get(it)
+        if now is None:  # a new pass
+            before = current.get(id(it._dataset))
+            if before is not None and before[1] and len(eng.steps) > before[2]:
+                seen.skipped, seen.of = seen.skipped + max(before[1] - before[0], 0), before[1]
+            now = mine[it] = current[id(it._dataset)] = [0, _length(it) or 0, len(eng.steps)]
+        now[0] += 1
         return batch
 
     def finished(numbers: StepNumbers) -> None:  # a step, or a window GradScaler skipped (patches.py)
@@ -205,7 +225,7 @@ def watch(
     check_int("accum_steps", accum_steps, low=1, optional=True)
     named = _item_losses(item_losses)
     out = Watched(engine=InPlace(max_steps=max_steps, item_label=":".join(named) if named else ""))
-    eng, stopped = out.engine, False
+    eng, stopped, passes = out.engine, False, Passes()
     with one_run("accumlib.watch"):
         own = in_module(*named, eng.saw_item_loss, eng.inside) if named else contextlib.nullcontext()
         hook = register_optimizer_step_pre_hook(eng.on_step)
@@ -217,7 +237,7 @@ def watch(
                 on_grad_hooks(eng.saw_hook),
                 _backwards(eng),
                 _batchnorm(eng),
-                _passes(eng),
+                _passes(eng, passes),
                 clipping(eng),  # type: ignore[arg-type]
                 scaler(eng),  # type: ignore[arg-type]
                 schedulers(eng),  # type: ignore[arg-type]
@@ -228,7 +248,7 @@ def watch(
         finally:
             hook.remove()
             eng.close()
-        out.report = judge(eng, accum_steps, stopped=stopped)
+        out.report = judge(eng, accum_steps, stopped=stopped, passes=passes)
 
 
 def run_k(steps: list[StepNumbers]) -> int:
@@ -237,7 +257,7 @@ def run_k(steps: list[StepNumbers]) -> int:
     return max(lengths, key=lambda m: (lengths[m], m)) if lengths else 1
 
 
-def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
+def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool, passes: Passes | None = None) -> Report:
     """The stages after the run: every step diagnosed, the run's tail, what could not be judged. Several
     optimizers (a GAN's two halves): each one's steps diagnosed on their own, with their own k, each
     finding naming its optimizer; the rows stay in the run's order."""
@@ -285,6 +305,8 @@ def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool) -> Report:
         findings.append(Finding.of("no-step"))
     elif eng.window and not stopped:  # backwards after the last step: their gradient never reached one
         findings.append(Finding.of("tail-dropped", form="count", n=left, total=stepped + left))
+    if passes is not None and passes.skipped:  # micro-batches never drawn: their items are unknown here
+        findings.append(Finding.of("tail-dropped", form="passes", n=passes.skipped, total=passes.of))
     if eng.batchnorm:
         findings.append(Finding.of("batchnorm"))
     for code, sites in eng.problems.items():
