@@ -184,3 +184,53 @@ def test_a_run_that_ends_inside_its_first_pass_is_no_dropped_tail_under_watch():
     for a next pass (verify(train_fn), which hands out the data, names this tail-dropped)."""
     report = _run_plain(rounded_down(stop_after=1))
     assert report.ok and report.codes == set(), report
+
+
+def test_lightnings_prefetching_fetcher_ends_its_passes_at_their_tails():
+    """Lightning's Trainer(accumulate_grad_batches=4) over two epochs: its data fetcher draws one batch ahead,
+    it closes each epoch's 3-micro-batch window and divides each micro-batch by k: the tails are misscaled
+    (c = 3/4, as gallery "lightning-tail"), never early."""
+    import logging
+    import warnings
+
+    import lightning.pytorch as pl
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+    class Lit(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = net
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.model(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    log = logging.getLogger("lightning.pytorch")
+    level = log.level
+    try:
+        with warnings.catch_warnings(), watch() as seen:
+            warnings.simplefilter("ignore")  # Lightning's advice on workers and loggers
+            log.setLevel(logging.WARNING)
+            trainer = pl.Trainer(
+                max_epochs=2,
+                accumulate_grad_batches=K,
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+            )
+            trainer.fit(Lit(), DataLoader(_data(), batch_size=B, shuffle=True))
+    finally:
+        log.setLevel(level)
+    report = seen.report
+    assert [r.micro_batches for r in report.steps] == [4, 4, 3] * 2, report
+    assert report.codes == {"tail-misscaled"}, report
+    assert next(f for f in report.findings if f.code == "tail-misscaled").steps == (2, 5)
+    assert [round(r.scale, 6) for r in report.steps] == [1.0, 1.0, 0.75] * 2
