@@ -179,6 +179,43 @@ def test_epochs_rounded_down_to_whole_windows_drop_each_passes_tail():
     assert all(r.rel_error < FLOAT32_RTOL for r in report.steps)  # each step's own gradient is right
 
 
+def test_windows_drawn_from_a_fresh_shuffled_iterator_each_are_sampling_not_a_dropped_tail():
+    """Each window draws its k micro-batches from a new shuffled iterator (random batches, as an
+    iteration-based loop samples): every pass is left with 7 of its 11 undrawn, more than a window, which
+    is no epoch's tail. The same loop's windows are exact."""
+
+    def loop(model, opt, loader, epochs, labelled):
+        for _ in range(6):
+            it = iter(loader)
+            for _ in range(K):
+                x, y = next(it)
+                (F.cross_entropy(model(x), y, reduction="sum") / (B * K)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    report = _run_plain(loop)
+    assert report.ok and report.codes == set(), report
+
+
+def test_an_evaluation_stopped_early_between_epochs_is_no_training_pass():
+    """After each epoch, a look at the first 2 batches of the same data under no_grad: that pass closes no
+    step, so leaving it unfinished drops nothing; the training passes each end at their tails."""
+    correct = per_pass()
+
+    def loop(model, opt, loader, epochs, labelled):
+        for _ in range(epochs):
+            correct(model, opt, loader, 1, lambda: iter(loader))
+            with torch.no_grad():
+                for i, (x, _) in enumerate(loader):
+                    model(x)
+                    if i == 1:
+                        break
+
+    report = _run_plain(loop)
+    assert report.ok and report.codes == set(), report
+    assert [r.micro_batches for r in report.steps] == [4, 4, 3] * 3
+
+
 def test_a_run_that_ends_inside_its_first_pass_is_no_dropped_tail_under_watch():
     """The loop's own step budget ends the run inside a pass: nothing began after it, so nothing was left
     for a next pass (verify(train_fn), which hands out the data, names this tail-dropped)."""

@@ -117,11 +117,17 @@ def _batchnorm(eng: InPlace) -> Iterator[None]:
 
 @dataclass
 class Passes:
-    """What ``_passes`` saw of the run's DataLoaders: micro-batches the loop left undrawn when it began the
-    next pass (``skipped``), and a pass's length in micro-batches (``of``)."""
+    """What ``_passes`` saw of the run's DataLoaders: for each pass the loop left unfinished when it began
+    the next one over the same data, having stepped from it, (micro-batches undrawn, the pass's length)."""
 
-    skipped: int = 0
-    of: int = 0
+    left: list[tuple[int, int]] = field(default_factory=list)
+
+    def dropped(self, k: int) -> tuple[int, int]:
+        """Micro-batches of the passes' tails never drawn, and a pass's length: only passes left short of
+        less than a window (an epoch rounded down to whole windows). A loop that draws a window or two from
+        a fresh shuffled iterator each time samples the data, as an iteration-based loop does: not a tail."""
+        tails = [(n, size) for n, size in self.left if 0 < n < k]
+        return sum(n for n, _ in tails), max((size for _, size in tails), default=0)
 
 
 @contextlib.contextmanager
@@ -131,12 +137,13 @@ def _passes(eng: InPlace, seen: Passes) -> Iterator[None]:
     pass, the step ends a pass of that many micro-batches (its short window is then the pass's tail, as
     verify's own loader tells it). A prefetching loader (Accelerate's, Lightning's) runs one micro-batch
     ahead: it reads as ended one micro-batch early, where only a window of exactly the pass's tail is
-    excused. And a pass over a dataset left unfinished for the next one, with a step taken while it ran,
-    is a tail never drawn (an epoch rounded down to whole windows); a probe such as ``next(iter(loader))``
-    takes no step and is not one. The run's last pass may end anywhere (a max_steps): not counted."""
+    excused. And a pass over a dataset left unfinished for the next one, after a step closed while it was
+    the one drawn from, is recorded (``Passes.dropped`` says which are tails never drawn); a probe such as
+    ``next(iter(loader))``, or an evaluation pass, closes no step. The run's last pass may end anywhere (a
+    max_steps): not recorded."""
     base = torch.utils.data.dataloader._BaseDataLoaderIter  # every DataLoader iterator's __next__
     original, finish, last = base.__next__, eng.finish, [lambda: None]
-    mine: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> [drawn, length, steps then]
+    mine: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> [drawn, length, stepped]
     current: dict[int, list[int]] = {}  # id(dataset) -> the pass drawing from it now
 
     def drawn(it: Any) -> Any:
@@ -145,9 +152,9 @@ def _passes(eng: InPlace, seen: Passes) -> Iterator[None]:
         now = mine.get(it)
         if now is None:  # a new pass
             before = current.get(id(it._dataset))
-            if before is not None and before[1] and len(eng.steps) > before[2]:
-                seen.skipped, seen.of = seen.skipped + max(before[1] - before[0], 0), before[1]
-            now = mine[it] = current[id(it._dataset)] = [0, _length(it) or 0, len(eng.steps)]
+            if before is not None and before[1] and before[2]:
+                seen.left.append((before[1] - before[0], before[1]))
+            now = mine[it] = current[id(it._dataset)] = [0, _length(it) or 0, 0]
         now[0] += 1
         return batch
 
@@ -156,6 +163,8 @@ def _passes(eng: InPlace, seen: Passes) -> Iterator[None]:
         size = _length(it) if it is not None else None
         if size and it._num_yielded >= size:  # type: ignore[union-attr]
             numbers.epoch_end, numbers.pass_length = True, size
+        if it is not None and it in mine:
+            mine[it][2] = 1  # a step closed while this pass was the one drawn from
         finish(numbers)
 
     base.__next__ = drawn  # type: ignore[method-assign]
@@ -305,8 +314,9 @@ def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool, passes: Passe
         findings.append(Finding.of("no-step"))
     elif eng.window and not stopped:  # backwards after the last step: their gradient never reached one
         findings.append(Finding.of("tail-dropped", form="count", n=left, total=stepped + left))
-    if passes is not None and passes.skipped:  # micro-batches never drawn: their items are unknown here
-        findings.append(Finding.of("tail-dropped", form="passes", n=passes.skipped, total=passes.of))
+    undrawn, size = passes.dropped(k) if passes is not None else (0, 0)
+    if undrawn:  # micro-batches never drawn: their items are unknown here
+        findings.append(Finding.of("tail-dropped", form="passes", n=undrawn, total=size))
     if eng.batchnorm:
         findings.append(Finding.of("batchnorm"))
     for code, sites in eng.problems.items():
