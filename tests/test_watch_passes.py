@@ -177,6 +177,7 @@ def test_epochs_rounded_down_to_whole_windows_drop_each_passes_tail():
     # passes 1 and 2 left 3 micro-batches each for the next pass; the probe took no step, so it is no pass
     assert said.startswith("6 micro-batches were never drawn") and "(of 11 micro-batches)" in said, said
     assert all(r.rel_error < FLOAT32_RTOL for r in report.steps)  # each step's own gradient is right
+    assert report.items_stepped == 96 and report.items_total is None  # the undrawn items: not counted as 0
 
 
 def test_windows_drawn_from_a_fresh_shuffled_iterator_each_are_sampling_not_a_dropped_tail():

@@ -326,7 +326,8 @@ def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool, passes: Passe
         )
     if eng.item_label and not eng.item_calls:
         findings.append(Finding.of("item-losses-unused", name=eng.item_label))
-    total = None if stopped else stepped + (left if eng.window else 0)
+    # undrawn micro-batches hold items this engine never saw: their count is unknown, not zero
+    total = None if stopped or undrawn else stepped + (left if eng.window else 0)
     loss = sum(s.loss_sum for s in steps) + 0.0
     return Report(rows, findings, k, stepped, total, None, loss / stepped if stepped else None)
 
