@@ -199,8 +199,9 @@ def test_windows_drawn_from_a_fresh_shuffled_iterator_each_are_sampling_not_a_dr
 
 
 def test_an_evaluation_stopped_early_between_epochs_is_no_training_pass():
-    """After each epoch, a look at the first 2 batches of the same data under no_grad: that pass closes no
-    step, so leaving it unfinished drops nothing; the training passes each end at their tails."""
+    """After each epoch, an evaluation of the same data under no_grad that stops 2 batches short (fewer
+    than a window, as a dropped tail is): that pass closes no step, so leaving it unfinished drops nothing;
+    the training passes each end at their tails."""
     correct = per_pass()
 
     def loop(model, opt, loader, epochs, labelled):
@@ -209,7 +210,7 @@ def test_an_evaluation_stopped_early_between_epochs_is_no_training_pass():
             with torch.no_grad():
                 for i, (x, _) in enumerate(loader):
                     model(x)
-                    if i == 1:
+                    if i == len(loader) - 3:  # 9 of 11 drawn
                         break
 
     report = _run_plain(loop)
@@ -272,3 +273,27 @@ def test_lightnings_prefetching_fetcher_ends_its_passes_at_their_tails():
     assert report.codes == {"tail-misscaled"}, report
     assert next(f for f in report.findings if f.code == "tail-misscaled").steps == (2, 5)
     assert [round(r.scale, 6) for r in report.steps] == [1.0, 1.0, 0.75] * 2
+
+
+def test_accum_steps_read_from_a_tied_run_is_the_longer_window():
+    """No accum_steps given: k is read from the run, the most common window length, the longer on a tie.
+    Windows 4, 2, 4, 2 (no DataLoader, so no pass ends): k = 4, and the 2s are the early steps. (Read as 2,
+    the 4s would be late instead: the loop meant 4, as its longer windows show.)"""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    data = _data()
+    xs, ys = data.tensors
+    with watch() as seen:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        at = 0
+        for m in (4, 2, 4, 2):
+            for _ in range(m):
+                x, y = xs[at : at + B], ys[at : at + B]
+                at += B
+                (F.cross_entropy(model(x), y, reduction="sum") / (B * m)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    report = seen.report
+    assert report.accum_steps == 4, report
+    assert report.codes == {"early-step"}, report
+    assert next(f for f in report.findings if f.code == "early-step").steps == (1, 3)
