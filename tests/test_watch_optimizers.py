@@ -223,3 +223,31 @@ def test_one_optimizer_stepping_twice_over_one_window_is_never_passed():
             opt.step()  # the bug
             opt.zero_grad()
     assert not seen.report.ok and "unseen-loss" in seen.report.codes, seen.report
+
+
+def test_an_optimizer_first_seen_at_its_step_leaves_that_window_unjudged_not_a_crash():
+    """``watch(scan=False)`` around a loop whose optimizer was built before the block: the engine meets it
+    at its first step. Stepping with a closure that runs the window's last backward (as Lightning does),
+    that backward comes after the engine met it and the three before it do not. That window is said to
+    be unjudged and the next one is judged; it used to raise IndexError (the backwards before it had no
+    learning rate for it, read as a learning rate that changed inside the window)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+
+    def backward(i):
+        loss = F.cross_entropy(model(x[4 * i : 4 * i + 4]), y[4 * i : 4 * i + 4], reduction="sum")
+        (loss / 16).backward()
+
+    with accumlib.watch(scan=False) as seen:
+        for i in range(8):
+            if (i + 1) % 4:
+                backward(i)
+            else:
+                opt.step(lambda i=i: backward(i))
+                opt.zero_grad()
+    report = seen.report
+    assert not report.ok and report.codes == {"several-optimizers"}, report
+    assert report.steps[0].codes[0].startswith("not judged")
+    assert report.steps[1].codes == () and report.steps[1].rel_error < FLOAT32_RTOL

@@ -322,7 +322,7 @@ class InPlace:
         numbers.optimizer = self.stepping[id(opt)]
         if not w and not job:
             return self.finish(numbers)
-        numbers.lrs = [b.lrs.get(id(opt), ()) for b in w]
+        numbers.lrs = [b.lrs[id(opt)] for b in w if id(opt) in b.lrs]  # none before the optimizer was known
         # requires_grad changed inside the window, for any of this optimizer's parameters (frozen ones too)
         numbers.frozen_changed = len({b.frozen & {id(p) for p in _params(opt)} for b in w}) > 1
         ratios = [torch.stack([r.double() for r in b.ratios]) if b.ratios else None for b in w]
