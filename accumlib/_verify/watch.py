@@ -155,7 +155,7 @@ def _passes(eng: InPlace, seen: Passes) -> Iterator[None]:
             if before is not None and before[1] and before[2]:
                 seen.left.append((before[1] - before[0], before[1]))
             now = mine[it] = current[id(it._dataset)] = [0, _length(it) or 0, 0]
-        now[0] += 1
+        now[0] = it._num_yielded  # its own count: an iterator begun before the block counts from there
         return batch
 
     def finished(numbers: StepNumbers) -> None:  # a step, or a window GradScaler skipped (patches.py)
