@@ -140,28 +140,34 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
+def training_args(output_dir, **overrides) -> TrainingArguments:
+    """The tests' Trainer settings: k = K micro-batches of B, one epoch, a constant learning rate, CPU, no
+    logging or saving; ``overrides`` win."""
+    kw = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=B,
+        gradient_accumulation_steps=K,
+        num_train_epochs=1,
+        lr_scheduler_type="constant",
+        learning_rate=LR,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+    )
+    return TrainingArguments(**(kw | overrides))
+
+
 def trainer_loop(output_dir, windows: Windows | None = None, **overrides):
     """``train_fn(model, optimizer, loader)`` that hands everything to the Trainer's own loop.
     ``max_grad_norm=0.0`` turns the Trainer's default clipping (1.0) off, so each step's gradient is
     the accumulated one as is; the tests with the default clipping leave it on."""
 
     def train_fn(model, optimizer, loader):
-        args = TrainingArguments(
-            output_dir=str(output_dir),
-            per_device_train_batch_size=loader.batch_size,
-            gradient_accumulation_steps=K,
-            num_train_epochs=1,
-            lr_scheduler_type="constant",
-            learning_rate=LR,
-            report_to=[],
-            save_strategy="no",
-            logging_strategy="no",
-            use_cpu=True,
-            dataloader_num_workers=0,
-            seed=0,
-            disable_tqdm=True,
-            **overrides,
-        )
+        args = training_args(output_dir, per_device_train_batch_size=loader.batch_size, **overrides)
         # the loader's dataset and collate_fn are verify's recording wrappers: the Trainer's own
         # DataLoader (shuffled, prepared by Accelerate) goes through them
         trainer = Trainer(

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accumlib
 from accumlib._verify.watch import watch
-from accumlib.tolerances import FLOAT32_RTOL
+from accumlib.tolerances import FIT_RTOL, FLOAT32_RTOL
 
 K, B, ITEMS = 4, 4, 44  # 11 micro-batches a pass: windows of 4, 4 and a tail of 3
 
@@ -272,7 +272,8 @@ def test_lightnings_prefetching_fetcher_ends_its_passes_at_their_tails():
     assert [r.micro_batches for r in report.steps] == [4, 4, 3] * 2, report
     assert report.codes == {"tail-misscaled"}, report
     assert next(f for f in report.findings if f.code == "tail-misscaled").steps == (2, 5)
-    assert [round(r.scale, 6) for r in report.steps] == [1.0, 1.0, 0.75] * 2
+    # c = 3/4 exactly in arithmetic; float32 gradients put it within FIT_RTOL on any CPU
+    assert [r.scale for r in report.steps] == pytest.approx([1.0, 1.0, 0.75] * 2, rel=FIT_RTOL)
 
 
 def test_accum_steps_read_from_a_tied_run_is_the_longer_window():

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is in the test extra (pip install -e .[test])")
 
 import test_verify_transformers as tv  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer  # noqa: E402
 
 from accumlib._verify.watch import watch  # noqa: E402
 from accumlib.tolerances import FIT_RTOL, FLOAT32_RTOL  # noqa: E402
@@ -30,22 +30,8 @@ def train(name: str, output_dir):
     hooks = fed.attach(model)
     try:
         with watch() as seen:
-            args = TrainingArguments(
-                output_dir=str(output_dir),
-                per_device_train_batch_size=tv.B,
-                gradient_accumulation_steps=tv.K,
-                num_train_epochs=EPOCHS,
-                lr_scheduler_type="constant",
-                learning_rate=tv.LR,
-                report_to=[],
-                save_strategy="no",
-                logging_strategy="no",
-                use_cpu=True,
-                dataloader_num_workers=0,
-                seed=0,
-                disable_tqdm=True,
-                max_grad_norm=0.0,  # no clipping: each step's gradient is the accumulated one as is
-            )
+            # no clipping: each step's gradient is the accumulated one as is
+            args = tv.training_args(output_dir, num_train_epochs=EPOCHS, max_grad_norm=0.0)
             Trainer(model=model, args=args, train_dataset=tv.DATA, data_collator=tv.collate).train()
     finally:
         for h in hooks:

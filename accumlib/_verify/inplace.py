@@ -286,7 +286,7 @@ class InPlace:
     # -- compute -----------------------------------------------------------------------------
     def capture(self, opt: torch.optim.Optimizer) -> None:
         self._hook_params()
-        ps = [p for g in opt.param_groups for p in g["params"] if id(p) in self.params]
+        ps = [p for p in _params(opt) if id(p) in self.params]
         if not ps:
             return  # an optimizer with nothing to train
         self.stepping.setdefault(id(opt), f"{type(opt).__name__} stepped at {user_site() or '?'}")
