@@ -1,7 +1,8 @@
-"""Offline data: seeded synthetic sets, scikit-learn's bundled digits, token sequences, generated text.
+"""Offline data: seeded synthetic sets, the handwritten digits, token sequences, generated text.
 
-Nothing here downloads. ``load_digits`` reads the 1,797 8x8 images that ship inside
-scikit-learn, so the notebooks train on real data without a network.
+Nothing here downloads. ``digits`` reads the 1,797 8x8 images that ship inside accumlib
+(``accumlib/datafiles/``: scikit-learn's own copy of the UCI set), so the notebooks and the verifier
+train on real data without a network, and the core needs neither scikit-learn nor numpy.
 """
 
 from __future__ import annotations
@@ -37,25 +38,18 @@ def synthetic_classification(
 
 
 @functools.lru_cache(maxsize=1)
-def _digits_arrays() -> tuple:
-    """scikit-learn parses its bundled CSV on every call; parse once per process."""
+def _digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
+    """The shipped file, parsed once per process as scikit-learn's ``load_digits`` parses it (float64
+    pixels, int64 labels), with the standard library and torch alone."""
     import gzip
-    import importlib.util
 
-    import numpy as np
-
-    # scikit-learn's own file, parsed as load_digits parses it, without importing scikit-learn (with
-    # scipy and pandas it adds ~150 MiB to every kernel that loads the digits)
-    folder = Path(importlib.util.find_spec("sklearn").submodule_search_locations[0])
-    with gzip.open(folder / "datasets" / "data" / "digits.csv.gz", "rt", encoding="utf-8") as f:
-        table = np.loadtxt(f, delimiter=",")
-    data, target = table[:, :-1], table[:, -1].astype(int, copy=False)
-    data.flags.writeable = target.flags.writeable = False  # shared: nobody may edit it
-    return data, target
+    with gzip.open(Path(__file__).parent / "datafiles" / "digits.csv.gz", "rt", encoding="utf-8") as f:
+        table = torch.tensor([[float(v) for v in line.split(",")] for line in f], dtype=torch.float64)
+    return table[:, :-1], table[:, -1].to(torch.int64)
 
 
 def digits(n: int | None = None, *, image: bool = False, seed: int = 0) -> TensorDataset:
-    """scikit-learn's bundled handwritten digits, standardized, shuffled with ``seed``.
+    """The handwritten digits (scikit-learn's copy of the UCI set), standardized, shuffled with ``seed``.
 
     ``image=False`` gives flat 64-feature rows for the MLP; ``image=True`` gives
     ``[n, 1, 8, 8]`` images for the CNN. ``n`` takes the first n after shuffling.
@@ -64,9 +58,9 @@ def digits(n: int | None = None, *, image: bool = False, seed: int = 0) -> Tenso
     ((64,), (4, 1, 8, 8))
     """
     data, target = _digits_arrays()
-    x = torch.tensor(data, dtype=torch.float32) / 16.0
+    x = data.to(torch.float32) / 16.0  # a new tensor: the cached one is never handed out
     x = (x - 0.3) / 0.4  # roughly zero-mean, unit-scale pixels; exact values do not matter
-    y = torch.tensor(target, dtype=torch.int64)
+    y = target  # indexed below, which copies
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     if n is not None:
         order = order[: check_int("n", n, low=1, high=len(y), why="digits holds that many images")]
@@ -186,7 +180,7 @@ def count_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
     return int((batch[1] != IGNORE_INDEX).sum())
 
 
-N_DIGITS = 1797  # scikit-learn's digits
+N_DIGITS = 1797  # the images in datafiles/digits.csv.gz
 
 
 @functools.lru_cache(maxsize=4)

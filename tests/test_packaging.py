@@ -55,13 +55,21 @@ PINS = _constraints()
 
 
 def _pyproject_requirements() -> dict[str, list[Requirement]]:
-    """'' for [project] dependencies, else the extra's name; self-references left out."""
+    """'' for [project] dependencies, else the extra's name; a self-reference (``accumlib[course]``)
+    stands for that extra's requirements."""
     project = PYPROJECT["project"]
     groups = {"": project["dependencies"], **project["optional-dependencies"]}
-    return {
-        group: [r for r in map(Requirement, reqs) if canonicalize_name(r.name) != "accumlib"]
-        for group, reqs in groups.items()
-    }
+
+    def expand(reqs: list[str]) -> list[Requirement]:
+        out = []
+        for req in map(Requirement, reqs):
+            if canonicalize_name(req.name) == "accumlib":
+                out += [r for extra in sorted(req.extras) for r in expand(groups[extra])]
+            else:
+                out.append(req)
+        return out
+
+    return {group: expand(reqs) for group, reqs in groups.items()}
 
 
 @dataclass

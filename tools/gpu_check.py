@@ -21,8 +21,8 @@ Four parts, each judged; cost on one H100 estimated (no session has run this on 
 
 `--dry-run` runs the same parts on the CPU at the smallest sizes (one task in a, smaller lesson
 arguments, a 2-layer model in d, no memory figures) so that CI runs the script end to end.
-A check that needs a package this Python lacks (scikit-learn for the digits, matplotlib for the
-lessons, tqdm) is skipped by name. Every figure goes to OUT/gpu_check.json, a table to
+A check that needs a package this Python lacks (numpy or matplotlib for the lessons, tqdm) is skipped
+by name. Every figure goes to OUT/gpu_check.json, a table to
 OUT/gpu_check.md. Exit status: 0 every check held; 1 a check failed or raised; 2 bad usage;
 3 no CUDA device (without --dry-run); 4 nothing failed, but checks were skipped (missing packages).
 """
@@ -394,7 +394,7 @@ def amp_case(dev: torch.device, dtype: torch.dtype, unscale_first: bool, name: s
     report = accumlib.verify(
         amp_loop(dev.type, dtype, unscale_first),
         model=MLP().to(dev),
-        dataset=synthetic_classification(128, 64, 10),  # 4 full windows, and no scikit-learn needed
+        dataset=synthetic_classification(128, 64, 10),  # 4 full windows
         item_losses=classification_losses,
         accum_steps=GALLERY_K,
         batch_size=8,
