@@ -78,9 +78,9 @@ notebooks: $(STAMP)
 
 # Lesson 10's recorded run of the small GPT (300 steps, seven runs: 5 to 10 minutes on 2 cores), which the
 # notebook shows and the tests check against a fresh computation of its first steps. After a change to
-# accumlib/lessons/_your_own_project_gpt.py's training, run this, then make notebooks NB=10.
+# accumlib_course/lessons/_your_own_project_gpt.py's training, run this, then make notebooks NB=10.
 lesson-data: $(STAMP)
-	$(PY) -m accumlib.lessons._your_own_project_gpt
+	$(PY) -m accumlib_course.lessons._your_own_project_gpt
 
 verify: $(STAMP)
 	$(VENV)/bin/accumlib verify
@@ -102,10 +102,10 @@ survey: $(STAMP)
 # The papermill report for the parameters above, in REPORT_DIR: report.ipynb (executed by papermill),
 # report.json (every number) and report.html (nbconvert): what a person reads, the outputs only, with no
 # code, no In[] prompts and neither parameters cell, the parameters shown once as the report's own table,
-# figures embedded with alt text. accumlib/report/render.py says how; MPLBACKEND=Agg: no display needed.
+# figures embedded with alt text. accumlib_course/report/render.py says how; MPLBACKEND=Agg: no display needed.
 REPORT_DIR ?= reports
 report: $(STAMP)
-	MPLBACKEND=Agg $(PY) -m accumlib.report.render notebooks/report.ipynb "$(REPORT_DIR)" \
+	MPLBACKEND=Agg $(PY) -m accumlib_course.report.render notebooks/report.ipynb "$(REPORT_DIR)" \
 		-p task "$(TASK)" -p accum_steps "$(ACCUM)" -p batch_size "$(BATCH)" -p norm "$(NORM)" \
 		-p precision "$(PRECISION)" -p device "$(DEVICE)" -p seed "$(SEED)" -p results_path "$(REPORT_DIR)/report.json"
 

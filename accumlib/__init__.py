@@ -17,10 +17,14 @@ the verifier with its table of finding codes, the built-in tasks and the one dev
 
 Everything else lives in named submodules, imported on first use: ``accumlib.data`` and
 ``accumlib.models`` (offline data, tiny models), ``accumlib.harness`` and ``accumlib.reference``
-(the reference table), ``accumlib.memory``, ``accumlib.gallery`` (user-style loops with their true
-verdicts), ``accumlib.distributed`` (DDP), ``accumlib.hf`` and ``accumlib.lightning`` (framework
-runs under verify), ``accumlib.survey`` and ``accumlib.lessons``. Modules starting with ``_``
-are private.
+(the reference table), ``accumlib.memory``, ``accumlib.distributed`` (DDP), ``accumlib.hf`` and
+``accumlib.lightning`` (framework runs under verify), ``accumlib.examples`` (frameworks' own loops),
+``accumlib.survey``, and the building blocks code beside the core reuses: ``accumlib.checks``
+(argument checks), ``accumlib.text`` (tables), ``accumlib.batches`` (windows, devices, item losses)
+and ``accumlib.observe``. Modules starting with ``_`` are private.
+
+The course (lessons, the gallery of user-style loops, the report) is ``accumlib_course``, beside the
+core in the repository: it imports only the core's public modules, and the core never imports it.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._checks import resolve_device
 from ._verify import CODES, Finding, Report, VerifyError, verify, watch
+from .checks import resolve_device
 from .compare import Comparison, compare
 from .loops import ALL as _ALL
 from .loops import LOOPS
@@ -60,26 +64,27 @@ __all__ = [
 ]
 
 # Submodules served on first attribute access, so that ``import accumlib`` stays light (no
-# torch.distributed, no tqdm, no transformers) and ``accumlib.gallery.GALLERY`` still works.
+# torch.distributed, no tqdm, no transformers) and ``accumlib.data.digits`` still works.
 _SUBMODULES = frozenset(
     {
         "cli",
         "compare",
         "data",
+        "batches",
+        "checks",
         "distributed",
         "examples",
-        "gallery",
         "harness",
         "hf",
-        "lessons",
         "lightning",
         "loops",
         "memory",
         "models",
+        "observe",
         "oracle",
         "reference",
-        "report",
         "survey",
+        "text",
         "tasks",
         "tolerances",
     }

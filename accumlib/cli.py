@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._checks import resolve_device
+from .checks import resolve_device
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from ._checks import check_int
+from .checks import check_int
 
 PAD_ID = 0  # token id used to pad inputs
 IGNORE_INDEX = -100  # target id that cross_entropy skips (PyTorch's default)

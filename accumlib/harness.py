@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ._batch import Recording
-from ._checks import resolve_device
+from .batches import Recording
+from .checks import resolve_device
 from .compare import Comparison, compare
 from .loops import CLOSE, EXACT, OFF_BY_K, WRONG, contract_of
 from .oracle import grads_of, true_gradient

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ._batch import ItemLosses
-from ._checks import check_callable, check_int
 from ._verify import Report, verify
+from .batches import ItemLosses
+from .checks import check_callable, check_int
 
 # Trainer arguments verify_fit sets itself (a user's values are replaced): none changes how
 # gradients accumulate, and each would write files, print, or run forwards on other data

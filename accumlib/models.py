@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import check_choice, check_int
+from .checks import check_choice, check_int
 from .data import PAD_ID
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._batch import Batch, ItemLosses, cat_batches, checked_losses, to_device
+from .batches import Batch, ItemLosses, cat_batches, checked_losses, to_device
 
 
 def _cast(batch: Batch, dtype: torch.dtype) -> Batch:

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ._batch import expected_steps
-from ._text import html_table, text_table
+from .batches import expected_steps
 from .harness import classify, trace_loop
 from .loops import ALL, CONTRACTS, LOOPS
 from .tasks import TASKS, get_task
+from .text import html_table, text_table
 
 __all__ = ["CheckTable", "Row", "check_reference_loops"]
 

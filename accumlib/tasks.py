@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from . import data as _data
-from ._batch import cat_batches, count_items
-from ._checks import check_choice
+from .batches import cat_batches, count_items
+from .checks import check_choice
 from .models import MLP, SmallCNN, TinyLM
 
 

@@ -61,7 +61,7 @@ def _code(source: str) -> ast.Module | None:
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:
-    """Names bound to accumlib by the cell's imports: ``why`` -> ``accumlib.lessons.why_accumulate``."""
+    """Names a cell's imports bind to the course: ``why`` -> ``accumlib_course.lessons.why_accumulate``."""
     names = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("accumlib"):

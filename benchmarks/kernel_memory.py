@@ -172,7 +172,7 @@ def _row(path: Path, threads: int) -> dict:
 def _routes(rows: list[dict]) -> list[dict]:
     """The memory a route's kernels hold together once each has run: what a learner with those tabs open
     costs (VmRSS summed, so shared file pages count once per kernel, as the issue's figures did)."""
-    from accumlib.lessons.course import CLOSING, ROUTES, by_number
+    from accumlib_course.lessons.course import CLOSING, ROUTES, by_number
 
     held = {Path(r["notebook"]).name: r for r in rows if "held_mib" in r}
     found = []

@@ -105,7 +105,7 @@ def run(quick: bool = False) -> dict:
 def _cuda_peak(model: torch.nn.Module, batch: Any, task: Any) -> int:
     """Peak CUDA bytes of one forward+backward, above the model and its already allocated .grad."""
     m = copy.deepcopy(model).cuda()
-    b = accumlib._batch.to_device(batch, "cuda")
+    b = accumlib.batches.to_device(batch, "cuda")
     task.item_losses(m, b).sum().backward()  # allocates .grad once, outside the measurement
     m.zero_grad(set_to_none=False)
     return accumlib.memory.cuda_peak_bytes(lambda: task.item_losses(m, b).sum().backward())

@@ -136,7 +136,7 @@ def run(quick: bool = False) -> dict:
     for device in devices():
         for task_name, dataset in cases.items():
             task = accumlib.get_task(task_name)
-            batches = [accumlib._batch.to_device(b, device) for b in task.loader(dataset=dataset)]
+            batches = [accumlib.batches.to_device(b, device) for b in task.loader(dataset=dataset)]
             model0 = task.make_model(0).to(device)
             for loop_name, loop in LOOPS.items():
                 if loop_name in HAND:

@@ -35,7 +35,7 @@ REPEATS, QUICK_REPEATS = 6, 2  # interleaved samples per k
 
 def _prepare(task: Any, dataset: Any, model0: Any, device: str, k: int, inner: int) -> Callable:
     """One timed sample's maker: ``inner`` effective batches as k micro-batches through accumlib.ragged."""
-    micro = [accumlib._batch.to_device(b, device) for b in _split(task, dataset, k)] * inner
+    micro = [accumlib.batches.to_device(b, device) for b in _split(task, dataset, k)] * inner
 
     def make() -> Callable[[], Any]:
         model = copy.deepcopy(model0)

@@ -59,9 +59,9 @@ def run(quick: bool = False) -> dict:
     """accumlib.verify on correct gallery loops against the same loop on the same data, alone."""
     try:
         from accumlib import verify
-        from accumlib.gallery import GALLERY, K
+        from accumlib_course.gallery import GALLERY, K
     except ImportError as err:
-        return {"not_available": f"accumlib.verify / accumlib.gallery cannot be imported ({err})"}
+        return {"not_available": f"accumlib.verify / accumlib_course.gallery cannot be imported ({err})"}
     names = (
         ["correct-inner-for"]
         if quick

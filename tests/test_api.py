@@ -64,7 +64,8 @@ def test_import_accumlib_loads_no_framework_gallery_or_lessons():
     code = (
         "import sys, accumlib; "
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('accumlib', 'transformers', 'lightning', 'accelerate', 'ipywidgets', 'matplotlib'))))"
+        "('accumlib', 'accumlib_course', 'transformers', 'lightning', 'accelerate', 'ipywidgets', "
+        "'matplotlib'))))"
     )
     loaded = set(
         subprocess.run(
@@ -72,13 +73,11 @@ def test_import_accumlib_loads_no_framework_gallery_or_lessons():
         ).stdout.split()
     )
     heavy = {
-        "accumlib.gallery",
+        "accumlib_course",
         "accumlib.distributed",
         "accumlib.hf",
         "accumlib.lightning",
         "accumlib.survey",
-        "accumlib.lessons",
-        "accumlib.report",
         "transformers",
         "lightning",
         "accelerate",
@@ -90,8 +89,10 @@ def test_import_accumlib_loads_no_framework_gallery_or_lessons():
 
 
 def test_submodules_come_on_first_use_and_other_names_are_refused_with_a_lead():
-    assert accumlib.gallery.GALLERY  # served by the module's __getattr__
-    assert "gallery" in dir(accumlib)
+    assert accumlib.data.digits  # served by the module's __getattr__
+    assert "data" in dir(accumlib) and "gallery" not in dir(accumlib)  # the course lives beside the core
+    with pytest.raises(AttributeError, match=r"'gallery'.*accumlib.__all__"):
+        accumlib.gallery  # noqa: B018 - accumlib_course.gallery
     with pytest.raises(AttributeError, match=r"'digits'.*accumlib.__all__.*data"):
         accumlib.digits  # noqa: B018 - it moved to accumlib.data
 

@@ -321,12 +321,14 @@ def test_widget_discovery_names_every_builder_and_nothing_else(tmp_path):
     assert found == [] and unnamed == ["01_scratch.ipynb cell 1", "01_scratch.ipynb cell 2"]
     nb = tmp_path / "02_scratch.ipynb"
     nb.write_text(
-        (tmp_path / "01_scratch.ipynb").read_text().replace("scratch_lesson", "accumlib.lessons.scratch")
+        (tmp_path / "01_scratch.ipynb")
+        .read_text()
+        .replace("scratch_lesson", "accumlib_course.lessons.scratch")
     )
     found, unnamed = widgets.discover([nb])
     assert [(f.module, f.builder, f.cell, f.main) for f in found] == [
-        ("accumlib.lessons.scratch", "widget", 1, True),
-        ("accumlib.lessons.scratch", "run_box", 2, False),
+        ("accumlib_course.lessons.scratch", "widget", 1, True),
+        ("accumlib_course.lessons.scratch", "run_box", 2, False),
     ]
     assert dict(found[0].kwargs) == {"device": widgets._DEVICE, "initial": widgets._VARIABLE}
     assert unnamed == []

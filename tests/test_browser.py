@@ -653,7 +653,7 @@ def test_app_verdict_for_a_pasted_loop(request, tmp_path):
 def test_the_course_maps_route_links_open_the_lessons_they_name(lab, page):
     """In the course map, every link of the routes section, clicked in JupyterLab, opens the notebook
     it names (its tab and its '# N · Title' heading), and the routes name every lesson course.ROUTES holds."""
-    from accumlib.lessons import course
+    from accumlib_course.lessons import course
 
     path = _need("00_start_here.ipynb")
     open_notebook(page, lab, path)

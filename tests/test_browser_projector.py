@@ -33,7 +33,7 @@ def smallest_text_px(natural: float, shown: float, dpi: float) -> float:
     """The smallest figure text in screen pixels: every lesson figure's text is at least
     ``_style.MIN_FONT_PT`` points (``_style`` raises smaller text to it; the lesson tests check each
     figure), MIN_FONT_PT * dpi / 72 pixels in the PNG, drawn at ``shown / natural`` of its size."""
-    from accumlib._style import MIN_FONT_PT
+    from accumlib_course._style import MIN_FONT_PT
 
     return MIN_FONT_PT * dpi / 72 * shown / natural
 

@@ -1,4 +1,4 @@
-"""The one module of argument checks (``accumlib/_checks.py``): its message shape, what each check
+"""The one module of argument checks (``accumlib/checks.py``): its message shape, what each check
 accepts and refuses, and that nothing else in the library defines a check of its own.
 
 Every message reads ``<name> must be <rule>[; <why>] (got <value>)``: the argument, the rule, where a
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accumlib._checks import (
+from accumlib.checks import (
     check_callable,
     check_choice,
     check_device,
@@ -27,8 +27,8 @@ from accumlib._checks import (
 )
 
 LIBRARY = Path(__file__).resolve().parent.parent / "accumlib"
-CHECKS = LIBRARY / "_checks.py"
-# the checks _checks.py holds, and the names of copies it replaced (which must stay gone)
+CHECKS = LIBRARY / "checks.py"
+# the checks checks.py holds, and the names of copies it replaced (which must stay gone)
 CHECK_NAMES = (
     "check_int",
     "check_float",
@@ -281,7 +281,7 @@ def test_each_argument_check_is_defined_once_in_the_checks_module():
         for name in _defined(p)
         if name in CHECK_NAMES + RETIRED_NAMES
     ]
-    assert elsewhere == [], "call accumlib._checks instead of a copy: " + "; ".join(elsewhere)
+    assert elsewhere == [], "call accumlib.checks instead of a copy: " + "; ".join(elsewhere)
     here = _defined(CHECKS)
     assert {name: here.count(name) for name in CHECK_NAMES} == dict.fromkeys(CHECK_NAMES, 1)
     assert not set(RETIRED_NAMES) & set(here)

@@ -218,7 +218,7 @@ CODE_TEST = f"""
 
 
 def test_a_zero_learning_rate_is_named_and_a_correct_loop_is_not():
-    from accumlib.gallery import GALLERY
+    from accumlib_course.gallery import GALLERY
 
     assert GALLERY["bug-{CODE}"].run().codes == {{"{CODE}"}}
     assert "{CODE}" not in GALLERY["correct-inner-for"].run().codes
@@ -235,15 +235,17 @@ def _add_code(scratch: Scratch) -> None:
     anchor = "    if n.items == 0:\n"
     assert diagnose.count(anchor) == 1, "diagnose() changed: update the anchor of the scratch rule"
     scratch.write("accumlib/_verify/diagnose.py", diagnose.replace(anchor, CODE_RULE + anchor))
-    scratch.write("accumlib/gallery/bugs.py", scratch.read("accumlib/gallery/bugs.py") + GALLERY_LOOP)
-    gallery = scratch.read("accumlib/gallery/__init__.py")
+    scratch.write(
+        "accumlib_course/gallery/bugs.py", scratch.read("accumlib_course/gallery/bugs.py") + GALLERY_LOOP
+    )
+    gallery = scratch.read("accumlib_course/gallery/__init__.py")
     gallery = gallery.replace("from .bugs import (\n", "from .bugs import (\n    bug_zero_lr,\n", 1)
     registry = "GALLERY: dict[str, GalleryLoop] = _Gallery(\n    {\n"
     entry = (
         f'        "bug-{CODE}": GalleryLoop(bug_zero_lr, _E({{"{CODE}"}}), "the rate set to 0 by hand"),\n'
     )
     assert gallery.count(registry) == 1, "the gallery's registry changed: update the scratch entry"
-    scratch.write("accumlib/gallery/__init__.py", gallery.replace(registry, registry + entry))
+    scratch.write("accumlib_course/gallery/__init__.py", gallery.replace(registry, registry + entry))
     scratch.write("tests/test_verify.py", scratch.read("tests/test_verify.py") + CODE_TEST)
 
 

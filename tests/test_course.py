@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from accumlib.lessons import course
+from accumlib_course.lessons import course
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSON_FILES = sorted(
@@ -56,16 +56,20 @@ def _code(path: Path) -> str:
 
 @pytest.mark.parametrize("lesson", course.COURSE, ids=lambda lesson: lesson.file)
 def test_every_lesson_notebook_is_taught_from_the_module_named_after_it(lesson):
-    """NN_<name>.ipynb: the course map names accumlib/lessons/<name>.py, which the notebook imports."""
+    """NN_<name>.ipynb: the course map names accumlib_course/lessons/<name>.py, which the notebook imports."""
     name = lesson.file.removesuffix(".ipynb").split("_", 1)[1]
     assert lesson.module == name and (LESSONS_DIR / f"{name}.py").is_file(), name
-    assert importlib.import_module(f"accumlib.lessons.{name}").__file__ == str(LESSONS_DIR / f"{name}.py")
-    assert re.search(rf"^from accumlib\.lessons import {name}\b", _code(NOTEBOOKS / lesson.file), re.M), name
+    assert importlib.import_module(f"accumlib_course.lessons.{name}").__file__ == str(
+        LESSONS_DIR / f"{name}.py"
+    )
+    assert re.search(
+        rf"^from accumlib_course\.lessons import {name}\b", _code(NOTEBOOKS / lesson.file), re.M
+    ), name
 
 
 def test_no_public_lesson_module_is_left_without_its_notebook():
-    """A public module of accumlib.lessons is a lesson's (or the course map): a module kept under an old name
-    (``norms.py`` for lesson 5) has no notebook of its name and fails here."""
+    """A public module of accumlib_course.lessons is a lesson's (or the course map): a module kept under an
+    old name (``norms.py`` for lesson 5) has no notebook of its name and fails here."""
     public = {p.stem for p in LESSONS_DIR.glob("*.py") if not p.stem.startswith("_")} - {"course"}
     assert public == {lesson.module for lesson in course.COURSE}
     renamed = course.Lesson(5, "05_batchnorm_vs_groupnorm.ipynb", "t", "t", 1)

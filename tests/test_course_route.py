@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from accumlib.lessons import _route_time, course
+from accumlib_course.lessons import _route_time, course
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MAP = NOTEBOOKS / "00_start_here.ipynb"

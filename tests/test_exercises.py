@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from accumlib.lessons._exercise import GENERIC_HINT, Exercise, Grade
+from accumlib_course.lessons._exercise import GENERIC_HINT, Exercise, Grade
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"

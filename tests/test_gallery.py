@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from accumlib import CODES
-from accumlib.gallery import GALLERY
 from accumlib.tolerances import FLOAT32_RTOL
+from accumlib_course.gallery import GALLERY
 
 # codes the gallery's loops cannot show on their own (a diverged run, an empty window, data verify did
 # not hand out, max_steps): tests/test_verify.py triggers each of them
@@ -75,7 +75,7 @@ def test_correct_loops_and_frameworks_are_present():
 
 
 def test_former_keys_still_find_their_loop_but_are_not_listed():
-    from accumlib.gallery import LEGACY_NAMES
+    from accumlib_course.gallery import LEGACY_NAMES
 
     for old, new in LEGACY_NAMES.items():
         assert old in GALLERY and GALLERY[old] is GALLERY[new]

@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from accumlib.lessons import mixed_precision as mp
-from accumlib.lessons import normalizing_the_loss as normalizing
-from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
-from accumlib.lessons import why_accumulate as why
 from accumlib.tolerances import BF16_RTOL
+from accumlib_course.lessons import mixed_precision as mp
+from accumlib_course.lessons import normalizing_the_loss as normalizing
+from accumlib_course.lessons import ragged_windows_and_tokens as ragged_windows
+from accumlib_course.lessons import why_accumulate as why
 
 
 def _first_hint(exercise, code, last=False):

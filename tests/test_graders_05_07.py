@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from test_graders_01_04 import _fails, _passes
 
-from accumlib.lessons import batchnorm_vs_groupnorm as norms
-from accumlib.lessons import gans_two_optimizers as gan
-from accumlib.lessons import verify_your_loop as vl
+from accumlib_course.lessons import batchnorm_vs_groupnorm as norms
+from accumlib_course.lessons import gans_two_optimizers as gan
+from accumlib_course.lessons import verify_your_loop as vl
 
 NOTEBOOK_7 = Path(__file__).resolve().parents[1] / "notebooks" / "07_verify_your_loop.ipynb"
 
@@ -164,7 +164,7 @@ def test_lesson_7_a_tail_only_misscale_says_only_the_last_step_is_off():
     last step only.
     """
     from accumlib.data import digits
-    from accumlib.lessons._exercise import Exercise
+    from accumlib_course.lessons._exercise import Exercise
 
     ragged = Exercise(
         vl.EXERCISE.name,

@@ -7,7 +7,7 @@ launch, in ``tests/test_lesson_08.py``.
 from __future__ import annotations
 
 from accumlib._verify.report import Finding, Report, StepRow
-from accumlib.lessons import distributed
+from accumlib_course.lessons import distributed
 
 
 def test_per_rank_mean_and_misscaled_hints_come_in_three_stages_without_item_losses():
@@ -36,13 +36,13 @@ def test_a_per_rank_mean_verdict_names_its_steps_and_a_grade_that_exists():
 def test_every_hint_of_every_exercise_is_for_a_code_a_grader_can_give():
     """A hint under a misspelt code would never show; every key is verify's code, a grader's, or 'error'."""
     from accumlib import CODES
-    from accumlib.lessons import batchnorm_vs_groupnorm as norms
-    from accumlib.lessons import gans_two_optimizers as gan
-    from accumlib.lessons import mixed_precision, verify_your_loop
-    from accumlib.lessons import normalizing_the_loss as normalizing
-    from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
-    from accumlib.lessons import why_accumulate as why
-    from accumlib.lessons._grading import GRADER_CODES
+    from accumlib_course.lessons import batchnorm_vs_groupnorm as norms
+    from accumlib_course.lessons import gans_two_optimizers as gan
+    from accumlib_course.lessons import mixed_precision, verify_your_loop
+    from accumlib_course.lessons import normalizing_the_loss as normalizing
+    from accumlib_course.lessons import ragged_windows_and_tokens as ragged_windows
+    from accumlib_course.lessons import why_accumulate as why
+    from accumlib_course.lessons._grading import GRADER_CODES
 
     for lesson in (
         why,

@@ -15,12 +15,12 @@ import textwrap
 import pytest
 
 from accumlib._verify.report import Finding, Report, StepRow
-from accumlib.lessons import batchnorm_vs_groupnorm as norms
-from accumlib.lessons import distributed
-from accumlib.lessons import mixed_precision as mp
-from accumlib.lessons import normalizing_the_loss as normalizing
-from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
-from accumlib.lessons import why_accumulate as why
+from accumlib_course.lessons import batchnorm_vs_groupnorm as norms
+from accumlib_course.lessons import distributed
+from accumlib_course.lessons import mixed_precision as mp
+from accumlib_course.lessons import normalizing_the_loss as normalizing
+from accumlib_course.lessons import ragged_windows_and_tokens as ragged_windows
+from accumlib_course.lessons import why_accumulate as why
 
 JARGON = (
     "|G|",

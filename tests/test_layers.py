@@ -1,29 +1,34 @@
-"""The library never reaches up into the lessons: ``accumlib/lessons/`` may import the library, but no
-module outside it imports ``accumlib.lessons`` (the report included). What both need (the plotting
-style, the tables, the argument checks, the digits) lives in the library.
+"""Two layers, one direction: the core (``accumlib/``) never imports the course (``accumlib_course/``),
+and the course (its modules and the notebooks' code cells) imports only the core's public modules
+(``accumlib``, ``accumlib.checks``, never ``accumlib._verify`` or a ``_``-name). Within the course the
+report imports nothing from the lessons.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import sys
 from pathlib import Path
 
-LIBRARY = Path(__file__).resolve().parent.parent / "accumlib"
-LESSONS = "accumlib.lessons"
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ROOT / "accumlib"
+COURSE = ROOT / "accumlib_course"
+LESSONS = "accumlib_course.lessons"
 
 
-def module_name(path: Path, root: Path = LIBRARY) -> str:
+def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported(path: Path, root: Path = LIBRARY) -> set[str]:
-    """Every module ``path`` imports, relative imports resolved (``from .. import lessons`` counts
-    as ``accumlib.lessons``; ``from ..lessons import x`` as ``accumlib.lessons`` and ``...lessons.x``)."""
-    name = module_name(path, root)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+def imported(source: str, name: str, is_package: bool = False) -> set[str]:
+    """Every module (and ``module.name``) that ``source``, the module ``name``, imports, relative imports
+    resolved: ``from .. import lessons`` in ``accumlib_course.report.x`` counts as
+    ``accumlib_course.lessons``; ``from ..lessons import x`` as that and ``accumlib_course.lessons.x``."""
+    package = name if is_package else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -38,57 +43,114 @@ def imported(path: Path, root: Path = LIBRARY) -> set[str]:
     return out
 
 
-def reaches_lessons(path: Path, root: Path = LIBRARY) -> list[str]:
-    return sorted(m for m in imported(path, root) if m == LESSONS or m.startswith(LESSONS + "."))
+def of_file(path: Path, root: Path) -> set[str]:
+    return imported(path.read_text(), module_name(path, root), path.name == "__init__.py")
 
 
-def test_no_module_outside_the_lessons_imports_them():
-    outside = [
-        p for p in sorted(LIBRARY.rglob("*.py")) if "__pycache__" not in p.parts and "lessons" not in p.parts
+def reaches_course(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] == "accumlib_course")
+
+
+def private_core(modules: set[str]) -> list[str]:
+    """Imports of the core that are not its public surface: a ``_`` module or name under ``accumlib``."""
+    return sorted(
+        m
+        for m in modules
+        if m.split(".")[0] == "accumlib" and any(p.startswith("_") for p in m.split(".")[1:])
+    )
+
+
+def sources(root: Path) -> list[Path]:
+    return [p for p in sorted(root.rglob("*.py")) if "__pycache__" not in p.parts]
+
+
+def notebook_code(path: Path) -> str:
+    cells = json.loads(path.read_text())["cells"]
+    lines = [
+        ln
+        for c in cells
+        if c["cell_type"] == "code"
+        for ln in "".join(c["source"]).splitlines()
+        if not ln.lstrip().startswith(("%", "!"))
     ]
-    assert len(outside) > 50 and any(p.parent.name == "report" for p in outside)
-    found = {str(p.relative_to(LIBRARY.parent)): reaches_lessons(p) for p in outside}
+    return "\n".join(lines)
+
+
+def test_the_core_never_imports_the_course():
+    files = sources(CORE)
+    assert len(files) > 50 and any(p.parent.name == "_verify" for p in files)
+    found = {str(p.relative_to(ROOT)): reaches_course(of_file(p, CORE)) for p in files}
     assert {k: v for k, v in found.items() if v} == {}
 
 
+def test_the_course_imports_only_the_cores_public_modules():
+    files = sources(COURSE) + sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert len(files) > 40 and any(p.suffix == ".ipynb" for p in files)
+    found = {}
+    for p in files:
+        if p.suffix == ".ipynb":
+            modules = imported(notebook_code(p), "notebook")
+        else:
+            modules = of_file(p, COURSE)
+        found[str(p.relative_to(ROOT))] = private_core(modules)
+    assert {k: v for k, v in found.items() if v} == {}
+    # the scan reads the course: its imports of the core are there to be judged
+    assert "accumlib.checks.check_int" in of_file(COURSE / "lessons" / "why_accumulate.py", COURSE)
+
+
 def test_the_report_imports_nothing_from_the_lessons():
-    for p in sorted((LIBRARY / "report").glob("*.py")):
-        assert reaches_lessons(p) == [], p
+    for p in sorted((COURSE / "report").glob("*.py")):
+        assert [m for m in of_file(p, COURSE) if m.startswith(LESSONS)] == [], p
 
 
-def test_the_scan_sees_every_way_of_importing_a_lesson(tmp_path):
+def test_the_scans_see_every_form_of_import(tmp_path):
     # a scan that finds nothing proves nothing: each form below must be caught
-    pkg = tmp_path / "accumlib" / "report"
-    pkg.mkdir(parents=True)
-    forms = [
-        "import accumlib.lessons.why",
-        "from accumlib.lessons import _common",
-        "from accumlib import lessons",
-        "from ..lessons._common import Table",
-        "from .. import lessons",
-        "from ..lessons import why as w",
-    ]
-    for i, line in enumerate(forms):
-        f = pkg / f"m{i}.py"
+    core = tmp_path / "accumlib" / "hf"
+    core.mkdir(parents=True)
+    for i, line in enumerate(
+        [
+            "import accumlib_course.lessons.why",
+            "from accumlib_course.lessons import _common",
+            "from accumlib_course import gallery",
+            "import accumlib_course",
+        ]
+    ):
+        f = core / f"m{i}.py"
         f.write_text(line + "\n")
-        assert reaches_lessons(f, tmp_path / "accumlib"), line
-    init = pkg / "__init__.py"
+        assert reaches_course(of_file(f, tmp_path / "accumlib")), line
+    course = tmp_path / "accumlib_course" / "report"
+    course.mkdir(parents=True)
+    for i, line in enumerate(
+        [
+            "import accumlib._verify.codes",
+            "from accumlib._verify import CODES",
+            "from accumlib import _verify",
+            "from accumlib.checks import _private_helper",
+            "from accumlib.data import _digits_arrays as d",
+        ]
+    ):
+        f = course / f"m{i}.py"
+        f.write_text(line + "\n")
+        assert private_core(of_file(f, tmp_path / "accumlib_course")), line
+    init = course / "__init__.py"
     init.write_text("from ..lessons import course\n")  # a package's own __init__ resolves from itself
-    assert reaches_lessons(init, tmp_path / "accumlib") == ["accumlib.lessons", "accumlib.lessons.course"]
-    # and what is not a lesson is not flagged
-    clean = pkg / "clean.py"
-    clean.write_text("from .. import _style\nfrom .._text import Table\nimport accumlib.lessonsx\n")
-    assert reaches_lessons(clean, tmp_path / "accumlib") == []
+    assert {m for m in of_file(init, tmp_path / "accumlib_course") if m.startswith(LESSONS)} == {
+        "accumlib_course.lessons",
+        "accumlib_course.lessons.course",
+    }
+    # and what is public, or the course's own, is not flagged
+    clean = course / "clean.py"
+    clean.write_text("from .. import _style\nfrom accumlib.text import Table\nfrom accumlib import CODES\n")
+    assert private_core(of_file(clean, tmp_path / "accumlib_course")) == []
 
 
-def test_no_module_of_the_library_takes_a_standard_library_modules_name():
+def test_no_module_takes_a_standard_library_modules_name():
     """A module named like the standard library's (``_verify/numbers.py`` once was, beside ``api.py``'s
     ``import numbers``) reads as that module in every import list and traceback."""
-    import sys
-
     found = [
         p
-        for p in LIBRARY.rglob("*")
+        for root in (CORE, COURSE)
+        for p in root.rglob("*")
         if (p.suffix == ".py" or p.is_dir()) and p.stem in sys.stdlib_module_names
     ]
     assert not found, found

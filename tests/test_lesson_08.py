@@ -4,7 +4,7 @@ One spawned group of 2 ranks (module fixture) feeds every test that needs a resu
 widget test spawns once more (world size 1) to press Run for real.
 
 The crash of issue 12: in JupyterLab the Run button's callback runs in a kernel subshell's
-thread (see the comment above ``DistributedWidget`` in ``accumlib/lessons/distributed.py``)
+thread (see the comment above ``DistributedWidget`` in ``accumlib_course/lessons/distributed.py``)
 while the main thread's inline backend draws pyplot figures, and two threads laying out
 mathtext at once break matplotlib's one shared parser. ``test_the_old_drawing_crashes_*``
 reproduces that race; ``test_the_widget_drawing_does_not_crash_*`` runs the new drawing
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from accumlib import _style
 from accumlib.distributed import FLOAT32_RTOL
 from accumlib.distributed.experiment import COMM_VARIANTS, PER_RANK_MIN_ERROR
-from accumlib.lessons import distributed as lesson
+from accumlib_course import _style
+from accumlib_course.lessons import distributed as lesson
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_distributed.ipynb"
 # How long the race harness may take to show the old crash (measured: 0.2-0.5 s on 2 loaded cores),
@@ -433,7 +433,7 @@ def test_an_error_in_the_loop_comes_back_as_feedback_with_its_line(grades):
 def test_a_loop_that_never_ends_is_stopped_and_said_so():
     import multiprocessing
 
-    from accumlib.lessons import _distributed_exercise
+    from accumlib_course.lessons import _distributed_exercise
 
     source = "import time\n\ndef train_fn(model, optimizer, loader):\n    time.sleep(3600)\n"
     start = time.perf_counter()
@@ -448,7 +448,7 @@ def test_a_loop_that_never_ends_is_stopped_and_said_so():
 
 
 def test_what_cannot_travel_to_the_ranks_is_refused_or_named():
-    from accumlib.lessons import _distributed_exercise
+    from accumlib_course.lessons import _distributed_exercise
 
     def outer():
         k = 3

@@ -23,9 +23,10 @@ pytest.importorskip("transformers", reason="lesson 9 runs the transformers Train
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
-from accumlib import _style, survey  # noqa: E402
-from accumlib.lessons import real_bugs  # noqa: E402
+from accumlib import survey  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
+from accumlib_course import _style
+from accumlib_course.lessons import real_bugs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "09_real_bugs.ipynb"
@@ -310,7 +311,7 @@ def test_the_notebook_has_the_lessons_shape():
     )
     learner = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").lower()
     assert "seed" not in learner and "nbval" not in learner and "assertion" not in learner
-    from accumlib.lessons import course
+    from accumlib_course.lessons import course
 
     assert course.cite("huggingface").lower() in learner and course.cite("unsloth").lower() in learner
     headings = [line for line in learner.splitlines() if line.startswith("## ")]
@@ -406,7 +407,7 @@ def test_framework_runs_freeze_the_old_objects_and_give_them_back():
     import gc
     import weakref
 
-    from accumlib.lessons._common import long_lived_objects_frozen
+    from accumlib_course.lessons._common import long_lived_objects_frozen
 
     class Node:
         pass

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import _your_own_project_frameworks as frameworks_part
-from accumlib.lessons import _your_own_project_memory as memory_part
-from accumlib.lessons import your_own_project as yp
 from accumlib.tolerances import FLOAT32_RTOL, OFF_BY_K_TOL
+from accumlib_course.lessons import _your_own_project_frameworks as frameworks_part
+from accumlib_course.lessons import _your_own_project_memory as memory_part
+from accumlib_course.lessons import your_own_project as yp
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_the_first_step_gradient_is_the_oracle_for_the_correct_loop_and_k_times_
 
 
 def test_the_figure_and_its_alt_text_carry_the_numbers(curves):
-    from accumlib import _style
+    from accumlib_course import _style
 
     fig = yp.plot(curves)
     assert min(_style.font_sizes(fig)) >= _style.MIN_FONT_PT
@@ -216,7 +216,7 @@ HEAD = """\
 import math
 import torch
 import torch.nn.functional as F
-from accumlib.lessons import your_own_project as your_project
+from accumlib_course.lessons import your_own_project as your_project
 
 def train_fn(model, optimizer, loader):
     k = 4

@@ -14,11 +14,11 @@ import os
 import pytest
 import torch
 
-from accumlib import _style
 from accumlib.data import TextLines
-from accumlib.lessons import _your_own_project_cost as cost_part
-from accumlib.lessons._your_own_project_gpt import PRESETS, WINDOW
 from accumlib.models import GPT
+from accumlib_course import _style
+from accumlib_course.lessons import _your_own_project_cost as cost_part
+from accumlib_course.lessons._your_own_project_gpt import PRESETS, WINDOW
 
 launch_module = importlib.import_module("accumlib.distributed.launch")  # the package re-exports the function
 

@@ -15,12 +15,12 @@ import torch
 
 from accumlib import compare, true_gradient
 from accumlib.data import TEXT_LENGTHS, TextLines, pad_collate
-from accumlib.lessons import your_own_project as yp
 from accumlib.tasks import token_losses
 from accumlib.tolerances import FLOAT32_RTOL
+from accumlib_course.lessons import your_own_project as yp
 
 ROOT = Path(__file__).resolve().parents[1]
-gpt = pytest.importorskip("accumlib.lessons._your_own_project_gpt")  # the preset table and the runs
+gpt = pytest.importorskip("accumlib_course.lessons._your_own_project_gpt")  # the preset table and the runs
 
 
 def _window_grad(loop: str, b: int, k: int, window: list[int], lines: TextLines):

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import accumlib
-from accumlib.lessons import _why_accumulate_training
-from accumlib.lessons import normalizing_the_loss as normalizing
-from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
-from accumlib.lessons import why_accumulate as why
 from accumlib.tolerances import FLOAT32_RTOL
+from accumlib_course.lessons import _why_accumulate_training
+from accumlib_course.lessons import normalizing_the_loss as normalizing
+from accumlib_course.lessons import ragged_windows_and_tokens as ragged_windows
+from accumlib_course.lessons import why_accumulate as why
 
 # The naive loop's norm ratio is exactly k for equal micro-batches, up to float32 rounding
 # of a sum of a few hundred terms (~1e-6 relative measured): FLOAT32_RTOL's margin, far from k +- 1.
@@ -286,7 +286,7 @@ def test_bad_values_are_refused_before_any_work(monkeypatch):
 def test_figures_use_the_style_readable_and_colour_blind_safe():
     from matplotlib.colors import to_hex
 
-    from accumlib import _style
+    from accumlib_course import _style
 
     r = why.compute(accum_steps=2, batch_size=8, max_k=4, device="cpu")
     figs = [

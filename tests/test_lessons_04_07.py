@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import accumlib
-from accumlib import _style
-from accumlib.lessons import batchnorm_vs_groupnorm as norms
-from accumlib.lessons import gans_two_optimizers as gan
-from accumlib.lessons import mixed_precision as mp
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
+from accumlib_course import _style
+from accumlib_course.lessons import batchnorm_vs_groupnorm as norms
+from accumlib_course.lessons import gans_two_optimizers as gan
+from accumlib_course.lessons import mixed_precision as mp
 
 # --- 4: mixed precision -------------------------------------------------------------------------
 
@@ -179,7 +179,7 @@ def test_gan_exercise_leaks_and_requires_grad_toggle_fixes_it():
 
 # --- 7: verify your own loop --------------------------------------------------------------------
 
-from accumlib.lessons import verify_your_loop as vl  # noqa: E402
+from accumlib_course.lessons import verify_your_loop as vl  # noqa: E402
 
 BROKEN_SOURCE = """
 import torch.nn.functional as F

@@ -24,7 +24,7 @@ from accumlib import (
     ragged,
     true_gradient,
 )
-from accumlib._batch import cat_batches
+from accumlib.batches import cat_batches
 from accumlib.data import (
     IGNORE_INDEX,
     PAD_ID,

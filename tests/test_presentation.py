@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from accumlib import _style
-from accumlib.lessons import ragged_windows_and_tokens as ragged_windows
+from accumlib_course import _style
+from accumlib_course.lessons import ragged_windows_and_tokens as ragged_windows
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LESSONS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))
@@ -111,7 +111,7 @@ def test_every_figure_in_the_notebook_has_alt_text_with_numbers(name):
 
 # --- the lessons' text: references not seeds, no test-runner talk, numbered headings, folded checks ---------
 
-from accumlib.lessons import course  # noqa: E402
+from accumlib_course.lessons import course  # noqa: E402
 
 MAP_AND_OWNED = ["00_start_here.ipynb", *OWNED]
 SEED_TALK = re.compile(r"(?i)seed[ -](documents?|posts?|blog|00\d)|\bseeds'|\bthe seed's\b|in the seeds\b")

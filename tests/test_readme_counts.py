@@ -59,7 +59,7 @@ def _optional_arguments_used(text: str) -> int:
 
 
 def _routes() -> dict[str, tuple[int, ...]]:
-    from accumlib.lessons import course
+    from accumlib_course.lessons import course
 
     return course.ROUTES
 
@@ -69,7 +69,7 @@ def _route(name: str) -> tuple[int, ...]:
 
 
 def _slack(name: str) -> int:
-    from accumlib.lessons import course
+    from accumlib_course.lessons import course
 
     return course.slack(name)
 

@@ -20,10 +20,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from accumlib import _style, get_task, report
+from accumlib import get_task
 from accumlib.loops import CONTRACTS, EXACT, LOOPS, OFF_BY_K, WRONG, Contract
-from accumlib.report import figures
 from accumlib.tolerances import FLOAT32_RTOL
+from accumlib_course import _style, report
+from accumlib_course.report import figures
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "report.ipynb"
@@ -348,7 +349,7 @@ def test_a_refused_parameter_fails_the_run_by_its_rule_and_writes_no_page(tmp_pa
     HTML."""
     pytest.importorskip("papermill")
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    from accumlib.report import render
+    from accumlib_course.report import render
 
     (tmp_path / "report.html").write_text("an earlier report")
     status = render.main(
@@ -427,7 +428,7 @@ def test_make_report_passes_the_parameters():
         text=True,
         check=True,
     ).stdout
-    assert '-m accumlib.report.render notebooks/report.ipynb "reports"' in dry
+    assert '-m accumlib_course.report.render notebooks/report.ipynb "reports"' in dry
     assert '-p accum_steps "1 2 4 8"' in dry and '-p norm "group"' in dry and '-p task "lm-tokens"' in dry
     assert '-p results_path "reports/report.json"' in dry
 

@@ -16,10 +16,11 @@ import os
 import pytest
 import torch
 
-from accumlib import get_task, report
-from accumlib._text import fmt_error
+from accumlib import get_task
 from accumlib.loops import ALL, LOOPS
+from accumlib.text import fmt_error
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL
+from accumlib_course import report
 
 KS, BATCH, SEED = (1, 2, 3), 12, 1  # seed 1, not run's default 0: a seed that is not forwarded shows
 N_ITEMS, N_BATCHES = 110, 10

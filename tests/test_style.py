@@ -9,9 +9,9 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import pytest
 
-from accumlib import _style
-from accumlib._checks import check_float, check_int, check_ints
-from accumlib._text import Table
+from accumlib.checks import check_float, check_int, check_ints
+from accumlib.text import Table
+from accumlib_course import _style
 
 
 def test_roles_differ_by_more_than_colour():
@@ -147,7 +147,8 @@ def test_show_in_fills_an_output_with_a_figure_a_table_and_text():
 
 
 def test_figures_drawn_from_two_threads_at_once_do_not_collide():
-    # the lesson 8 crash: two threads laying out log-axis labels at once (see accumlib/lessons/distributed.py)
+    # the lesson 8 crash: two threads laying out log-axis labels at once
+    # (see accumlib_course/lessons/distributed.py)
     errors = []
 
     def draw():

@@ -19,6 +19,7 @@ from conftest import verify_digits
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import accumlib
+import accumlib_course.gallery
 from accumlib.tolerances import FLOAT32_RTOL
 
 TASK = accumlib.get_task("mlp-digits")
@@ -153,7 +154,7 @@ def test_batchnorm_in_eval_mode_is_no_batchnorm_finding():
     assert frozen.ok and not frozen.codes, str(frozen)
     assert max(r.rel_error for r in frozen.steps) <= FLOAT32_RTOL
     training = accumlib.verify(
-        accumlib.gallery.GALLERY["correct-inner-for"].fn,
+        accumlib_course.gallery.GALLERY["correct-inner-for"].fn,
         model=cnn.make_model(0),
         dataset=data,
         item_losses=cnn.item_losses,

@@ -25,6 +25,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import Dataset
 
 import accumlib
+import accumlib_course.gallery
 from accumlib.distributed import launch
 from accumlib.tolerances import FLOAT32_RTOL
 
@@ -269,7 +270,7 @@ def test_ranks_must_be_none_or_all():
 def test_ranks_all_in_a_single_process_judges_that_process():
     task = accumlib.get_task("mlp-digits")
     report = accumlib.verify(
-        accumlib.gallery.GALLERY["correct-inner-for"].fn,
+        accumlib_course.gallery.GALLERY["correct-inner-for"].fn,
         model=task.make_model(0),
         dataset=task.make_dataset(),
         item_losses=task.item_losses,

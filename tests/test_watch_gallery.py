@@ -1,5 +1,6 @@
-"""The gallery's loops under ``accumlib.watch`` (the in-place engine behind ``accumlib run``): each gets the
-codes ``accumlib.verify`` must give it (``accumlib/gallery``), except what only verify's own set-up can see.
+"""The gallery's loops under ``accumlib.watch`` (the in-place engine behind ``accumlib run``): each gets
+the codes ``accumlib.verify`` must give it (``accumlib_course/gallery``), except what only verify's own
+set-up can see.
 
 verify(train_fn) hands the loop a loader over a dataset it tracks, keeps what the loop returns and runs it
 on a copy with dropout switched off; watch is handed nothing. So these codes are verify's alone:
@@ -23,10 +24,10 @@ from torch.utils.data import DataLoader
 
 from accumlib._verify.watch import watch
 from accumlib.data import digits
-from accumlib.gallery import GALLERY
-from accumlib.gallery.correct import clip_by_total_norm
 from accumlib.tasks import get_task
 from accumlib.tolerances import FLOAT32_RTOL
+from accumlib_course.gallery import GALLERY
+from accumlib_course.gallery.correct import clip_by_total_norm
 
 VERIFY_ONLY = {"logged-loss-scaled", "dropout", "loader-left-out", "duplicate-items"}
 BEYOND_WATCH = {"mindspore-accumulator": {"unseen-loss"}}

@@ -59,7 +59,7 @@ from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL  # noqa: E402
 
 NO_CUDA, SKIPPED = 3, 4
 OPTIONAL = ("numpy", "sklearn", "matplotlib", "tqdm", "ipywidgets")  # what a check may need beyond torch
-# the gallery's window and clip (accumlib/gallery/_common.py), restated: the gallery imports tqdm
+# the gallery's window and clip (accumlib_course/gallery/_common.py), restated: the gallery imports tqdm
 GALLERY_K, GALLERY_CLIP = 4, 0.1
 
 
@@ -347,7 +347,7 @@ def lesson(name: str, dev: torch.device, dry: bool) -> list[dict]:
     kwargs, smaller, claims = LESSONS[name]
     args = {**kwargs, **(smaller if dry else {})}
     module_name, fn = name.split(".")
-    module = importlib.import_module(f"accumlib.lessons.{module_name}")
+    module = importlib.import_module(f"accumlib_course.lessons.{module_name}")
     start = time.perf_counter()
     result = getattr(module, fn)(**args, device=dev)
     said = claims(result, module, dev)

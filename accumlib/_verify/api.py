@@ -17,8 +17,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from .._batch import ItemLosses
-from .._checks import check_callable, check_choice, check_int, check_model
+from ..batches import ItemLosses
+from ..checks import check_callable, check_choice, check_int, check_model
 from .copying import copy_model
 from .coverage import coverage, job_coverage, leftover
 from .diagnose_run import (

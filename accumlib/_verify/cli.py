@@ -105,7 +105,7 @@ def _call(fn: Any, name: str) -> Any:
 
 
 def run_target(args: argparse.Namespace) -> int:
-    from .._checks import check_int
+    from ..checks import check_int
     from .api import VerifyError, check_args, verify
     from .report import EXIT_STATUS
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._batch import checked_losses, to_device
+from ..batches import checked_losses, to_device
 from .job import Job
 from .record import Recorder
 from .sources import Tracked

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from .._batch import ItemLosses, cat_batches
+from ..batches import ItemLosses, cat_batches
 from .measure import measure
 from .patches import capture_at_step, current_lr
 from .ranks import Ranks, full, sharded

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .._text import text_table
+from ..text import text_table
 from .codes import CODES, PASSING
 
 

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._checks import check_int
+    from ..checks import check_int
     from .itemlosses import ItemLossesError, parse
     from .report import EXIT_STATUS
     from .watch import run_script

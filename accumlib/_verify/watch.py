@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from .._checks import check_int
+from ..checks import check_int
 from .diagnose_run import diagnose_run, run_notes, step_findings, step_rows
 from .gradhooks import on_grad_hooks, site_of
 from .inplace import InPlace

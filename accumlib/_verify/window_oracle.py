@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .._batch import ItemLosses, checked_losses, to_device
+from ..batches import ItemLosses, checked_losses, to_device
 from ..oracle import sum_grad
 from .sources import tensors
 

@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .._batch import Recording, to_device
-from .._checks import check_choice, check_int
+from ..batches import Recording, to_device
+from ..checks import check_choice, check_int
 from ..compare import compare
 from ..oracle import grads_of, true_gradient
 from ..tasks import Task, get_task

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_float, check_int
+from ..checks import check_float, check_int
 
 HOST = "127.0.0.1"
 # How long a rank may wait inside one collective before gloo gives up on its peers:

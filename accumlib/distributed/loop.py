@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .._batch import (
+from ..batches import (
     Batch,
     Device,
     ItemLosses,
@@ -40,8 +40,8 @@ from .._batch import (
     window_items,
     windows,
 )
-from .._batch import count_items as _rows
-from .._checks import check_choice, check_device, check_int
+from ..batches import count_items as _rows
+from ..checks import check_choice, check_device, check_int
 
 NO_SYNC = ("forward+backward", "backward", "never")
 

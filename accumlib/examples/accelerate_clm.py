@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._batch import windows
+from ..batches import windows
 from .data import IGNORE_INDEX, collate, token_sequences
 
 K = 4  # gradient_accumulation_steps

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._batch import ItemLosses
+from ..batches import ItemLosses
 
 IGNORE_INDEX = -100  # the label transformers' losses skip (padding, prompt tokens)
 # keys of a Trainer batch that are targets or loss arguments, not inputs of the forward

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from .._batch import ItemLosses
-from .._checks import check_callable, check_int
 from .._verify import Finding, Report, verify
 from .._verify.ranks import in_group
+from ..batches import ItemLosses
+from ..checks import check_callable, check_int
 from .instance import carry_instance_settings, check_instance_functions
 from .losses import default_item_losses
 from .trl import check_trl, trl_changes, trl_kwargs

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .._batch import (
+from ..batches import (
     Batch,
     Device,
     ItemLosses,
@@ -30,8 +30,8 @@ from .._batch import (
     window_mean,
     windows,
 )
-from .._batch import count_items as _rows
-from .._checks import check_callable, check_device, check_float, check_int, check_model
+from ..batches import count_items as _rows
+from ..checks import check_callable, check_device, check_float, check_int, check_model
 from ._contract import CLOSE, WRONG, Contract
 
 

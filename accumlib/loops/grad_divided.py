@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from torch import nn
 from torch.optim import Optimizer
 
-from .._batch import (
+from ..batches import (
     Batch,
     Device,
     ItemLosses,
@@ -28,7 +28,7 @@ from .._batch import (
     window_mean,
     windows,
 )
-from .._checks import check_device, check_int, check_model
+from ..checks import check_device, check_int, check_model
 from ._contract import EXACT, WRONG, Contract
 
 

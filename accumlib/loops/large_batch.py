@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from torch import nn
 from torch.optim import Optimizer
 
-from .._batch import (
+from ..batches import (
     Batch,
     Device,
     ItemLosses,
@@ -24,7 +24,7 @@ from .._batch import (
     to_device,
     windows,
 )
-from .._checks import check_callable, check_device, check_int, check_model
+from ..checks import check_callable, check_device, check_int, check_model
 from ._contract import EXACT, Contract
 
 

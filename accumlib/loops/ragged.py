@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from torch import nn
 from torch.optim import Optimizer
 
-from .._batch import (
+from ..batches import (
     Batch,
     Device,
     ItemLosses,
@@ -29,8 +29,8 @@ from .._batch import (
     window_mean,
     windows,
 )
-from .._batch import count_items as _rows
-from .._checks import check_callable, check_device, check_int, check_model
+from ..batches import count_items as _rows
+from ..checks import check_callable, check_device, check_int, check_model
 from ._contract import EXACT, WRONG, Contract
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._batch import ItemLosses
-from .._checks import check_choice
+from ..batches import ItemLosses
+from ..checks import check_choice
 from ..examples.data import IGNORE_INDEX, classify_collate, collate, labelled_sequences, token_sequences
 
 VOCAB = 64

@@ -4,7 +4,7 @@ Freezing D's parameters during G's backward stops autograd from writing the leak
 without clearing what D's window has already accumulated.
 """
 
-from accumlib.lessons import gans_two_optimizers as gan
+from accumlib_course.lessons import gans_two_optimizers as gan
 
 
 def train_fn(G, D, g_opt, d_opt, loader):

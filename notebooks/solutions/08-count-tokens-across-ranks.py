@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from accumlib.lessons import distributed
+from accumlib_course.lessons import distributed
 
 K = distributed.EXERCISE_K  # micro-batches per rank per optimizer step
 PAD = -100  # target of a padding position: not a token

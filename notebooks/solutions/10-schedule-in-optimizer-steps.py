@@ -9,7 +9,7 @@ import math
 
 import torch.nn.functional as F
 
-from accumlib.lessons import your_own_project as your_project
+from accumlib_course.lessons import your_own_project as your_project
 
 
 def train_fn(model, optimizer, loader):

@@ -1,4 +1,4 @@
-"""Mutants of accumlib/_checks.py: the one module of argument checks every other module calls.
+"""Mutants of accumlib/checks.py: the one module of argument checks every other module calls.
 
 A rule written here once used to be written in each caller (hf, lightning, verify each refused
 ``max_steps=True`` and a model with nothing to train on its own); those callers' mutants of the rule
@@ -8,10 +8,10 @@ moved here with it.
 from mutate import Mutant
 
 # the checks' own tests and examples (seconds); each caller's tests also see these rules
-TESTS = ["tests/test_checks.py", "accumlib/_checks.py"]
+TESTS = ["tests/test_checks.py", "accumlib/checks.py"]
 PYTEST_ARGS = ["--doctest-modules"]
 
-K = "accumlib/_checks.py"
+K = "accumlib/checks.py"
 MUTANTS = [
     Mutant(
         "True taken as the integer 1 (max_steps=True judges one step)",

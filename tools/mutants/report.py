@@ -1,6 +1,6 @@
-"""Mutants of accumlib/report/: the papermill report's parameters, computation, findings and figures.
+"""Mutants of accumlib_course/report/: the papermill report's parameters, computation, findings and figures.
 
-accumlib/report/__init__.py only re-exports names (a missing one fails at import); no mutant there.
+accumlib_course/report/__init__.py only re-exports names (a missing one fails at import); no mutant there.
 """
 
 from mutate import Mutant
@@ -9,14 +9,14 @@ from mutate import Mutant
 TESTS = [
     "tests/test_report_findings_and_figures.py",
     "tests/test_report.py",
-    "accumlib/report/__init__.py",
-    "accumlib/report/params.py",
+    "accumlib_course/report/__init__.py",
+    "accumlib_course/report/params.py",
 ]
 PYTEST_ARGS = ["--doctest-modules"]  # the package's and parse_accum's examples are part of the suite
 
 # compute.py runs the report; _compute_result.py holds its result classes (cells, findings, tables)
-C, CR = "accumlib/report/compute.py", "accumlib/report/_compute_result.py"
-F, P = "accumlib/report/figures.py", "accumlib/report/params.py"
+C, CR = "accumlib_course/report/compute.py", "accumlib_course/report/_compute_result.py"
+F, P = "accumlib_course/report/figures.py", "accumlib_course/report/params.py"
 MUTANTS = [
     # --- compute.py: the cells, the findings, the tables, the amp verdict
     Mutant(

@@ -1,6 +1,6 @@
 """Mutants of accumlib/_verify/ (accumlib.verify: record, measure, oracle, diagnose and diagnose_run,
 coverage, report, the copy) and accumlib/tolerances.py: the mistakes a verifier of gradient accumulation
-could make. Its argument checks are accumlib/_checks.py's (group checks)."""
+could make. Its argument checks are accumlib/checks.py's (group checks)."""
 
 from mutate import Mutant
 
