@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _docs
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,9 +101,11 @@ class Scratch:
 
 
 def _add_readme_row(scratch: Scratch, after: str, row: str) -> None:
-    """A row in a README table, right after the row that starts with ``after``."""
-    anchor = next(line for line in scratch.read("README.md").splitlines() if line.startswith(after))
-    scratch.replace("README.md", anchor, f"{anchor}\n{row}")
+    """A row in a table of the documentation (the README or a docs/ page), right after the row that starts
+    with ``after``."""
+    page = _docs.holding(after, scratch.root)
+    anchor = next(line for line in scratch.read(page).splitlines() if line.startswith(after))
+    scratch.replace(page, anchor, f"{anchor}\n{row}")
 
 
 def _by_the_book(tmp: Path, what: str, name: str, add, add_readme, checks: tuple[str, ...]) -> Scratch:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _docs
 import pytest
 import torch
 
@@ -170,8 +171,8 @@ def test_the_readmes_gpu_figures_are_the_committed_h100_runs():
 
     root = REPO
     run = json.loads((root / "benchmarks/results/gpu-check-h100.json").read_text())
-    readme = (root / "README.md").read_text()
-    section = readme[readme.index("## On a GPU: make gpu-check") : readme.index("## Project layout")]
+    readme = _docs.text()
+    section = readme.split("## On a GPU: make gpu-check", 1)[1].split("\n## ", 1)[0]
     assert run["mode"] == "CUDA" and run["exit_status"] == 0 and run["environment"]["device"] in section
     held = 0
     for key, part in run["parts"].items():
@@ -196,7 +197,7 @@ def test_the_readmes_h100_figures_of_the_in_place_engine_are_the_committed_run()
     text = (REPO / "benchmarks/results/run-cost-h100.txt").read_text()
     run = json.loads(next(line for line in text.splitlines() if line.startswith('{"rows"')))
     row = run["rows"][0]
-    readme = (REPO / "README.md").read_text()
+    readme = _docs.text()
     para = readme[readme.index("**The in-place engine**") : readme.index("**Kernel memory**")]
     para = " ".join(para.split())
     assert row["device"] in para and row["verdict_ok"] and row["extra_over_params"] == 1.0

@@ -16,6 +16,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import _docs
 import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -134,7 +135,7 @@ def test_a_floor_off_by_a_patch_release_is_caught():
 def test_readme_states_the_minimum():
     """The README says "Python ≥ 3.11.5" wherever it states a minimum: the floor to the patch release
     where the pins need one (a learner on 3.11.4 would otherwise be told the install works)."""
-    stated = readme_minimums((REPO / "README.md").read_text())
+    stated = readme_minimums(_docs.text())
     assert stated, "the README states no minimum Python (Python ≥ X.Y)"
     assert set(stated) == {STATED}, (
         f"README says Python ≥ {stated}; pyproject's requires-python is {REQUIRES_PYTHON}"

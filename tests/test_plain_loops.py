@@ -16,6 +16,7 @@ import multiprocessing
 import types
 from pathlib import Path
 
+import _docs
 import pytest
 import torch
 
@@ -196,7 +197,7 @@ def test_the_readme_shows_each_plain_loop_as_its_file_verbatim():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
+    readme = _docs.text()
     section = readme[readme.index("## Loops to copy: plain PyTorch") :]
     section = section[: section.index("\n## ")]  # up to the next section (now `accumlib run`'s)
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)

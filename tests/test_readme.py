@@ -1,4 +1,5 @@
-"""The README's examples and figures come from the code as it stands.
+"""The README's examples and figures (and those of the docs/ pages it leads to) come from the code as it
+stands.
 
 The verify example is run exactly as written and must print what the README shows; the
 reference-loop table must match a fresh run row for row. Printed numbers are compared within
@@ -13,13 +14,14 @@ import io
 import re
 from pathlib import Path
 
+import _docs
 from _any_machine import assert_same_printout, perturbed_init, same_number
 
 from accumlib import TASKS
 from accumlib.loops import ALL, LOOPS
 from accumlib.reference import check_reference_loops
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = _docs.text()  # the README and the docs/ pages it leads to
 
 
 def _block_after(heading: str, lang: str, nth: int = 0) -> str:

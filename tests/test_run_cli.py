@@ -13,10 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _docs
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+README = _docs.text()  # the README and the docs/ pages it leads to
 SECTION = README.split("## Judge a training script as it is: `accumlib run`", 1)[1].split("\n## ", 1)[0]
 SCRIPT = re.findall(r"```python\n(.*?)```", SECTION, re.S)[0]
 SHOWN = re.findall(r"```text\n(.*?)```", SECTION, re.S)

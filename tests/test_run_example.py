@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import _docs
+
 import accumlib.examples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +27,7 @@ def _readme_blocks(readme: str) -> list[str]:
 
 
 def test_the_readmes_script_is_the_shipped_file_byte_for_byte():
-    blocks = _readme_blocks((ROOT / "README.md").read_text())
+    blocks = _readme_blocks(_docs.text())
     assert len(blocks) == 1, f"the section shows {len(blocks)} python blocks"
     assert blocks[0].encode() == SCRIPT.read_bytes()
 

@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import re
 
+import _docs
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -325,9 +326,8 @@ def test_command_line_world_size_judges_the_job_as_the_readme_shows(tmp_path):
     import re
     import subprocess
     import sys
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = _docs.text()
     section = readme.split("### Verify a multi-rank job", 1)[1]
     code = re.search(r"```python\n# job.py\n(.*?)```", section, re.S).group(1)
     shown = re.search(
