@@ -1,7 +1,7 @@
 """One loop per bug: each makes ``accumlib.verify`` find exactly one finding code (its name).
 
 Written the way people write them (criterion means, ``loss / K``, ``(i + 1) % K``) so the
-README's table of codes and ``tests/test_gallery.py`` show every code on a loop that has it.
+table of codes (docs/verify.md) and ``tests/test_gallery.py`` show every code on a loop that has it.
 """
 
 from __future__ import annotations
