@@ -25,7 +25,7 @@ PRECISION ?= float32
 DEVICE    ?= auto
 SEED      ?= 0
 
-.PHONY: install lab test lint format notebooks lesson-data verify report bench survey gpu-check clean
+.PHONY: install lab test lint format notebooks lesson-data selfcheck report bench survey gpu-check clean
 
 install: $(STAMP)
 
@@ -82,8 +82,8 @@ notebooks: $(STAMP)
 lesson-data: $(STAMP)
 	$(PY) -m accumlib_course.lessons._your_own_project_gpt
 
-verify: $(STAMP)
-	$(VENV)/bin/accumlib verify
+selfcheck: $(STAMP)
+	$(VENV)/bin/accumlib selfcheck
 
 # Figures, not tests: memory and time of accumulation, every goal of issue 7 stated as met or
 # MISSED; writes benchmarks/results/latest.{json,md,png} (under 10 minutes on 2 cores).

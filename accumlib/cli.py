@@ -1,14 +1,15 @@
 """Command line (also ``python -m accumlib``):
 
-    accumlib verify                        every reference loop on every built-in task
     accumlib verify FILE.py:FUNCTION ...   your own loop against the large batch
+    accumlib selfcheck                     the library's own check: every reference loop, every task
     accumlib run -- SCRIPT.py [ARGS...]    an unmodified training script, judged as it runs
     accumlib ddp --world-size 2 ...        DDP accumulation on local processes
     accumlib survey transformers           every causal-LM class of transformers under its Trainer
 
 Exit status: 0 when every verdict holds (the loop is correct), 1 when one does not (a bug),
 2 on bad usage; ``verify FILE.py:FUNCTION`` also exits 3 when the loop itself raised and 4 when
-verify could not judge it (``accumlib._verify.report.EXIT_STATUS``).
+verify could not judge it (``accumlib._verify.report.EXIT_STATUS``). One command, one meaning: ``verify``
+judges the user's loop, ``selfcheck`` the library's own reference loops.
 """
 
 from __future__ import annotations
@@ -20,24 +21,27 @@ from .checks import resolve_device
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .reference import check_reference_loops
-
-    if args.target:  # a user's own loop: FILE.py:FUNCTION
-        from ._verify.cli import run_target
-
-        return run_target(args)
-    if args.accum_steps is not None or args.batch_size is not None or args.max_steps is not None:
+    if not args.target:
         print(
-            "accumlib verify: error: --accum-steps, --batch-size and --max-steps need a target "
-            "FILE.py:FUNCTION",
+            "accumlib verify: error: a target FILE.py:FUNCTION is required (the loop to judge, e.g. "
+            "accumlib verify train.py:train --task mlp-digits); the library's own check of its reference "
+            "loops is `accumlib selfcheck`",
             file=sys.stderr,
         )
         return 2
+    from ._verify.cli import run_target
+
+    return run_target(args)
+
+
+def _selfcheck(args: argparse.Namespace) -> int:
+    from .reference import check_reference_loops
+
     try:
         device = resolve_device(args.device)
         table = check_reference_loops(tasks=args.task or None, loops=args.loop or None, device=device)
     except ValueError as err:
-        print(f"accumlib verify: error: {err}", file=sys.stderr)
+        print(f"accumlib selfcheck: error: {err}", file=sys.stderr)
         return 2
     if args.json:
         print(table.to_json())
@@ -80,38 +84,32 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser(
         "verify",
-        help="check the reference loops, or your own loop (FILE.py:FUNCTION), against the large batch",
-        description="Without a target: run every reference loop on every built-in task, compare each "
-        "optimizer step with the true large-batch gradient, and check the verdict each loop's contract "
-        "promises. With a target FILE.py:FUNCTION: run FUNCTION(model, optimizer, loader) once on "
+        help="judge your own loop (FILE.py:FUNCTION) against the large batch",
+        description="Run FUNCTION(model, optimizer, loader) from FILE.py once on "
         "--task NAME, or on a task the file defines (item_losses, make_model, make_dataset or dataset; "
         "optional collate_fn, make_optimizer, ACCUM_STEPS, BATCH_SIZE), and name what is wrong with its "
         "accumulation. Exit 0: correct; 1: a bug was found; 2: usage error; 3: the loop raised; 4: verify "
         "could not judge (a limit such as data it did not hand out).",
     )
-    v.add_argument("target", nargs="?", metavar="FILE.py:FUNCTION", help="your training loop (optional)")
+    # nargs="?": without a target, a usage error that names `accumlib selfcheck` (which it once was)
+    v.add_argument("target", nargs="?", metavar="FILE.py:FUNCTION", help="your training loop")
     v.add_argument(
         "--task",
         action="append",
         metavar="NAME",
-        help="only this built-in task (repeatable); with a target, the task to run it on",
+        help="the built-in task to run it on (when the file defines none)",
     )
+    v.add_argument("--accum-steps", type=int, metavar="K", help="micro-batches per optimizer step")
+    v.add_argument("--batch-size", type=int, metavar="B", help="micro-batch size")
     v.add_argument(
-        "--accum-steps", type=int, metavar="K", help="with a target: micro-batches per optimizer step"
-    )
-    v.add_argument("--batch-size", type=int, metavar="B", help="with a target: micro-batch size")
-    v.add_argument(
-        "--max-steps",
-        type=int,
-        metavar="N",
-        help="with a target: judge the first N optimizer steps, then end the loop",
+        "--max-steps", type=int, metavar="N", help="judge the first N optimizer steps, then end the loop"
     )
     v.add_argument(
         "--world-size",
         type=int,
         metavar="R",
         default=1,
-        help="with a target: run it on R local processes (gloo on 127.0.0.1, NCCL when every rank has a GPU) "
+        help="run it on R local processes (gloo on 127.0.0.1, NCCL when every rank has a GPU) "
         "and judge the whole job (verify(..., ranks='all')); the loop wraps its model in DDP or fully_shard",
     )
     v.add_argument(
@@ -121,10 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="with --world-size: stop the ranks after this long (default 600)",
     )
-    v.add_argument("--loop", action="append", metavar="NAME", help="only this reference loop (repeatable)")
-    v.add_argument("--json", action="store_true", help="print the results as JSON")
-    v.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(func=_verify)
+    c = sub.add_parser(
+        "selfcheck",
+        help="the library's own check: every reference loop on every built-in task against the large batch",
+        description="Run every reference loop on every built-in task, compare each optimizer step with the "
+        "true large-batch gradient, and check the verdict each loop's contract promises (the CONTRACT at the "
+        "end of its file). Exit 0 when every verdict holds, 1 when one does not, 2 on bad usage.",
+    )
+    c.add_argument("--task", action="append", metavar="NAME", help="only this built-in task (repeatable)")
+    c.add_argument("--loop", action="append", metavar="NAME", help="only this reference loop (repeatable)")
+    c.add_argument("--json", action="store_true", help="print the results as JSON")
+    c.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    c.set_defaults(func=_selfcheck)
     from ._verify import run_cli
 
     r = sub.add_parser(

@@ -1,5 +1,5 @@
 """The reference table: every reference loop on every built-in task, observed verdict beside the
-verdict its contract promises. This is what ``accumlib verify`` prints without arguments.
+verdict its contract promises. This is what ``accumlib selfcheck`` prints.
 
 The promises are read from each loop's ``CONTRACT`` (``accumlib.loops``); the observations come
 from ``accumlib.harness``. A row that disagrees is a loop, a task or an oracle gone wrong.
@@ -67,7 +67,7 @@ _HEAD = ("loop", "task", "k", "max rel err", "cosine", "steps", "items", "verdic
 
 @dataclass
 class CheckTable:
-    """The reference table: text for terminals (``accumlib verify``), HTML for notebooks, JSON for machines.
+    """The reference table: text for terminals (``accumlib selfcheck``), HTML for notebooks, JSON for tools.
 
     >>> table = check_reference_loops(tasks=["lm-tokens"], loops=["ragged"])
     >>> table.ok, str(table).splitlines()[-1]

@@ -1,7 +1,7 @@
 """Every tolerance accumlib uses, each with the reason for its value.
 
 A tolerance is a claim about rounding; a bug must sit far outside it. The figures
-quoted below were measured on the built-in tasks (``accumlib verify``, ``make bench``)
+quoted below were measured on the built-in tasks (``accumlib selfcheck``, ``make bench``)
 and are re-checked by the tests that import these names.
 """
 

@@ -111,15 +111,17 @@ def test_reference_table_verdicts_hold_and_cli_exits_zero(capsys):
         verdicts["ragged", "mlp-digits"].items_used == verdicts["ragged", "mlp-digits"].items_available == 110
     )
     assert all(r.steps == r.expected_steps for r in table.rows)
-    assert main(["verify", "--task", "cnn-groupnorm", "--loop", "ragged", "--loop", "naive", "--json"]) == 0
+    assert (
+        main(["selfcheck", "--task", "cnn-groupnorm", "--loop", "ragged", "--loop", "naive", "--json"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and {r["loop"] for r in out["rows"]} == {"ragged", "naive"}
 
 
 def test_cli_bad_usage_exits_2(capsys):
-    assert main(["verify", "--task", "nope"]) == 2
+    assert main(["selfcheck", "--task", "nope"]) == 2
     assert "task must be one of" in capsys.readouterr().err
-    assert main(["verify", "--loop", "nope"]) == 2
+    assert main(["selfcheck", "--loop", "nope"]) == 2
     with pytest.raises(SystemExit) as e:
         main(["frobnicate"])
     assert e.value.code == 2

@@ -4,7 +4,7 @@ A practitioner's CI job that only wants to check a run (``accumlib verify`` on a
 a script) must not pull in the course's matplotlib, its notebooks' Jupyter, or scikit-learn. This test
 builds a fresh virtual environment, installs the package from a copy of this checkout with no extra
 (offline, from uv's cache, which ``make install`` filled, at constraints.txt's pins), and runs the core's
-commands there, each on a correct run and on a wrong one.
+commands there (``accumlib selfcheck`` too), each on a correct run and on a wrong one.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_accumlib_verify_judges_a_loop_with_the_core_alone(core, tmp_path):
 
 
 def test_the_self_check_runs_with_the_core_alone(core, tmp_path):
-    out = _run(core, "-m", "accumlib", "verify", "--task", "mlp-digits", "--loop", "naive", cwd=tmp_path)
+    out = _run(core, "-m", "accumlib", "selfcheck", "--task", "mlp-digits", "--loop", "naive", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verdicts hold" in out.stdout
 

@@ -109,9 +109,8 @@ def test_loop_that_raises_exits_3_with_its_traceback(loops, capsys):
         ),
         (["{f}:naive", "--task", "mlp-digits", "--task", "lm-tokens"], "--task must be given once"),
         (["{f}:naive", "--task", "nope"], "task must be one of"),
-        (["{f}:naive", "--batch-size", "5", "--loop", "naive"], "--loop selects reference loops"),
-        (["--accum-steps", "4"], "need a target"),
-        (["{f}:naive", "--batch-size", "5", "--device", "cuda"], "--device applies to the reference table"),
+        (["--accum-steps", "4"], "a target FILE.py:FUNCTION is required"),
+        ([], "the library's own check of its reference loops is `accumlib selfcheck`"),
     ],
 )
 def test_bad_usage_exits_2(loops, capsys, args, words):
@@ -126,9 +125,16 @@ def test_file_without_a_task_needs_task(tmp_path, capsys):
     assert "item_losses, make_model, make_dataset or dataset" in capsys.readouterr().err
 
 
-def test_table_mode_still_works(capsys):
-    assert main(["verify", "--task", "mlp-digits", "--loop", "ragged"]) == 0
+def test_the_self_check_is_its_own_command(capsys):
+    """One name, one meaning: ``verify`` judges a user's loop, ``selfcheck`` the library's reference loops."""
+    assert main(["selfcheck", "--task", "mlp-digits", "--loop", "ragged"]) == 0
     assert "1/1 verdicts hold" in capsys.readouterr().out
+    for flag in (["--loop", "naive"], ["--device", "cuda"]):  # the self-check's options are not verify's
+        with pytest.raises(SystemExit) as exit_:
+            main(["verify", "loop.py:train", "--batch-size", "5", *flag])
+        assert (
+            exit_.value.code == 2 and f"unrecognized arguments: {' '.join(flag)}" in capsys.readouterr().err
+        )
 
 
 @pytest.mark.parametrize(
@@ -155,7 +161,7 @@ def test_a_target_file_that_cannot_be_used_is_a_usage_error(tmp_path, capsys, so
 
 
 def test_an_unknown_device_is_a_usage_error(capsys):
-    assert main(["verify", "--device", "gpu"]) == 2
+    assert main(["selfcheck", "--device", "gpu"]) == 2
     assert "device must be 'cpu', 'cuda', 'auto' or a torch.device (got 'gpu')" in capsys.readouterr().err
 
 

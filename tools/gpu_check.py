@@ -6,7 +6,7 @@ On the device machine (a copy of the working tree, the image's own PyTorch, no p
 
 Four parts, each judged; cost on one H100 estimated (no session has run this on a GPU yet), under 5 min:
 
-  a  the reference table: `accumlib verify --device cuda --json --task T` for every task, every verdict
+  a  the reference table: `accumlib selfcheck --device cuda --json --task T` for every task, every verdict
      a loop's contract promises must hold (~30 s: 20 rows of tiny models, launch-bound); a row that
      fails is re-run with TF32 off, to tell TF32 rounding from a broken path
   b  every lesson computation that takes `device` (lessons 1-5 and 10) with device="cuda" and the
@@ -117,7 +117,7 @@ def table_of(task: str, dev: torch.device) -> list[dict]:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = cli(["verify", "--device", dev.type, "--json", "--task", task])
+        status = cli(["selfcheck", "--device", dev.type, "--json", "--task", task])
     checks = [check(f"accumlib verify --task {task}: exit status 0", status == 0, {"exit": status})]
     for row in json.loads(out.getvalue())["rows"]:
         fig = {k: row[k] for k in ("max_rel_error", "min_cosine", "steps", "verdict", "expected")}

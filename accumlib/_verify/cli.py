@@ -110,13 +110,6 @@ def run_target(args: argparse.Namespace) -> int:
     from .report import EXIT_STATUS
 
     try:
-        if args.loop:
-            raise UsageError("--loop selects reference loops; it cannot be combined with a target")
-        if args.device != "cpu":
-            raise UsageError(
-                "--device applies to the reference table; with a target, make_model places the model (got "
-                f"{args.device!r})"
-            )
         module, fn = _load(args.target)
         kw = _task(args, module)
         kw["accum_steps"] = args.accum_steps if args.accum_steps is not None else kw["accum_steps"]
