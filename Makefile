@@ -25,7 +25,7 @@ PRECISION ?= float32
 DEVICE    ?= auto
 SEED      ?= 0
 
-.PHONY: install lab test lint format notebooks lesson-data selfcheck report bench survey gpu-check clean
+.PHONY: install lab test lint format notebooks lesson-data selfcheck docs report bench survey gpu-check clean
 
 install: $(STAMP)
 
@@ -134,5 +134,21 @@ GPU_PY = $(if $(filter command line,$(origin PY))$(wildcard $(PY)),$(PY),$(PYTHO
 gpu-check:
 	PYTHONPATH=. $(GPU_PY) tools/gpu_check.py --out "$(GPU_OUT)" $(if $(DRY),--dry-run)
 
+# The documentation site in DOCS_OUT/site (open DOCS_OUT/site/index.html): the README, docs/, the notebooks
+# with their committed outputs and the API reference from docstrings (tools/docs.py says how). Its
+# toolchain (MkDocs, mkdocs-jupyter, mkdocstrings) lives in its own venv, .venv-docs, at the pins of
+# docs/requirements.txt: mkdocs-jupyter brings jupytext, whose JupyterLab extension must stay out of the
+# course's lab. tests/test_docs_site.py builds it and opens every page in Chromium.
+DOCS_OUT  ?= build/docs
+DOCS_VENV ?= .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
+$(DOCS_STAMP): docs/requirements.txt $(STAMP)
+	$(VENV)/bin/uv venv -q --allow-existing --python $(PY) $(DOCS_VENV)
+	$(VENV)/bin/uv pip install -q --python $(DOCS_VENV)/bin/python -r docs/requirements.txt
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(DOCS_VENV)/bin/python tools/docs.py --out "$(DOCS_OUT)"
+
 clean:
-	rm -rf $(VENV) reports .pytest_cache .hypothesis
+	rm -rf $(VENV) reports .pytest_cache .hypothesis $(DOCS_VENV) build
