@@ -2,8 +2,8 @@
 
 These are structural promises of issue 13, checked on the code as it stands: the names
 ``import accumlib`` offers, what importing it costs, that each public function has type hints
-and a runnable example, that no module grows past one screenful of rooms (400 lines) and that
-the library never calls its own command line.
+and a runnable example, and that the library never calls its own command line. (Module length is a
+review signal, not a rule: CONTRIBUTING.md.)
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import accumlib
 from accumlib.loops import ALL
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_LINES = 400  # about two screens: a module past it holds more than one purpose (issue 13)
 
 PUBLIC = {
     "LOOPS",
@@ -151,18 +150,6 @@ def test_device_defaults_to_the_models_own_everywhere():
     assert set(defaults.values()) == {None}, defaults
 
 
-def _modules():
-    for folder in ("accumlib", "benchmarks"):
-        yield from sorted((ROOT / folder).rglob("*.py"))
-
-
-def test_no_module_is_over_400_lines():
-    long = {
-        str(p.relative_to(ROOT)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    assert not long, long
-
-
 def _imported_modules(path: Path) -> set[str]:
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     out = set()
@@ -191,7 +178,12 @@ def test_the_library_never_calls_its_own_command_line():
 def test_contributing_names_only_files_that_exist():
     """CONTRIBUTING.md is the map of where to make a change: every file it names must be there."""
     text = (ROOT / "CONTRIBUTING.md").read_text()
-    named = set(re.findall(r"`((?:accumlib|benchmarks|notebooks|tests)/[\w/.-]+\.(?:py|ipynb))`", text))
+    named = set(
+        re.findall(
+            r"`((?:accumlib_course|accumlib|benchmarks|notebooks|tests|tools|docs)/[\w/.-]+\.(?:py|ipynb|md|txt))`",
+            text,
+        )
+    )
     assert len(named) >= 15  # the negative: the pattern does find the map's files
     missing = sorted(p for p in named if not (ROOT / p).exists() and "NN_" not in p)  # NN_name: a pattern
     assert not missing, missing
