@@ -15,6 +15,7 @@ judges the user's loop, ``selfcheck`` the library's own reference loops.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .checks import resolve_device
@@ -179,9 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader closed the pipe
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # here, not at the interpreter's exit, where a closed pipe is a traceback
+        return status
+    except BrokenPipeError:
+        # `accumlib verify ... | head`: the reader stopped reading. No traceback; stdout goes to devnull so
+        # that the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return SIGPIPE_EXIT
 
 
 if __name__ == "__main__":

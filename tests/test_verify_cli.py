@@ -245,3 +245,22 @@ def test_a_failure_inside_verify_is_cannot_judge_not_the_loops_fault(loops, caps
             accum_steps=2,
             batch_size=4,
         )
+
+
+def test_a_reader_that_closes_the_pipe_gets_no_traceback():
+    """`accumlib selfcheck | head -1`: once the reader has closed the pipe, the command ends quietly with
+    128 + SIGPIPE, as a shell reports such a command, not a BrokenPipeError traceback. The reader here
+    closes before anything is written, so the write fails every time, whatever the buffering."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys; from accumlib.cli import main; sys.exit(main(['selfcheck', '--task', 'mlp-digits']))"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        run = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write)
+    assert "Traceback" not in run.stderr and "BrokenPipeError" not in run.stderr, run.stderr
+    assert run.returncode == 141
