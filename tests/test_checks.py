@@ -265,7 +265,8 @@ def test_no_device_means_the_models_own():
 
 
 def _modules() -> list[Path]:
-    return sorted(p for p in LIBRARY.rglob("*.py") if "__pycache__" not in p.parts)
+    files = [*LIBRARY.rglob("*.py"), *(LIBRARY.parent / "accumlib_course").rglob("*.py")]  # the course too
+    return sorted(p for p in files if "__pycache__" not in p.parts)
 
 
 def _defined(path: Path) -> list[str]:

@@ -262,7 +262,9 @@ def test_participant_extras_cover_every_import():
     groups = _pyproject_requirements()
     installed = _closure(groups[""] + [r for e in EXTRAS for r in groups[e]])
     to_dist = md.packages_distributions()
-    sources = {p: p.read_text() for p in (REPO / "accumlib").rglob("*.py")}
+    sources = {
+        p: p.read_text() for root in ("accumlib", "accumlib_course") for p in (REPO / root).rglob("*.py")
+    }
     sources |= {p: _notebook_code(p) for p in (REPO / "notebooks").glob("*.ipynb")}
     missing = {}
     for path, src in sources.items():

@@ -20,8 +20,13 @@ import pytest
 from accumlib import CODES, Finding, Report
 
 LIBRARY = Path(__file__).resolve().parents[1] / "accumlib"
-FILES = sorted(LIBRARY.rglob("*.py"))
-VERIFY = [p for p in FILES if "_verify" in p.parts or "hf" in p.parts or p.name == "lightning.py"]
+COURSE = LIBRARY.parent / "accumlib_course"  # the course beside the core keeps the same rules
+FILES = sorted(LIBRARY.rglob("*.py")) + sorted(COURSE.rglob("*.py"))
+VERIFY = [
+    p
+    for p in FILES
+    if LIBRARY in p.parents and ("_verify" in p.parts or "hf" in p.parts or p.name == "lightning.py")
+]
 
 
 def _name(p: Path) -> str:
@@ -165,13 +170,18 @@ def _private_imports(path: Path, top: Path = LIBRARY.parent) -> list[str]:
     return out
 
 
-# one case per top-level module or package of accumlib, so a failure names whose module it is
-AREAS = sorted({p.relative_to(LIBRARY).parts[0] for p in FILES})
+def _area(p: Path) -> str:
+    """The top-level module or package of accumlib or accumlib_course that ``p`` belongs to."""
+    return "/".join(p.relative_to(LIBRARY.parent).parts[:2])
+
+
+# one case per top-level module or package of accumlib and of the course, so a failure names whose it is
+AREAS = sorted({_area(p) for p in FILES})
 
 
 @pytest.mark.parametrize("area", AREAS)
 def test_no_module_imports_another_modules_private_name(area):
-    found = [x for p in FILES if p.relative_to(LIBRARY).parts[0] == area for x in _private_imports(p)]
+    found = [x for p in FILES if _area(p) == area for x in _private_imports(p)]
     assert not found, f"private names imported across modules (make them public, or pass them in): {found}"
 
 
