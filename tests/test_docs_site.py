@@ -158,6 +158,21 @@ def test_every_page_loads_links_resolve_and_figures_show_with_alt_text(site, tmp
     assert external == [], f"the site requests other hosts: {external}"
 
 
+def test_the_tests_cell_tags_are_not_shown_to_readers(tmp_path, site):
+    reason = chromium_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    server, base = _serve(site)
+    try:
+        with chromium_page(tmp_path / "profile") as page:
+            page.goto(f"{base}/notebooks/03_ragged_windows_and_tokens.html", wait_until="load")
+            tags = page.locator(".tags_button_container")
+            assert tags.count() > 0  # the page has tagged cells: the check below has something to hide
+            assert not any(tags.nth(i).is_visible() for i in range(tags.count()))
+    finally:
+        server.shutdown()
+
+
 def test_a_widget_says_where_it_runs(site):
     page = (site / "notebooks" / "03_ragged_windows_and_tokens.html").read_text()
     assert "an interactive widget: in JupyterLab (make lab) or on Binder" in page

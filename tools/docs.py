@@ -86,7 +86,7 @@ def stage(src: Path) -> list[str]:
         shutil.rmtree(src)
     pages = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
     pages += sorted(f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb"))
-    pages.append("notebooks/INSTRUCTORS.md")
+    pages += ["notebooks/INSTRUCTORS.md", "docs/site/extra.css"]
     staged, todo = set(), list(pages)
     while todo:  # the pages, then what they link to, transitively for markdown
         rel = todo.pop()
