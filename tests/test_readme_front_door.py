@@ -145,3 +145,19 @@ def test_the_link_check_sees_a_missing_page_and_a_missing_heading(tmp_path):
     page = tmp_path / "a.md"
     page.write_text("[ok](b.md#here) [gone](c.md) [moved](b.md#there) [web](https://example.org/x)\n")
     assert broken_links(page) == ["c.md: no such file", "b.md#there: no such heading in b.md"]
+
+
+def test_the_same_check_from_a_shell_exits_as_the_readme_says(tmp_path):
+    """ "The same check from a shell, with the loop in `loop.py`": the example's loop, run by the command
+    the README gives, ends as the prose says."""
+    section = _section("## Check a run")
+    code = _blocks(section, "python")[0]
+    (tmp_path / "loop.py").write_text(code.split("\nreport = ", 1)[0])  # the loop, not the verify call
+    said = re.search(r"with the loop in `loop.py`, is\n`(accumlib verify [^`]+)` \(exit (\d)\)", section)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    run = subprocess.run(
+        shlex.split(said.group(1)), cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert run.returncode == int(said.group(2)), run.stdout + run.stderr
+    assert "[tail-dropped] 14 of 110 items" in run.stdout
