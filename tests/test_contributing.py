@@ -77,6 +77,16 @@ class Scratch:
         assert text.count(old) == 1, f"{old!r} must occur once in {rel}"
         self.write(rel, text.replace(old, new))
 
+    def tool(self, script: str, writes: str) -> None:
+        """Run one of tools/ in the scratch copy, as the map says, and count the file it writes as touched."""
+        assert writes in self.named, f"{writes} is not among the files CONTRIBUTING.md names"
+        before = self.read(writes)
+        env = dict(os.environ, PYTHONPATH=str(self.root))
+        run = subprocess.run([sys.executable, script], cwd=self.root, env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert self.read(writes) != before, f"{script} left {writes} as it was"
+        self.touched.add(writes)
+
     def pytest(self, *args: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, PYTHONPATH=str(self.root), ACCUMLIB_SCRATCH="1")
         return subprocess.run(
@@ -200,6 +210,7 @@ CODE_ENTRY = f"""    "{CODE}": Code(
         "bug",
         "the optimizer's learning rate was 0 at this step: the update changed no weight",
         "set the learning rate you meant; a warmup that starts at 0 spends its first step for nothing",
+        meaning="the learning rate was 0: the step moved nothing",
     ),
 """
 CODE_RULE = f"""    if n.lr == 0:  # the scratch code of tests/test_contributing.py
@@ -253,8 +264,10 @@ def _add_code(scratch: Scratch) -> None:
 
 
 def _add_code_to_readme(scratch: Scratch) -> None:
-    _add_readme_row(
-        scratch, "| `unscaled-sum` |", f"| `{CODE}` | bug | the learning rate was 0: the step moved nothing |"
+    """The table of codes is written from the codes table: the map's tool adds the row."""
+    scratch.tool("tools/codes_table.py", writes="docs/verify.md")
+    assert f"| `{CODE}` | bug | the learning rate was 0: the step moved nothing |" in scratch.read(
+        "docs/verify.md"
     )
 
 

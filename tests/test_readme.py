@@ -105,6 +105,24 @@ def test_every_finding_code_is_in_the_readme_with_its_kind():
     assert rows == {code: c.kind for code, c in CODES.items()}
 
 
+def test_the_table_of_codes_is_written_from_the_codes_table():
+    """docs/verify.md's table is ``tools/codes_table.py``'s rows, row for row: a code added to CODES, or a
+    meaning changed there, shows here only once the tool has run."""
+    import sys
+
+    from accumlib import CODES
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import codes_table
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "verify.md").read_text().split("\n")
+    start, end = codes_table.table_span(page)
+    assert page[start:end] == codes_table.rows()
+    assert all(code.meaning.strip() for code in CODES.values()), "every code says what it means"
+    stale = page[: start + 2] + page[start + 3 : end]  # a row gone: the check sees it
+    assert stale != codes_table.rows()
+
+
 def test_the_readme_states_no_gallery_size():
     """A gallery loop added by the map touches no README sentence: the size is not stated."""
     assert not re.search(r"GALLERY` holds \d+", " ".join(README.split()))
