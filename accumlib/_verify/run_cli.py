@@ -9,6 +9,7 @@ Exit status, as ``accumlib verify``'s (``report.EXIT_STATUS``): 0 correct, 1 a b
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import traceback
@@ -82,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
         traceback.print_exception(type(err), err, _from_script(err.__traceback__, command[0]))
         print(f"accumlib run: {command[0]} raised (exit 3); nothing was judged", file=sys.stderr)
         return EXIT_STATUS["raised"]
+    # The script's objects (a DDP model holds its process group, whose gloo threads hold tensors) are freed
+    # now, while the interpreter is whole: left to its finalization, a gloo worker thread torn down there can
+    # abort the process after the report (SIGABRT, "terminate called without an active exception"; seen once
+    # in CI on 2 loaded cores; pytorch/pytorch#179291 describes the race).
+    gc.collect()
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun: one report for the job, by rank 0
         print(report, flush=True)
         if args.json:
