@@ -120,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="with --world-size: stop the ranks after this long (default 600)",
     )
+    v.add_argument(
+        "--oracle",
+        choices=("auto", "recompute"),
+        default="auto",
+        help="auto (default): judge in place, from the loop's own backward, where it can; recompute: replay "
+        "every micro-batch through item_losses",
+    )
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(func=_verify)
     c = sub.add_parser(

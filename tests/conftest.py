@@ -42,12 +42,18 @@ def verify_digits(
     **kw: Any,
 ) -> accumlib.Report:
     """``accumlib.verify(fn)`` on a task's model (seed 0): its own dataset, or ``n`` digits, or ``dataset``;
-    ``k`` micro-batches of ``b`` items per step (``accum_steps=``/``batch_size=`` in ``kw`` win)."""
+    ``k`` micro-batches of ``b`` items per step (``accum_steps=``/``batch_size=``/``item_losses=`` in ``kw``
+    win)."""
     if dataset is None:
         dataset = task.make_dataset() if n is None else accumlib.data.digits(n)
-    kw = {"accum_steps": k, "batch_size": b, "collate_fn": task.collate_fn} | kw
+    kw = {
+        "accum_steps": k,
+        "batch_size": b,
+        "collate_fn": task.collate_fn,
+        "item_losses": task.item_losses,
+    } | kw
     model = task.make_model(0) if model is None else model
-    return accumlib.verify(fn, model=model, dataset=dataset, item_losses=task.item_losses, **kw)
+    return accumlib.verify(fn, model=model, dataset=dataset, **kw)
 
 
 def windows_of(loader: Any, k: int = K) -> list[list[Any]]:

@@ -7,6 +7,7 @@ import json
 import textwrap
 
 import pytest
+import torch
 
 from accumlib.cli import main
 
@@ -224,26 +225,35 @@ def test_each_exit_status_from_a_real_command_line_run(command_line_runs, case):
     assert said in printed, printed
 
 
-def test_a_failure_inside_verify_is_cannot_judge_not_the_loops_fault(loops, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "module, name, oracle",
+    [("window_oracle", "leading_rows", "recompute"), ("inplace_verify", "gram", "auto")],
+    ids=["recompute", "in-place"],
+)
+def test_a_failure_inside_verify_is_cannot_judge_not_the_loops_fault(
+    loops, capsys, monkeypatch, module, name, oracle
+):
     """A case verify does not handle fails in its own stages: exit 4 and VerifyError, never 'your code
-    raised'."""
-    import accumlib
-    from accumlib._verify import window_oracle as oracle
+    raised'; on either oracle."""
+    import importlib
 
-    # the oracle's own line fails (calling None raises TypeError in window_oracle.py's frame), as a case it
-    # does not handle would; a function defined here would put the raising frame in this file instead
-    monkeypatch.setattr(oracle, "leading_rows", None)
-    assert main(["verify", f"{loops}:divided", "--batch-size", "5"]) == 4
+    import accumlib
+
+    # the oracle's own line fails (calling None raises TypeError in its module's frame), as a case it does
+    # not handle would; a function defined here would put the raising frame in this file instead
+    monkeypatch.setattr(importlib.import_module(f"accumlib._verify.{module}"), name, None)
+    assert main(["verify", f"{loops}:divided", "--batch-size", "5", "--oracle", oracle]) == 4
     err = capsys.readouterr().err
     assert "cannot judge" in err and "not a bug found in the loop" in err, err
     with pytest.raises(accumlib.VerifyError, match="could not judge this run"):
         accumlib.verify(
-            lambda m, o, loader: [m(x).sum().backward() for x, _ in loader],
+            lambda m, o, loader: [torch.nn.functional.cross_entropy(m(x), y).backward() for x, y in loader],
             model=accumlib.get_task("mlp-digits").make_model(0),
             dataset=accumlib.data.digits(16),
             item_losses=accumlib.get_task("mlp-digits").item_losses,
             accum_steps=2,
             batch_size=4,
+            oracle=oracle,
         )
 
 

@@ -10,6 +10,7 @@ import numbers
 import traceback
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,14 @@ from .diagnose_run import (
     step_findings,
     step_rows,
 )
+from .inplace import InPlace
+from .inplace_patches import observed
+from .inplace_verify import Fallback, rng_state, set_rng_state
 from .job import judge_job
 from .lock import one_run
 from .patches import patched
 from .ranks import Ranks, in_group, sharded
-from .record import Recorder, StopRun
+from .record import BN_TYPES, Recorder, StopRun
 from .report import Finding, Report
 from .shadow import disable_dropout, first_layer, make_shadow
 from .sites import user_site
@@ -153,6 +157,7 @@ def verify(
     collate_fn: Callable[[list], Any] | None = None,
     max_steps: int | None = None,
     ranks: str | None = None,
+    oracle: str = "auto",
 ) -> Report:
     """Run ``train_fn(model, optimizer, loader)`` once on a copy and judge every optimizer step.
 
@@ -161,6 +166,13 @@ def verify(
     ``loader.collate_fn`` (a framework's sampler, shuffling), in the main process.
     ``max_steps`` judges the first N optimizer steps and then ends the loop.
     The oracle runs wherever the model's parameters live.
+
+    ``oracle="auto"`` judges each step in place, from the loop's own backward (``inplace_verify.py``: at
+    little more than the loop's own cost), once one window's replay through ``item_losses`` has shown the
+    loop's items are ``item_losses``' items; where the engine cannot vouch for a step (autocast,
+    BatchNorm, a loss it cannot follow), the loop is run again from the start on the recompute oracle,
+    which replays every micro-batch (``oracle="recompute"``: always that one). ``Report.oracle`` says
+    which judged the run.
 
     ``ranks="all"``, called on every rank of a process group (under torchrun, or ``accumlib verify
     --world-size R``), judges the whole job: the loop keeps its own ``DDP(...)`` or ``fully_shard(...)``
@@ -182,73 +194,113 @@ def verify(
     """
     check_args(train_fn, model, dataset, item_losses, batch_size, optimizer, collate_fn, max_steps, ranks)
     k = check_int("accum_steps", accum_steps, low=1)
+    check_choice(
+        "oracle",
+        oracle,
+        ("auto", "recompute"),
+        "'auto' judges in place where it can (the loop's own backward), 'recompute' replays each micro-batch",
+    )
     caller = user_site()  # the user's line that called verify (or verify_trainer, verify_fit)
     with one_run("accumlib.verify"):  # refused by name while another run records (lock.py)
         where = in_group()
         # refuses non-data-parallel
         job = Ranks.join(model) if ranks == "all" and where is not None and where[1] > 1 else None
-        net = copy_model(model)  # the caller's model is never touched, nor reached through a patched forward
-        dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
-        opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(
-                "optimizer must return a torch.optim.Optimizer when called with the parameters (got "
-                f"{type(opt).__name__})"
-            )
-        tracked = TrackedIterable(dataset) if isinstance(dataset, IterableDataset) else Tracked(dataset)
-        rec = Recorder(
-            net,
-            make_shadow(net),
-            opt,
-            tracked,
-            collate_fn or default_collate,
-            item_losses,
-            max_steps,
-            ranks=job,
-            caller=caller,
-        )
-        loader = DataLoader(
-            tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn
-        )
-        # a global step hook: it also sees an optimizer the loop builds itself
-        hooks = [
-            net.register_forward_pre_hook(rec.on_forward, with_kwargs=True),
-            first_layer(net).register_forward_pre_hook(rec.inside_forward),
-            register_optimizer_step_pre_hook(rec.on_step),
-        ]
-        returned, stopped = None, False
-        # a script that destroys its process group as it ends (Accelerate's end_training) has the
-        # end-of-run exchange run right before (its return value is not known yet: no logged loss)
-        ended: list[list[dict[str, Any]]] = []
-        at_end = (
-            job.before_destroy(lambda: ended.append(_exchange(rec, job, k, None))) if job else nullcontext()
-        )
+        args = (train_fn, model, dataset, item_losses, k, batch_size, optimizer, collate_fn, max_steps, job)
+        # BatchNorm couples a window's items: its merged window is the recompute oracle's alone
+        if oracle == "recompute" or job is not None or any(isinstance(m, BN_TYPES) for m in model.modules()):
+            return _run(*args, caller=caller, engine=None)
+        start = rng_state()
         try:
-            with patched(rec), at_end:
-                returned = train_fn(net, opt, loader)
-        except StopRun:
-            stopped = True
-        except Exception as err:
-            where = (
-                f"after {rec.forwards} micro-batch forwards and {len(rec.steps)} optimizer steps "
-                f"(accum_steps={k}, batch_size={batch_size})"
-            )
-            if _raised_by_verify(err):
-                raise VerifyError(
-                    f"accumlib.verify could not judge this run: its own recording failed {where} with "
-                    f"{type(err).__name__}: {err}. This is a limit of verify, not a bug found in the loop; "
-                    "please report it with the loop"
-                ) from err
-            err.add_note(f"accumlib.verify: train_fn raised {where}")
-            raise
-        finally:
-            for h in hooks:
-                h.remove()
-            rec.unwatch()
-        if job is None:
-            return _judge(rec, k, batch_size, _number(returned), dropout, stopped)
-        every = ended[0] if ended else _exchange(rec, job, k, returned)
-        return _judge(rec, k, batch_size, None, dropout, stopped, every)
+            return _run(*args, caller=caller, engine=InPlace())
+        except Fallback as why:  # the engine cannot vouch for a step: the run again, from the same start
+            set_rng_state(start)
+            return replace(_run(*args, caller=caller, engine=None), oracle=f"recompute ({why.reason})")
+
+
+def _run(
+    train_fn: Callable[..., Any],
+    model: torch.nn.Module,
+    dataset: Dataset,
+    item_losses: ItemLosses,
+    k: int,
+    batch_size: int,
+    optimizer: Callable[..., torch.optim.Optimizer] | None,
+    collate_fn: Callable[[list], Any] | None,
+    max_steps: int | None,
+    job: Ranks | None,
+    *,
+    caller: str | None,
+    engine: InPlace | None,
+) -> Report:
+    """One run of the loop on a fresh copy, recorded (``engine``: judged in place, else replayed), judged."""
+    net = copy_model(model)  # the caller's model is never touched, nor reached through a patched forward
+    dropout = disable_dropout(net)  # random masks would differ from the oracle's; see the dropout finding
+    opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=DEFAULT_LR)))(net.parameters())
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(
+            "optimizer must return a torch.optim.Optimizer when called with the parameters (got "
+            f"{type(opt).__name__})"
+        )
+    tracked = TrackedIterable(dataset) if isinstance(dataset, IterableDataset) else Tracked(dataset)
+    rec = Recorder(
+        net,
+        make_shadow(net),
+        opt,
+        tracked,
+        collate_fn or default_collate,
+        item_losses,
+        max_steps,
+        ranks=job,
+        caller=caller,
+    )
+    if engine is not None:
+        rec.in_place(engine)
+    loader = DataLoader(
+        tracked, batch_size=batch_size, shuffle=False, drop_last=False, collate_fn=rec.collate_fn
+    )
+    # a global step hook: it also sees an optimizer the loop builds itself
+    hooks = [
+        net.register_forward_pre_hook(rec.on_forward, with_kwargs=True),
+        first_layer(net).register_forward_pre_hook(rec.inside_forward),
+        register_optimizer_step_pre_hook(rec.on_step),
+    ]
+    returned, stopped = None, False
+    # a script that destroys its process group as it ends (Accelerate's end_training) has the
+    # end-of-run exchange run right before (its return value is not known yet: no logged loss)
+    ended: list[list[dict[str, Any]]] = []
+    at_end = job.before_destroy(lambda: ended.append(_exchange(rec, job, k, None))) if job else nullcontext()
+    if engine is not None:
+        engine.saw_optimizer(opt)
+    in_place = observed(engine, scan=False) if engine is not None else nullcontext()
+    try:
+        with patched(rec), at_end, in_place:
+            returned = train_fn(net, opt, loader)
+    except StopRun:
+        stopped = True
+    except Exception as err:
+        where = (
+            f"after {rec.forwards} micro-batch forwards and {len(rec.steps)} optimizer steps "
+            f"(accum_steps={k}, batch_size={batch_size})"
+        )
+        if _raised_by_verify(err):
+            raise VerifyError(
+                f"accumlib.verify could not judge this run: its own recording failed {where} with "
+                f"{type(err).__name__}: {err}. This is a limit of verify, not a bug found in the loop; "
+                "please report it with the loop"
+            ) from err
+        err.add_note(f"accumlib.verify: train_fn raised {where}")
+        raise
+    finally:
+        for h in hooks:
+            h.remove()
+        rec.unwatch()
+        if engine is not None:
+            engine.close()
+    if job is None:
+        report = _judge(rec, k, batch_size, _number(returned), dropout, stopped)
+        return replace(report, oracle=rec.switched or ("in-place" if engine is not None else "recompute"))
+    every = ended[0] if ended else _exchange(rec, job, k, returned)
+    return _judge(rec, k, batch_size, None, dropout, stopped, every)
 
 
 def _exchange(rec: Recorder, job: Ranks, k: int, returned: Any) -> list[dict[str, Any]]:

@@ -144,7 +144,7 @@ def run_target(args: argparse.Namespace) -> int:
     if args.world_size > 1:
         return _run_ranks(args)
     try:
-        report = verify(fn, **kw)
+        report = verify(fn, **kw, oracle=getattr(args, "oracle", "auto"))
     except VerifyError as err:  # not the loop's fault: say so, and how
         traceback.print_exc()
         print(f"accumlib verify: cannot judge: {err}", file=sys.stderr)

@@ -102,6 +102,14 @@ class InPlace:
     holders: dict[int, set[int]] = field(default_factory=dict)  # parameter -> the optimizers holding it
     last: dict[str, Any] = field(default_factory=dict)
     stepping_now: int = 0  # the optimizer whose step is being captured
+    paused: bool = False  # verify's own replay runs (``inplace_verify.py``): nothing of it is the run's
+    # verify's recorder, told of each backward (True: its window's first) once the engine has read it
+    before_backward: Any = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> InPlace:
+        # one engine per run: a loop that deep-copies its model (hooks, and through them verify's recorder,
+        # included) must not copy the run's graph nodes, which cannot be copied
+        return self
 
     @property
     def param_ids(self) -> set[int]:  # the patches' test for "this run's parameters" (patches.py)
@@ -113,7 +121,9 @@ class InPlace:
             self.optimizers.add(opt)
 
     def saw_loss(self, call: LossCall) -> None:
-        if not self.inside[0]:  # inside the user's item_losses, a standard loss call is one of its terms
+        if (
+            not self.inside[0] and not self.paused
+        ):  # inside the user's item_losses, a standard loss call is one of its terms
             self.pending[id(call.node)] = call
 
     def saw_item_loss(self, call: LossCall) -> None:
@@ -181,6 +191,8 @@ class InPlace:
         return found, stray, compiled
 
     def backward(self, original: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.paused:
+            return original(tensors, *args, **kwargs)
         roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         self._hook_params()
         calls, stray, compiled = self._walk(roots)
@@ -200,6 +212,9 @@ class InPlace:
         elif len(terms) > 1:
             self.terms = max(self.terms, len(terms))
             self.problem("several-losses", " and ".join(terms))
+        # verify's recorder may take the run over here, on its recompute oracle (``inplace_verify.py``)
+        if self.before_backward is not None and self.before_backward(not self.window):
+            return original(tensors, *args, **kwargs)
         self._open(here)
         handles = [c.node.register_prehook(self._upstream(c, here)) for c in calls]
         self.ratio = torch.zeros(())  # nothing reached the parameters yet; each call's prehook sets it

@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ..batches import ItemLosses, cat_batches
+from .inplace_verify import Fallback, same_oracle, take, take_over
 from .measure import measure
 from .patches import capture_at_step, current_lr
 from .ranks import Ranks, full, sharded
@@ -95,6 +96,11 @@ class Recorder:
     ranks: Ranks | None = None  # a multi-rank job: the exchange stage makes each step's oracle the job's
     # per parameter id: the first few entries of .grad right after its latest backward (``rescale``)
     prints: dict[int, torch.Tensor] = field(default_factory=dict)
+    # the in-place engine, whose figures judge each step (``inplace_verify.py``); None: the oracle replays
+    engine: Any = None
+    groups: list[tuple[int, int]] = field(default_factory=list)  # in place: (micro-batches, rows) per group
+    checked: bool = False  # in place: the engine's oracle was checked against item_losses' (one window)
+    switched: str = ""  # why the recompute oracle took the run over from the engine, and from which step
 
     def __post_init__(self) -> None:
         # every parameter, frozen or not: a loop may unfreeze some later (and freeze others)
@@ -107,6 +113,19 @@ class Recorder:
         self.data_passes = Passes(len(self.dataset) if isinstance(self.dataset, Tracked) else 0)
         if isinstance(self.dataset, TrackedIterable):
             self.dataset.on_end = self._pass_ended
+
+    def in_place(self, engine: Any) -> None:
+        """Judge in place with ``engine``: told of each backward, so a case it cannot judge hands the run to
+        the recompute oracle at its window's first backward (``inplace_verify.take_over``)."""
+        self.engine = engine
+        engine.before_backward = lambda first: take_over(self, first)
+
+    def replay_from_here(self) -> None:
+        """The recompute oracle takes the run over at a window's first backward: .grad is still what it
+        held when the window began."""
+        self.engine.paused, self.engine = True, None
+        self.oracle.leaves = self.sync()
+        self.oracle.open(self.grads())
 
     def watch_grads(self) -> None:
         """Count backwards on every parameter that requires grad now (no hook sits on one that does not)."""
@@ -269,8 +288,9 @@ class Recorder:
         if not new:
             return  # a forward on a micro-batch already used (evaluation, a repeat)
         if not self.window:
-            self.oracle.leaves = self.sync()
-            self.oracle.open(self.grads())
+            if self.engine is None:
+                self.oracle.leaves = self.sync()
+                self.oracle.open(self.grads())
             self.mark = self.backwards
         elif self.backwards != self.mark:  # the micro-batches before this one went through backward
             self._close_group()
@@ -300,6 +320,17 @@ class Recorder:
                 self.how = Replay((dev, torch.get_autocast_dtype(dev)), self.how.scale)
 
     def _close_group(self, *, last: bool = False, unclip: float = 1.0) -> None:
+        if self.engine is not None:  # nothing replayed: the engine has the group's numbers
+            self.groups.append((len(self.group), sum(self.mbs[b].rows for b in self.group)))
+            window = self.engine.window
+            # the run's first group with items, alone in the engine's sum: check it is item_losses' sum
+            if not self.checked and len(window) == 1 and not last:
+                items = int(sum(c.items for c in window[0].calls))
+                if items > 0:
+                    same_oracle(self.engine, self, items, [self.mbs[b].batch for b in self.group])
+                    self.checked = True
+            self.group, self.mark = [], self.backwards
+            return
         batches = [self.mbs[b].batch for b in self.group]
         for leaf, on in zip(self.oracle.leaves, self.trainable):
             leaf.requires_grad_(on)  # as the loop's forward of these micro-batches had it
@@ -321,6 +352,8 @@ class Recorder:
         m = len(self.window)
         numbers = StepNumbers(m, current_lr(optimizer), untracked=self.untracked)
         if m == 0:
+            if self.engine is not None and self.engine.window:
+                raise Fallback(f"step {len(self.steps)}: a backward of data verify did not hand out")
             # the other ranks' windows may hold items: this rank joins the exchange
             if self.ranks is not None:
                 self.ranks.step(numbers, self.oracle, self.grads(), self.params)
@@ -329,6 +362,19 @@ class Recorder:
         complete = [c for c in self.clips if c.seen >= m]
         numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
         self._close_group(last=True, unclip=numbers.unclip)
+        last = self.mbs[self.window[-1]]
+        numbers.epoch_end, numbers.pass_length = last.epoch_end, last.position
+        numbers.lrs = [lrs for opt, lrs in self.lrs if opt == id(optimizer)]
+        numbers.frozen_changed = self.frozen_changed
+        r = rescale(self.params, self.prints) if self.ranks is None else math.nan
+        numbers.rescaled, numbers.grad_hooks = unexplained(r, numbers.unclip, self.scale), hooked(self.params)
+        if self.engine is not None:  # judged in place: the loop's own backward is the oracle
+            take(numbers, self.engine, optimizer, self)
+            if not self.checked:  # no group was checked alone (one group per window): the whole window
+                same_oracle(self.engine, self, numbers.items, [self.mbs[b].batch for b in self.window])
+                self.checked = True
+            self.finish_step(numbers)
+            return
         o = self.oracle
         numbers.items, numbers.sequences, numbers.loss_sum, numbers.fits = (
             o.items,
@@ -336,13 +382,7 @@ class Recorder:
             o.loss_sum,
             list(o.fits),
         )
-        last = self.mbs[self.window[-1]]
-        numbers.epoch_end, numbers.pass_length = last.epoch_end, last.position
         numbers.leak, numbers.finite = o.leak, o.finite
-        numbers.lrs = [lrs for opt, lrs in self.lrs if opt == id(optimizer)]
-        numbers.frozen_changed = self.frozen_changed
-        r = rescale(self.params, self.prints) if self.ranks is None else math.nan
-        numbers.rescaled, numbers.grad_hooks = unexplained(r, numbers.unclip, self.scale), hooked(self.params)
         grads = self.grads()
         if self.ranks is not None and not self.ranks.step(numbers, o, grads, self.params):
             self.finish_step(numbers)  # another rank's run had ended: nothing to judge this step against
@@ -375,7 +415,7 @@ class Recorder:
         for b in self.window:
             self.used_indices.update(self.mbs[b].indices or ())
         self._release(self.window)
-        self.window, self.group, self.lrs, self.clips = [], [], [], []
+        self.window, self.group, self.lrs, self.clips, self.groups = [], [], [], [], []
         self.prints.clear()
         self.sites.clear()
         self.how, self.lr_changed, self.untracked, self.frozen_changed = Replay(), False, 0, False

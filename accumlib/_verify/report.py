@@ -131,6 +131,9 @@ class Report:
     items_total: int | None
     logged_loss: float | None = None
     true_loss: float | None = None
+    # which oracle judged the run: "in-place" (the loop's own backward), "recompute" (every micro-batch
+    # replayed), "recompute (why)" where verify ran the loop again because the engine could not judge a step
+    oracle: str = "recompute"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))  # lists are taken, tuples kept
@@ -181,6 +184,7 @@ class Report:
             "items_total": self.items_total,
             "logged_loss": _finite(self.logged_loss),
             "true_loss": _finite(self.true_loss),
+            "oracle": self.oracle,
             "findings": [asdict(f) | {"severity": f.severity} for f in self.findings],
             "steps": [{k: _finite(v) for k, v in asdict(s).items()} for s in self.steps],
         }

@@ -15,11 +15,9 @@ The pipeline runs forward: record (hooks, patches) -> numbers per step -> ``diag
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import runpy
 import sys
-import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,12 +31,10 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..checks import check_int
 from .diagnose_run import diagnose_run, run_notes, step_findings, step_rows
-from .gradhooks import on_grad_hooks, site_of
 from .inplace import InPlace
+from .inplace_patches import observed
 from .itemlosses import ItemLossesError, check_in_script, in_module, is_script, parse, run_main, wrapper
 from .lock import one_run
-from .losscalls import on_loss_call
-from .patches import clipping, scaler, schedulers
 from .record import StopRun
 from .report import Finding, Report
 from .step_numbers import StepNumbers
@@ -50,69 +46,6 @@ class Watched:
 
     report: Report | None = None
     engine: InPlace = field(default_factory=InPlace)
-
-
-@contextlib.contextmanager
-def _optimizers(eng: InPlace, alive: bool) -> Iterator[None]:
-    """Every optimizer alive when the block opens and every one built inside it (and the modules' gradient
-    hooks alive when it opens: ``gradhooks.py`` sees those registered inside)."""
-    with warnings.catch_warnings():  # isinstance wakes deprecated module attributes, which warn
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects() if alive else ():
-            if (
-                type(obj) in weakref.ProxyTypes
-            ):  # isinstance on a dead proxy raises (torch.compile leaves some)
-                continue
-            if isinstance(obj, torch.optim.Optimizer):
-                eng.saw_optimizer(obj)
-            elif isinstance(obj, torch.nn.Module):  # backward hooks registered before the block opened
-                hooks = [*obj._backward_hooks.values(), *obj._backward_pre_hooks.values()]
-                for at in filter(None, map(site_of, hooks)):
-                    eng.saw_hook(at)
-    init = torch.optim.Optimizer.__init__
-
-    def built(opt: Any, *a: Any, **kw: Any) -> None:
-        init(opt, *a, **kw)
-        eng.saw_optimizer(opt)
-
-    torch.optim.Optimizer.__init__ = built  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def _backwards(eng: InPlace) -> Iterator[None]:
-    """``torch.autograd.backward``, which ``Tensor.backward`` (and so Accelerate, Lightning, GradScaler's
-    scaled loss) calls by attribute: each backward goes through the engine."""
-    original = torch.autograd.backward
-
-    def backward(tensors: Any, *a: Any, **kw: Any) -> Any:
-        return eng.backward(original, tensors, *a, **kw)
-
-    torch.autograd.backward = backward  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.autograd.backward = original  # type: ignore[assignment]
-
-
-@contextlib.contextmanager
-def _batchnorm(eng: InPlace) -> Iterator[None]:
-    """BatchNorm in training mode (``F.batch_norm`` calls ``torch.batch_norm`` by attribute)."""
-    original = torch.batch_norm
-
-    def batch_norm(inp: Any, weight: Any, bias: Any, mean: Any, var: Any, training: bool, *a: Any) -> Any:
-        if training and torch.is_grad_enabled():
-            eng.batchnorm = True
-        return original(inp, weight, bias, mean, var, training, *a)
-
-    torch.batch_norm = batch_norm  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.batch_norm = original  # type: ignore[assignment]
 
 
 @dataclass
@@ -239,18 +172,7 @@ def watch(
         own = in_module(*named, eng.saw_item_loss, eng.inside) if named else contextlib.nullcontext()
         hook = register_optimizer_step_pre_hook(eng.on_step)
         try:
-            with (
-                own,
-                _optimizers(eng, alive=scan),
-                on_loss_call(eng.saw_loss),
-                on_grad_hooks(eng.saw_hook),
-                _backwards(eng),
-                _batchnorm(eng),
-                _passes(eng, passes),
-                clipping(eng),  # type: ignore[arg-type]
-                scaler(eng),  # type: ignore[arg-type]
-                schedulers(eng),  # type: ignore[arg-type]
-            ):
+            with own, observed(eng, scan=scan), _passes(eng, passes):
                 yield out
         except StopRun:
             stopped = True

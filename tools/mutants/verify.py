@@ -19,6 +19,7 @@ TESTS = [
     "tests/test_verify_large_models.py",
     "tests/test_verify_report_text.py",
     "tests/test_verify_cli.py",
+    "tests/test_verify_in_place.py",
     "tests/test_gallery.py",
     "accumlib/_verify/api.py",
     "accumlib/_verify/copying.py",
@@ -46,9 +47,27 @@ R, OR, A = "accumlib/_verify/record.py", "accumlib/_verify/window_oracle.py", "a
 P, C, T = "accumlib/_verify/report.py", "accumlib/_verify/copying.py", "accumlib/tolerances.py"
 S, SH, PA = "accumlib/_verify/sources.py", "accumlib/_verify/shadow.py", "accumlib/_verify/patches.py"
 J, RK, CLI = "accumlib/_verify/job.py", "accumlib/_verify/ranks.py", "accumlib/_verify/cli.py"
-CO = "accumlib/_verify/codes.py"
+CO, IV = "accumlib/_verify/codes.py", "accumlib/_verify/inplace_verify.py"
 
 MUTANTS = [
+    # ---- judged in place: the engine's figures, and when the recompute oracle takes over ------------------
+    Mutant(
+        "the one-window check passes any gradient", IV, "not gap <= ROUNDING_FLOOR", "not gap <= math.inf"
+    ),
+    Mutant("the one-window check ignores the item counts", IV, "if replayed != items or", "if"),
+    Mutant("a step the engine could not judge taken in place", IV, "    if limits:\n", "    if False:\n"),
+    Mutant(
+        "a factor applied after the last backward left out of the weights",
+        IV,
+        "numbers.weights = [w * after for w in got.weights]",
+        "numbers.weights = list(got.weights)",
+    ),
+    Mutant(
+        "the recompute oracle never takes a run over",
+        IV,
+        "    if not why:\n        return False",
+        "    if True:\n        return False",
+    ),
     # ---- diagnose: naming a step from its numbers -------------------------------------------------------
     Mutant("a skipped GradScaler step judged like any other", D, "    if n.skipped:\n", "    if False:\n"),
     Mutant(
@@ -362,8 +381,8 @@ MUTANTS = [
     Mutant(
         "micro-batches drawn ahead forgotten at each step",
         R,
-        "self.window, self.group, self.lrs, self.clips = [], [], [], []",
-        "self.window, self.group, self.lrs, self.clips, self.fresh = [], [], [], [], []",
+        "self.window, self.group, self.lrs, self.clips, self.groups = [], [], [], [], []",
+        "self.window, self.group, self.lrs, self.clips, self.groups, self.fresh = [], [], [], [], [], []",
     ),
     Mutant(
         "a scheduler change flagged on every later window too",
@@ -540,8 +559,8 @@ MUTANTS = [
     Mutant(
         "max_steps not forwarded to the recorder",
         A,
-        "            item_losses,\n            max_steps,\n",
-        "            item_losses,\n            None,\n",
+        "        item_losses,\n        max_steps,\n",
+        "        item_losses,\n        None,\n",
     ),
     Mutant("a run ended by max_steps not said", A, "        stopped = True\n", "        stopped = False\n"),
     Mutant(
@@ -619,8 +638,8 @@ MUTANTS = [
     Mutant(
         "the global step hook left registered after the run",
         A,
-        "            for h in hooks:\n                h.remove()\n",
-        "            for h in hooks[:2]:\n                h.remove()\n",
+        "        for h in hooks:\n            h.remove()\n",
+        "        for h in hooks[:2]:\n            h.remove()\n",
     ),
     # ---- report: what the caller reads --------------------------------------------------------------------
     Mutant(
