@@ -102,9 +102,16 @@ def prepare(mode: str, fn: Any, model: torch.nn.Module, dataset: Any, batch_size
     """The run to measure, as a zero-argument call; what the loop alone needs is built here, outside it."""
     import accumlib
 
-    if mode == "verify":
+    if mode in ("verify", "recompute"):  # verify as it runs by default (in place), and its recompute oracle
+        oracle = "auto" if mode == "verify" else "recompute"
         return lambda: accumlib.verify(
-            fn, model=model, dataset=dataset, item_losses=item_losses, accum_steps=K, batch_size=batch_size
+            fn,
+            model=model,
+            dataset=dataset,
+            item_losses=item_losses,
+            accum_steps=K,
+            batch_size=batch_size,
+            oracle=oracle,
         )
     net = copy.deepcopy(model)  # made before the run: verify's own copies are part of what verify adds
     opt = torch.optim.SGD(net.parameters(), lr=0.05)  # verify's default optimizer
@@ -141,11 +148,12 @@ def measure_here(spec: dict) -> dict:
                 "exact_peak": peak.exact,
             }
         )
-        if spec["mode"] == "verify":
+        if spec["mode"] != "alone":
             out |= {
                 "ok": bool(result.ok),
                 "codes": sorted(getattr(result, "codes", [])),
                 "steps": len(getattr(result, "steps", [])),
+                "oracle": result.oracle,
             }
         del result, run  # the next run's baseline holds the model and data only
     if spec["mode"] == "alone":
