@@ -322,7 +322,6 @@ def verify_trainer(
     )
     user_opt, user_sched = trainer.optimizer, trainer.lr_scheduler
     optimizer = _copied_optimizer(user_opt, model) if user_opt is not None else None
-    callbacks = _copied_callbacks(trainer)
 
     from transformers.trainer_callback import PrinterCallback
 
@@ -336,7 +335,8 @@ def verify_trainer(
                 data_collator=trainer.data_collator,
                 train_dataset=trainer.train_dataset,
                 processing_class=trainer.processing_class,
-                callbacks=callbacks,
+                # copied for each run: verify may run the loop twice (``inplace_verify.py``)
+                callbacks=_copied_callbacks(trainer),
                 compute_loss_func=getattr(trainer, "compute_loss_func", None),
                 optimizers=(opt, _copied_scheduler(user_sched, user_opt, opt))
                 if user_opt is not None

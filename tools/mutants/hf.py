@@ -69,7 +69,7 @@ MUTANTS = [
     Mutant(
         "the user's callbacks are left out of the copy",
         T,
-        "                callbacks=callbacks,\n",
+        "                callbacks=_copied_callbacks(trainer),\n",
         "                callbacks=None,\n",
     ),
     Mutant(
