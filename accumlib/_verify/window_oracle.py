@@ -348,16 +348,16 @@ def _gram_into(
     if scratch is None or scratch.shape[0] < n or scratch.device != like.device:
         scratch = torch.empty(n, CHUNK, dtype=torch.float64, device=like.device)
     rows = [a for a, f in enumerate(flat) if f is not None]
+    acc = torch.zeros(len(rows), len(rows), dtype=torch.float64, device=like.device)
     for start in range(0, numel, CHUNK):
         width = min(CHUNK, numel - start)
-        for a in rows:
-            scratch[a, :width].copy_(flat[a][start : start + width])  # type: ignore[index]
-        for i, a in enumerate(rows):  # the unique dot products only: 6, not the 9 of M @ M.T
-            for b in rows[i:]:
-                d = torch.dot(scratch[a, :width], scratch[b, :width])
-                out[a, b] += d
-                if a != b:
-                    out[b, a] += d
+        for i, a in enumerate(rows):
+            scratch[i, :width].copy_(flat[a][start : start + width])  # type: ignore[index]
+        m = scratch[: len(rows), :width]
+        acc += m @ m.T  # one matrix product reads each row once (separate dots read each twice or more)
+    for i, a in enumerate(rows):
+        for j, b in enumerate(rows):
+            out[a, b] += acc[i, j]
 
 
 def leading_rows(batch: Any) -> int:
