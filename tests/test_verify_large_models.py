@@ -87,3 +87,36 @@ def test_a_large_model_gets_the_small_models_verdicts(kw, codes):
     assert [r.micro_batches for r in report.steps] == [4, 2]
     if not codes and not kw.get("bf16"):
         assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(report)
+
+
+@pytest.mark.parametrize("oracle", ["auto", "recompute"])
+def test_a_change_to_grad_past_a_large_tensors_first_chunk_is_seen(oracle):
+    """Before each step the loop doubles the gradient of the 1.1M-entry weight past its first CHUNK entries:
+    only the second chunk of that tensor is wrong, where no fingerprint looks. Both oracles read the same
+    error, which the step's Gram matrix finds only if it sums every chunk."""
+
+    def tail_doubled(model, opt, loader):
+        batches = list(loader)
+        for s in range(0, len(batches), K):
+            window = batches[s : s + K]
+            n = sum(len(y) for _, y in window)
+            for x, y in window:
+                (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+            with torch.no_grad():
+                model[2].weight.grad.view(-1)[CHUNK:] *= 2
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    assert wide()[2].weight.numel() > CHUNK
+    report = accumlib.verify(
+        tail_doubled,
+        model=wide(),
+        dataset=accumlib.data.digits(48),
+        item_losses=losses,
+        accum_steps=K,
+        batch_size=8,
+        oracle=oracle,
+    )
+    assert not report.ok, str(report)
+    assert report.oracle == ("in-place" if oracle == "auto" else "recompute")
+    assert all(r.rel_error > 1e-3 for r in report.steps), str(report)

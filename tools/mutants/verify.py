@@ -504,19 +504,16 @@ MUTANTS = [
         "        n, loss, _, _",
     ),
     Mutant(
-        "a chunked dot product fills half the Gram matrix",
+        "a chunked Gram matrix keeps only its first chunk's products",
         OR,
-        "                if a != b:\n                    out[b, a] += d\n",
-        "",
-        equivalent="every reader of a Gram matrix (fit_group, measure.measure, Ranks.step) reads entries (i, j) "
-        "with i <= j, and the chunked loop fills exactly those (b runs over rows[i:]); the lower "
-        "triangle it leaves empty is never read",
+        "        acc += m @ m.T",
+        "        acc += (m @ m.T) * (start == 0)",
     ),
     Mutant(
         "a chunk's scratch rows not refreshed past the first chunk",
         OR,
-        "        for a in rows:\n            scratch[a, :width].copy_",
-        "        for a in rows[:1]:\n            scratch[a, :width].copy_",
+        "        for i, a in enumerate(rows):\n            scratch[i, :width].copy_",
+        "        for i, a in enumerate(rows[:1]):\n            scratch[i, :width].copy_",
     ),
     Mutant(
         "finiteness read from the replay, not the loop's gradient",
