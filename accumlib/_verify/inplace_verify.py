@@ -5,17 +5,19 @@ verify runs the loop once on its copy. The Recorder still follows the data (whic
 pass ends, what the loop returns, what no step used) but replays nothing: each step's large-batch gradient
 is read from the loop's own backward, as ``accumlib run`` reads it. Two checks make those figures verify's:
 
-1. The engine's items are the loop's loss calls' items; verify's truth is ``item_losses``'. At the first
-   step with items, before the optimizer moves, the window's micro-batches are replayed once through
-   ``item_losses`` (the recompute oracle's one replay, no more) and the two sums must agree: the same item
+1. The engine's items are the loop's loss calls' items; verify's truth is ``item_losses``'. The run's first
+   group of micro-batches with items, alone in the engine's sum (else its first window, at the step), is
+   replayed once through ``item_losses`` before the optimizer moves, and the two must agree: the same item
    count, and ||O - O'|| / ||O|| at most ``ROUNDING_FLOOR``, the rounding the verdict itself allows.
 2. Every step is one the engine judges: no limit of its own (a loss it cannot see, a second loss term, a
    gradient hook, BatchNorm in training mode), no autocast (the float32 figure the report shows is the
    recompute oracle's), one backward per micro-batch group, the same clips.
 
-Where either fails, ``Fallback`` ends the run and verify runs the loop again, from the start and from the
-same random state, on the recompute oracle, which judges what the engine cannot; ``Report.oracle`` says
-which oracle judged the run, and why the recompute one did.
+Where 2 fails at a window's first backward (``take_over``: the engine reads a backward's loss calls before
+it runs), the recompute oracle takes the run over from that window, in the same run. Where 1 fails, or 2
+fails later in a window, ``Fallback`` ends the run and verify runs the loop again, from the start and from
+the same random state, on the recompute oracle. ``Report.oracle`` says which oracle judged the run, and why
+the recompute one did.
 """
 
 from __future__ import annotations
