@@ -89,9 +89,14 @@ def take(numbers: StepNumbers, eng: InPlace, optimizer: torch.optim.Optimizer, r
     numbers.gg, numbers.gt, numbers.tt = got.gg, got.gt, got.tt
 
 
+def autocast_said(rec: Recorder) -> list[str]:
+    """Autocast, as a reason the engine's figures are not verify's (the float32 figure is the replay's)."""
+    return [] if rec.how.autocast is None else [f"the loop ran under autocast ({rec.how.autocast[1]})"]
+
+
 def no_autocast(rec: Recorder) -> None:
-    if rec.how.autocast is not None:
-        raise Fallback(f"the loop ran under autocast ({rec.how.autocast[1]})")
+    for why in autocast_said(rec):
+        raise Fallback(why)
 
 
 def take_over(rec: Recorder, first: bool) -> bool:
@@ -100,9 +105,7 @@ def take_over(rec: Recorder, first: bool) -> bool:
     window, which has not reached .grad yet, with no second run; later in a window, only a second run can
     (``Fallback``). Returns True where the recompute oracle took over."""
     eng = rec.engine
-    why = list(eng.blind) + (
-        [f"the loop ran under autocast ({rec.how.autocast[1]})"] if rec.how.autocast else []
-    )
+    why = list(eng.blind) + autocast_said(rec)
     if not why:
         return False
     if not first:
