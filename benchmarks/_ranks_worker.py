@@ -317,7 +317,8 @@ def rank_main(rank: int, world: int, plan_json: str, out: str) -> None:
                         oks.append(bool(report.ok))
                         codes = sorted(report.codes)
                         steps = len(report.steps)
-            times[name] = {**t, "ok": all(oks), "codes": codes, "steps": steps}
+                        oracle = report.oracle
+            times[name] = {**t, "ok": all(oks), "codes": codes, "steps": steps, "oracle": oracle}
 
     res["cases"] = {
         name: {

@@ -48,6 +48,36 @@ CASES = (
 )
 
 
+def _on_rank_one(change):
+    """The correct DDP loop of ``accumlib.examples.ddp_loops``, its item losses ``change(losses, model)`` on
+    rank 1 alone: a wrong job that only one rank's in-place engine can tell it cannot judge."""
+
+    def bind(task):
+        from accumlib.examples.ddp_loops import _train
+
+        def losses(model, batch):
+            out = task.item_losses(model, batch)
+            return change(out, model) if torch.distributed.get_rank() == 1 else out
+
+        def train(model, opt, loader):
+            _train(model, opt, loader, item_losses=losses, count_items=task.count_items, k=task.accum_steps)
+
+        return train
+
+    return bind
+
+
+# rank 1 weighs its items unequally: a loss the engine cannot follow, seen at the step (every rank runs the
+# job again on the recompute oracle); rank 1 adds a penalty on the weights to its loss: seen at the window's
+# first backward (rank 1 alone hands its windows to the recompute oracle, rank 0 stays in place)
+ONE_RANK = {
+    "rank-1-weighted": _on_rank_one(lambda out, model: out * torch.linspace(0.5, 1.5, out.numel())),
+    "rank-1-penalty": _on_rank_one(
+        lambda out, model: out + 0.1 * sum(p.square().sum() for p in model.parameters())
+    ),
+}
+
+
 class Logged(Dataset):
     """The task's dataset, first ITEMS items, logging every index read (the test's own record of the
     windows)."""
@@ -89,7 +119,8 @@ def _run_cases(rank, world, out):
     task = accumlib.get_task("lm-tokens")
     data = task.make_dataset()
     results = {}
-    for name in CASES:
+    loops = {**LOOPS, **ONE_RANK}
+    for name in CASES + tuple(ONE_RANK):
         ds = Logged(data, ITEMS)
         seen = []  # per step on this rank: (indices drawn since the last step, parameters, gradient)
 
@@ -111,7 +142,7 @@ def _run_cases(rank, world, out):
         hook = register_optimizer_step_pre_hook(record)
         try:
             report = accumlib.verify(
-                LOOPS[name](task),
+                loops[name](task),
                 model=task.make_model(0),
                 dataset=ds,
                 item_losses=task.item_losses,
@@ -418,3 +449,48 @@ def _different_models(rank, world):
 def test_ranks_holding_different_models_are_refused_by_name():
     launch(_different_models, world_size=2, timeout=120)
     assert not multiprocessing.active_children()
+
+
+def test_every_loop_is_judged_in_place_but_fsdp2s_sharded_parameters(job):
+    for name in CASES:
+        said = [job[r][name]["report"]["oracle"] for r in range(2)]
+        assert said[0] == said[1], name
+        if name.startswith("fsdp2"):  # every rank's engine meets DTensor shards at its first step
+            assert said[0].startswith("recompute (rank 0: step 0: multi-rank"), said
+        else:
+            assert said[0] == "in-place", (name, said)
+
+
+def test_a_loss_one_rank_alone_weighs_unequally_has_every_rank_run_the_job_again(job):
+    c = _case(job, "rank-1-weighted")
+    assert all(s["rel"] > 1e-2 for s in c["steps"])  # the test's own arithmetic: the job is wrong
+    # rank 1's first micro-batch, replayed through item_losses, is not what its loss calls backwarded
+    for r in range(2):
+        said = job[r]["rank-1-weighted"]["report"]["oracle"]
+        assert said.startswith("recompute (rank 1: the loop's loss calls held "), said
+        assert "the loop's loss is not item_losses' mean)" in said and "rank 0" not in said, said
+    assert job[0]["rank-1-weighted"]["text"] == job[1]["rank-1-weighted"]["text"]
+    _unexplained_as_the_test_measures(c)
+
+
+def test_a_penalty_on_one_rank_hands_that_ranks_windows_to_the_recompute_oracle(job):
+    c = _case(job, "rank-1-penalty")
+    assert all(s["rel"] > 1e-2 for s in c["steps"])
+    said = [job[r]["rank-1-penalty"]["report"]["oracle"] for r in range(2)]
+    assert said[0] == said[1] and said[0].startswith("rank 0: in-place; rank 1: recompute (several-losses"), (
+        said
+    )
+    assert job[0]["rank-1-penalty"]["text"] == job[1]["rank-1-penalty"]["text"]
+    _unexplained_as_the_test_measures(c)
+
+
+def _unexplained_as_the_test_measures(c):
+    """No factor explains a weighted or penalised loss: ``unexplained`` (and the sampler's padding), each
+    step's relative error the test's own to float32 rounding."""
+    assert not c["report"]["ok"], c["text"]
+    assert {f["code"] for f in c["report"]["findings"]} == {"unexplained", "duplicate-items"}, c["text"]
+    # the test's hook sees every step verify's runs took, the one a job gave up at included: the last ones
+    # are the run that was judged
+    judged = c["report"]["steps"]
+    for mine, theirs in zip(judged, c["steps"][-len(judged) :]):
+        assert abs(mine["rel_error"] - theirs["rel"]) < FLOAT32_RTOL, (mine["rel_error"], theirs["rel"])

@@ -340,3 +340,9 @@ def test_a_world_size_without_its_process_group_is_refused(user, monkeypatch):
         r"\(got world_size=2, process group of 1\)",
     ):
         verify_trainer(user)
+
+
+def test_the_users_trainer_across_ranks_is_judged_in_place(job):
+    """The Trainer's own backward on each rank is the oracle: no second forward on either rank."""
+    for name in CASES:
+        assert [job[r][name]["report"]["oracle"] for r in range(2)] == ["in-place"] * 2, name

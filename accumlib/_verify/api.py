@@ -204,17 +204,34 @@ def verify(
     with one_run("accumlib.verify"):  # refused by name while another run records (lock.py)
         where = in_group()
         # refuses non-data-parallel
-        job = Ranks.join(model) if ranks == "all" and where is not None and where[1] > 1 else None
-        args = (train_fn, model, dataset, item_losses, k, batch_size, optimizer, collate_fn, max_steps, job)
+        multi = ranks == "all" and where is not None and where[1] > 1
+
+        def once(engine: InPlace | None) -> Report:
+            job = Ranks.join(model) if multi else None  # a fresh exchange per run, every rank at once
+            args = (
+                train_fn,
+                model,
+                dataset,
+                item_losses,
+                k,
+                batch_size,
+                optimizer,
+                collate_fn,
+                max_steps,
+                job,
+            )
+            return _run(*args, caller=caller, engine=engine)
+
         # BatchNorm couples a window's items: its merged window is the recompute oracle's alone
-        if oracle == "recompute" or job is not None or any(isinstance(m, BN_TYPES) for m in model.modules()):
-            return _run(*args, caller=caller, engine=None)
+        if oracle == "recompute" or any(isinstance(m, BN_TYPES) for m in model.modules()):
+            return once(None)
         start = rng_state()
         try:
-            return _run(*args, caller=caller, engine=InPlace())
+            return once(InPlace(exchange=not multi))
         except Fallback as why:  # the engine cannot vouch for a step: the run again, from the same start
+            # (in a job, every rank at once: the exchange raised it on every rank together)
             set_rng_state(start)
-            return replace(_run(*args, caller=caller, engine=None), oracle=f"recompute ({why.reason})")
+            return replace(once(None), oracle=f"recompute ({why.reason})")
 
 
 def _run(
@@ -268,7 +285,11 @@ def _run(
     # a script that destroys its process group as it ends (Accelerate's end_training) has the
     # end-of-run exchange run right before (its return value is not known yet: no logged loss)
     ended: list[list[dict[str, Any]]] = []
-    at_end = job.before_destroy(lambda: ended.append(_exchange(rec, job, k, None))) if job else nullcontext()
+    at_end = (
+        job.before_destroy(lambda: ended.append(_exchange(rec, job, k, None, rec.switched or "in-place")))
+        if job
+        else nullcontext()
+    )
     if engine is not None:
         engine.saw_optimizer(opt)
     in_place = observed(engine, scan=False) if engine is not None else nullcontext()
@@ -296,14 +317,28 @@ def _run(
         rec.unwatch()
         if engine is not None:
             engine.close()
+    said = rec.switched or ("in-place" if engine is not None else "recompute")
     if job is None:
         report = _judge(rec, k, batch_size, _number(returned), dropout, stopped)
-        return replace(report, oracle=rec.switched or ("in-place" if engine is not None else "recompute"))
-    every = ended[0] if ended else _exchange(rec, job, k, returned)
-    return _judge(rec, k, batch_size, None, dropout, stopped, every)
+        return replace(report, oracle=said)
+    every = ended[0] if ended else _exchange(rec, job, k, returned, said)
+    if any(e["fallback"] for e in every):  # after the last exchange of steps: every rank at once
+        if ended:
+            raise VerifyError(
+                "accumlib.verify could not judge this job: "
+                + "; ".join(f"rank {r}: {e['fallback']}" for r, e in enumerate(every) if e["fallback"])
+                + ", and the loop destroyed its process group, so the job cannot run again on the "
+                "recompute oracle. Call accumlib.verify(..., oracle='recompute')"
+            )
+        job.agree([e["fallback"] for e in every])
+    report = _judge(rec, k, batch_size, None, dropout, stopped, every)
+    oracles = [e["oracle"] for e in every]
+    if len(set(oracles)) > 1:  # ranks may differ: one handed a window to the recompute oracle
+        return replace(report, oracle="; ".join(f"rank {r}: {o}" for r, o in enumerate(oracles)))
+    return replace(report, oracle=oracles[0])
 
 
-def _exchange(rec: Recorder, job: Ranks, k: int, returned: Any) -> list[dict[str, Any]]:
+def _exchange(rec: Recorder, job: Ranks, k: int, returned: Any, oracle: str) -> list[dict[str, Any]]:
     """The end of a job's run, on every rank at once: what each rank holds for the report, gathered."""
     if not job.alive():
         raise VerifyError(
@@ -322,6 +357,8 @@ def _exchange(rec: Recorder, job: Ranks, k: int, returned: Any) -> list[dict[str
         returned=returned if isinstance(returned, (numbers.Real, list, tuple)) else None,
         codes=[v.codes for v in diagnose_run(rec.steps, k=k)[0]],
         numbers=rec.steps,
+        oracle=oracle,
+        fallback=job.fallback,
     )
     return job.finish(mine)
 

@@ -61,6 +61,8 @@ class Backward:
     lrs: dict[int, tuple[float, ...]] = field(default_factory=dict)
     reached: frozenset[int] = frozenset()  # the parameters it deposited into
     frozen: frozenset[int] = frozenset()  # the optimizers' parameters with requires_grad off as it ran
+    # |fingerprint of .grad|^2 after it, on the device: equal on every rank of a job exactly where a sync ran
+    norm2: Any = math.nan
 
 
 @dataclass
@@ -105,6 +107,9 @@ class InPlace:
     paused: bool = False  # verify's own replay runs (``inplace_verify.py``): nothing of it is the run's
     # verify's recorder, told of each backward (True: its window's first) once the engine has read it
     before_backward: Any = None
+    # a job's figures: the engine's own exchange (``inplace_job.py``, ``accumlib run``), or False where
+    # verify's exchange stage makes them the job's (``ranks.py``, ``verify(..., ranks="all")``)
+    exchange: bool = True
 
     def __deepcopy__(self, memo: dict[int, Any]) -> InPlace:
         # one engine per run: a loop that deep-copies its model (hooks, and through them verify's recorder,
@@ -229,7 +234,10 @@ class InPlace:
             here.reached = frozenset(self.reached)
             self.window.append(here)
             # only what this backward reached: another model's optimizer (alive in a notebook) is not ours
-            self.after = prints({k: self.params[k] for k in self.reached})
+            # in the optimizers' order, not a set's: every rank of a job sums the same entries alike
+            self.after = prints({k: p for k, p in self.params.items() if k in self.reached})
+            if self.after[1] is not None:
+                here.norm2 = self.after[1].double().square().sum()
             self.reached = set()
 
     def _open(self, here: Backward) -> None:
@@ -351,10 +359,11 @@ class InPlace:
         if any(s > SAME_U for s in spread):
             self.problem("unseen-loss", self.sites["backward"])
         fits = []
-        for b, r, n in zip(w, ratios, items):
+        norms = _read([b.norm2 for b in w])
+        for b, r, n, norm2 in zip(w, ratios, items, norms):
             a = 1.0 / (float(r[0]) * b.scale) if r is not None and float(r[0]) != 0 else math.nan
             exact = math.isfinite(b.beta) and math.isfinite(a)
-            fits.append(Fit(len(b.calls), n, 0, a, b.beta, 0.0 if exact else math.nan))
+            fits.append(Fit(len(b.calls), n, 0, a, b.beta, 0.0 if exact else math.nan, norm2))
         numbers.fits = fits
         tail, numbers.weights = 1.0, [0.0] * len(fits)
         for j in range(len(fits) - 1, -1, -1):  # w_j = N a_j prod_{l>j} beta_l (``WindowOracle.weights``)
@@ -374,7 +383,9 @@ class InPlace:
         numbers.rescaled = unexplained(betas[-1], numbers.unclip, self.scale)
         numbers.grad_hooks = hooked(ps)
         numbers.batchnorm = self.batchnorm
-        if job and not sharded(ps):  # every rank, at the same step: the job's window
+        if job and not self.exchange:
+            pass  # verify's exchange stage makes this rank's figures the job's, then measures (``record.py``)
+        elif job and not sharded(ps):  # every rank, at the same step: the job's window
             measure_job(numbers, ps, [self.sums.get(id(p)) for p in ps])
         elif numbers.items > 0 and numbers.finite:
             against_sums(numbers, [p.grad for p in ps], [self.sums.get(id(p)) for p in ps])
@@ -404,6 +415,13 @@ class InPlace:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+
+def _read(values: list[Any]) -> list[float]:
+    """Numbers kept on the device, read in one sync (a float stays as it is)."""
+    on = [v for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack(on).tolist() if on else [])
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:

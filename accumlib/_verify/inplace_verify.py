@@ -81,7 +81,11 @@ def take(numbers: StepNumbers, eng: InPlace, optimizer: torch.optim.Optimizer, r
     # clip or GradScaler explains: the recorder's ``rescaled``) belongs to every weight, as the recompute
     # oracle's fit at the step counts it; the engine keeps it apart
     after = numbers.rescaled
-    if not math.isfinite(after):
+    if rec.ranks is not None:
+        after = (
+            1.0  # a job reports no weights (each rank's are fitted to its own share); G meets the job's sum
+        )
+    elif not math.isfinite(after):
         raise Fallback(f"step {t}: .grad changed after the last backward by no single factor")
     numbers.weights = [w * after for w in got.weights]
     numbers.leak, numbers.leak_coef = got.leak, got.leak_coef * after
@@ -109,7 +113,8 @@ def take_over(rec: Recorder, first: bool) -> bool:
     if not why:
         return False
     if not first:
-        raise Fallback(f"step {len(rec.steps)}: {', '.join(why)}")
+        rec.give_up(f"step {len(rec.steps)}: {', '.join(why)}")
+        return False  # a job goes on in place until its next exchange, where every rank gives it up
     n = len(rec.steps)
     rec.switched = f"recompute{f' from step {n}' if n else ''} ({', '.join(why)})"
     rec.replay_from_here()

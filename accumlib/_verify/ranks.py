@@ -16,14 +16,17 @@ What flows at each step (R ranks, P parameters):
   - a few numbers per rank, gathered: items, loss sum, finiteness, the window's dataset indices,
     and |.grad|^2 at each micro-batch boundary (equal on every rank exactly where a sync ran);
   - sum_r O_r / N_r, all-reduced, only when the ranks' counts differ (equal counts make H = g*);
-  - sum_r O_r, all-reduced into the oracle's own buffer;
+  - sum_r O_r, all-reduced into the oracle's own sums (the recompute oracle's .grad of its shadow, or
+    the in-place engine's buffers: a rank may judge in place while another replays);
   - rank 0's G, then rank 0's parameters, broadcast and compared on every rank.
 At most 4 P floats per rank per step, through one P-sized float32 buffer: the only memory added.
 
 Every collective runs inside the optimizer-step hook, where every rank of a well-formed job is at
 the same time. A gathered round comes first and says whether every rank is still stepping: a rank
 whose loop has ended answers ``None`` until all have, so ranks that step a different number of
-times end with ``uneven-steps``, never in a deadlock.
+times end with ``uneven-steps``, never in a deadlock. The same round carries each rank's reason, if
+any, why its in-place engine cannot vouch for its run (``inplace_verify.py``): every rank then raises
+``Fallback`` at once, and verify runs the job again on the recompute oracle, every rank together.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class Ranks:
     world: int
     group: Any  # gloo, for the gathered numbers (the default group may be NCCL)
     buffer: torch.Tensor | None = None  # the one P-sized float32 buffer
+    fallback: str = ""  # why this rank's in-place engine cannot vouch for its run (said at the next exchange)
     # (pass, dataset indices) of each micro-batch drawn
     drawn: list[tuple[int, list[int]]] = field(default_factory=list)
 
@@ -143,22 +147,32 @@ class Ranks:
         return [v.view(p.shape) for v, p in zip(torch.split(self.buffer, [p.numel() for p in like]), like)]
 
     # -- one step -------------------------------------------------------------------------------
-    def step(self, numbers: Any, oracle: Any, grads: Vec, params: list[torch.Tensor]) -> bool:
-        """Exchange this step's numbers; make the oracle's buffer and counts the job's. False when
-        some rank had ended its run (nothing more flows; this step is judged on this rank alone)."""
+    def step(
+        self, numbers: Any, sums: Vec, like: list[torch.Tensor], grads: Vec, params: list[torch.Tensor]
+    ) -> Vec | None:
+        """Exchange this step's numbers (this rank's items, loss, rows, finiteness, leak and |.grad|^2 at
+        each micro-batch boundary, read from ``numbers``) and make them the job's. ``sums``: this rank's
+        O_r in ``like``'s parameter order (None: zeros), from whichever oracle judged the step, replayed or
+        in place. Returns the job's sum_r O_r, written into ``sums`` (for a None, a fresh tensor where the
+        parameter trains); [] where the job's window holds no item or a non-finite number (nothing to
+        compare); None where some rank had ended its run (nothing more flows; the step is judged on this
+        rank alone). Where a rank's in-place engine cannot vouch for its run (``fallback``), every rank
+        raises ``Fallback`` together, before any other collective."""
         m = numbers.micro_batches
         mine = dict(
-            items=oracle.items if m else 0,
-            loss=oracle.loss_sum if m else 0.0,
-            rows=oracle.sequences if m else 0,
-            finite=oracle.finite if m else True,
-            leak=oracle.leak if m else False,
-            norms=[f.norm2 for f in oracle.fits] if m else [],
+            items=numbers.items if m else 0,
+            loss=numbers.loss_sum if m else 0.0,
+            rows=numbers.sequences if m else 0,
+            finite=numbers.finite if m else True,
+            leak=numbers.leak if m else False,
+            norms=[f.norm2 for f in numbers.fits] if m else [],
+            fallback=self.fallback,
         )
         every = self.gather(mine)
         if any(e is None for e in every):
             numbers.all_ranks = False
-            return False
+            return None
+        self.agree([e["fallback"] for e in every])
         counts = [e["items"] for e in every]
         numbers.ranks, numbers.rank_items = self.world, counts
         numbers.items, numbers.sequences = sum(counts), sum(e["rows"] for e in every)
@@ -167,34 +181,40 @@ class Ranks:
         norms = [e["norms"] for e in every]
         if len({len(x) for x in norms}) == 1:
             numbers.syncs = sum(1 for j in range(len(norms[0])) if len({x[j] for x in norms}) == 1)
-        oracle.items, oracle.finite = numbers.items, numbers.finite
-        leaves = oracle.leaves
         if not m:  # no window here: this rank adds nothing to the job's sum
-            for leaf in leaves:
-                if leaf.grad is not None:
-                    leaf.grad.zero_()
+            sums = [None] * len(like)
         if not numbers.finite or numbers.items == 0:
-            return True
+            return []
         dist = _dist()
         if len(set(counts)) > 1 and all(counts):  # H, the per-rank-mean prediction: (1/R) sum_r O_r / N_r
-            dist.all_reduce(self._flat(oracle.O(), leaves, 1.0 / counts[self.rank]))
+            dist.all_reduce(self._flat(sums, like, 1.0 / counts[self.rank]))
             self.buffer.div_(self.world)  # type: ignore[union-attr]
-            g = gram([[full(t) for t in grads], self._views(leaves)])
+            g = gram([[full(t) for t in grads], self._views(like)])
             gg, gh, hh = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
             if hh > 0 and gg > 0:
                 c = gh / hh
                 numbers.per_rank_scale = c
                 numbers.per_rank_resid = math.sqrt(max(gg - 2 * c * gh + c * c * hh, 0.0)) / math.sqrt(gg)
-        dist.all_reduce(self._flat(oracle.O(), leaves))  # the job's sum, into the oracle's own buffer
-        for leaf, part in zip(leaves, self._views(leaves)):
-            if leaf.grad is not None:
-                leaf.grad.copy_(part)
-            elif leaf.requires_grad:
-                leaf.grad = part.clone()
-        numbers.diverged = self._spread(grads, leaves)
-        numbers.params_diverged = self._spread(list(params), leaves)
+        dist.all_reduce(self._flat(sums, like))  # the job's sum, copied out (the buffer is reused below)
+        job: Vec = []
+        for t, part, p in zip(sums, self._views(like), like):
+            if t is not None:
+                job.append(t.copy_(part))
+            else:  # a parameter this rank's window never reached: its share of the job's sum, if it trains
+                job.append(part.clone() if p.requires_grad else None)
+        numbers.diverged = self._spread(grads, like)
+        numbers.params_diverged = self._spread(list(params), like)
         numbers.diverged, numbers.params_diverged = self._max([numbers.diverged, numbers.params_diverged])
-        return True
+        return job
+
+    def agree(self, reasons: list[str]) -> None:
+        """Every rank at once: where any rank's in-place engine could not vouch for its run, every rank
+        raises ``Fallback`` together (verify runs the job again on the recompute oracle)."""
+        from .inplace_verify import Fallback
+
+        said = [(r, why) for r, why in enumerate(reasons) if why]
+        if said:
+            raise Fallback("; ".join(f"rank {r}: {why}" if self.world > 1 else why for r, why in said))
 
     def _spread(self, vec: Vec, leaves: list[torch.Tensor]) -> float:
         """||v_r - v_0|| / ||v_0|| on this rank, v_0 broadcast from rank 0 (0.0: bit for bit the same)."""

@@ -33,7 +33,7 @@ from torch.utils.data import get_worker_info
 
 from ..batches import ItemLosses, cat_batches
 from .inplace_verify import Fallback, same_oracle, take, take_over
-from .measure import measure
+from .measure import against_sums, measure
 from .patches import capture_at_step, current_lr
 from .ranks import Ranks, full, sharded
 from .shadow import sync_shadow
@@ -119,6 +119,13 @@ class Recorder:
         the recompute oracle at its window's first backward (``inplace_verify.take_over``)."""
         self.engine = engine
         engine.before_backward = lambda first: take_over(self, first)
+
+    def give_up(self, reason: str) -> None:
+        """The in-place engine cannot vouch for this run: ``Fallback`` now, or in a job at the next exchange,
+        where every rank raises it together (one rank alone rerunning would leave the others waiting)."""
+        if self.ranks is None:
+            raise Fallback(reason)
+        self.ranks.fallback = self.ranks.fallback or reason
 
     def replay_from_here(self) -> None:
         """The recompute oracle takes the run over at a window's first backward: .grad is still what it
@@ -327,8 +334,11 @@ class Recorder:
             if not self.checked and len(window) == 1 and not last:
                 items = int(sum(c.items for c in window[0].calls))
                 if items > 0:
-                    same_oracle(self.engine, self, items, [self.mbs[b].batch for b in self.group])
                     self.checked = True
+                    try:
+                        same_oracle(self.engine, self, items, [self.mbs[b].batch for b in self.group])
+                    except Fallback as why:
+                        self.give_up(why.reason)
             self.group, self.mark = [], self.backwards
             return
         batches = [self.mbs[b].batch for b in self.group]
@@ -353,10 +363,10 @@ class Recorder:
         numbers = StepNumbers(m, current_lr(optimizer), untracked=self.untracked)
         if m == 0:
             if self.engine is not None and self.engine.window:
-                raise Fallback(f"step {len(self.steps)}: a backward of data verify did not hand out")
+                self.give_up(f"step {len(self.steps)}: a backward of data verify did not hand out")
             # the other ranks' windows may hold items: this rank joins the exchange
             if self.ranks is not None:
-                self.ranks.step(numbers, self.oracle, self.grads(), self.params)
+                self.ranks.step(numbers, [None] * len(self.params), self.params, self.grads(), self.params)
             self.finish_step(numbers)
             return
         complete = [c for c in self.clips if c.seen >= m]
@@ -369,10 +379,19 @@ class Recorder:
         r = rescale(self.params, self.prints) if self.ranks is None else math.nan
         numbers.rescaled, numbers.grad_hooks = unexplained(r, numbers.unclip, self.scale), hooked(self.params)
         if self.engine is not None:  # judged in place: the loop's own backward is the oracle
-            take(numbers, self.engine, optimizer, self)
-            if not self.checked:  # no group was checked alone (one group per window): the whole window
-                same_oracle(self.engine, self, numbers.items, [self.mbs[b].batch for b in self.window])
-                self.checked = True
+            try:
+                take(numbers, self.engine, optimizer, self)
+                if not self.checked:  # no group was checked alone (one group per window): the whole window
+                    same_oracle(self.engine, self, numbers.items, [self.mbs[b].batch for b in self.window])
+                    self.checked = True
+            except Fallback as why:
+                self.give_up(why.reason)
+            if self.ranks is not None:  # this rank's figures become the job's, as the replayed ones do
+                sums = [self.engine.sums.get(id(p)) for p in self.params]
+                job = self.ranks.step(numbers, sums, self.params, self.grads(), self.params)
+                numbers.weights, numbers.leak_coef = [], 0.0  # fitted to this rank's share: not the job's
+                if job:
+                    against_sums(numbers, self.grads(), job)
             self.finish_step(numbers)
             return
         o = self.oracle
@@ -384,9 +403,14 @@ class Recorder:
         )
         numbers.leak, numbers.finite = o.leak, o.finite
         grads = self.grads()
-        if self.ranks is not None and not self.ranks.step(numbers, o, grads, self.params):
-            self.finish_step(numbers)  # another rank's run had ended: nothing to judge this step against
-            return
+        if self.ranks is not None:
+            job = self.ranks.step(numbers, o.O(), o.leaves, grads, self.params)
+            if job is None:
+                self.finish_step(numbers)  # another rank's run had ended: nothing to judge this step against
+                return
+            o.items, o.finite = numbers.items, numbers.finite  # the job's
+            for leaf, t in zip(o.leaves, job):
+                leaf.grad = t
         if o.finite and o.items > 0:
             measure(
                 numbers,
