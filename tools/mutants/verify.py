@@ -861,8 +861,22 @@ MUTANTS = [
     Mutant(
         "the job's sum not all-reduced (each rank's own oracle)",
         RK,
-        "        dist.all_reduce(self._flat(oracle.O(), leaves))  # the job's sum",
-        "        self._flat(oracle.O(), leaves)  # the job's sum",
+        "        dist.all_reduce(self._flat(sums, like))  # the job's sum,",
+        "        self._flat(sums, like)  # the job's sum,",
+        tests=RANKS,
+    ),
+    Mutant(
+        "a rank's engine that cannot vouch for its run not heard by the others (the job stays in place)",
+        RK,
+        "        if said:\n",
+        "        if False:\n",
+        tests=RANKS,
+    ),
+    Mutant(
+        "the ranks' oracles said as rank 0's alone",
+        A,
+        "    if len(set(oracles)) > 1:",
+        "    if False:",
         tests=RANKS,
     ),
     # ---- cli -------------------------------------------------------------------------------------------------
