@@ -18,7 +18,8 @@ What flows at each step (R ranks, P parameters):
   - sum_r O_r / N_r, all-reduced, only when the ranks' counts differ (equal counts make H = g*);
   - sum_r O_r, all-reduced into the oracle's own sums (the recompute oracle's .grad of its shadow, or
     the in-place engine's buffers: a rank may judge in place while another replays);
-  - rank 0's G, then rank 0's parameters, broadcast and compared on every rank.
+  - rank 0's G, then rank 0's parameters, broadcast and compared on every rank, only where the gathered
+    round shows some rank's G or parameters differ from rank 0's (a few sums of each, ``_checksums``).
 At most 4 P floats per rank per step, through one P-sized float32 buffer: the only memory added.
 
 Every collective runs inside the optimizer-step hook, where every rank of a well-formed job is at
@@ -167,6 +168,7 @@ class Ranks:
             leak=numbers.leak if m else False,
             norms=[f.norm2 for f in numbers.fits] if m else [],
             fallback=self.fallback,
+            same=_checksums([*grads, *params]),  # G and the parameters, each a few numbers
         )
         every = self.gather(mine)
         if any(e is None for e in every):
@@ -202,9 +204,11 @@ class Ranks:
                 job.append(t.copy_(part))
             else:  # a parameter this rank's window never reached: its share of the job's sum, if it trains
                 job.append(part.clone() if p.requires_grad else None)
-        numbers.diverged = self._spread(grads, like)
-        numbers.params_diverged = self._spread(list(params), like)
-        numbers.diverged, numbers.params_diverged = self._max([numbers.diverged, numbers.params_diverged])
+        if every[0]["same"] is None or any(e["same"] != every[0]["same"] for e in every):
+            # some rank holds other bits (or shards, or a nan): how far each is from rank 0's, measured
+            numbers.diverged = self._spread(grads, like)
+            numbers.params_diverged = self._spread(list(params), like)
+            numbers.diverged, numbers.params_diverged = self._max([numbers.diverged, numbers.params_diverged])
         return job
 
     def agree(self, reasons: list[str]) -> None:
@@ -271,6 +275,20 @@ class Ranks:
         while any(e is not None for e in self.gather(None)):
             pass
         return self.gather(local)
+
+
+def _checksums(tensors: Vec) -> list[float] | None:
+    """Per tensor its first entries, its sum and its sum of squares, as this rank computes them: equal on
+    every rank that holds the same bits (two P-sized broadcasts spared on every step of a job whose ranks
+    agree; a rank that differs anywhere changes its sums, and the spread is then measured). None where a
+    tensor is a shard (FSDP2's DTensor: each rank holds another part)."""
+    if any(hasattr(t, "full_tensor") for t in tensors):
+        return None
+    flat = [t.detach().reshape(-1) for t in tensors if t is not None]
+    if not flat:
+        return []
+    sums = torch.cat([torch.stack([f.sum(), torch.dot(f, f)]) for f in flat] + [f[:4] for f in flat])
+    return sums.tolist() + [t is None for t in tensors]
 
 
 __all__ = ["Ranks", "full", "in_group", "sharded"]

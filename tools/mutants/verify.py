@@ -873,6 +873,13 @@ MUTANTS = [
         tests=RANKS,
     ),
     Mutant(
+        "ranks taken as holding the same gradient and parameters without comparing their checksums",
+        RK,
+        'if every[0]["same"] is None or any(e["same"] != every[0]["same"] for e in every):',
+        'if every[0]["same"] is None:',
+        tests=RANKS,
+    ),
+    Mutant(
         "the ranks' oracles said as rank 0's alone",
         A,
         "    if len(set(oracles)) > 1:",
