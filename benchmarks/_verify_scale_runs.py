@@ -31,27 +31,47 @@ THREADS = 1  # the issue measured on one CPU thread
 
 @dataclass(frozen=True)
 class Scale:
-    """The MLP ``in_features -> widths... -> classes`` and the run: micro-batch size and optimizer steps."""
+    """The MLP ``in_features -> widths... -> classes`` and the run: micro-batch size and optimizer steps.
+    With ``seq`` > 0, a GPT of nanoGPT's layout (``accumlib.models.GPT``) instead: ``layers`` blocks of
+    ``heads`` heads, ``in_features`` wide, a vocabulary of ``classes``, over sequences of ``seq`` tokens."""
 
     in_features: int
     widths: tuple[int, ...]
     classes: int
     batch_size: int
     steps: int
+    layers: int = 0
+    heads: int = 0
+    seq: int = 0
 
     @property
     def n_items(self) -> int:
-        # a whole number of full windows: every loop below steps on each
+        # a whole number of full windows: every loop below steps on each (rows: items or sequences)
         return self.steps * K * self.batch_size
+
+    @property
+    def model(self) -> str:
+        return "GPT" if self.seq else "MLP"
 
 
 FULL = Scale(1024, (4096, 4096, 4096), 400, 16, 4)  # 39,399,824 parameters: the issue's 39.4M (150.3 MiB)
 QUICK = Scale(32, (64, 64), 10, 4, 2)
+# nanoGPT's shakespeare-char model (6 layers, 6 heads, 384 wide, 65 characters; 10.7M parameters), on
+# sequences of 64 of its 256 positions so that one thread runs it in seconds
+GPT_FULL = Scale(384, (), 65, 4, 4, layers=6, heads=6, seq=64)
+GPT_QUICK = Scale(16, (), 11, 2, 2, layers=1, heads=2, seq=8)
 
 
 def build(scale: Scale, seed: int = 0) -> tuple[torch.nn.Module, torch.utils.data.TensorDataset]:
-    """The MLP and a synthetic classification set, both from ``seed`` (no download)."""
+    """The model and a synthetic set (classes, or next tokens), both from ``seed`` (no download)."""
     torch.manual_seed(seed)
+    if scale.seq:
+        from accumlib.models import GPT
+
+        gpt = GPT(scale.classes, scale.layers, scale.in_features, scale.heads, max_len=scale.seq)
+        g = torch.Generator().manual_seed(seed + 1)
+        tokens = torch.randint(scale.classes, (scale.n_items, scale.seq + 1), generator=g)
+        return gpt, torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
     sizes = (scale.in_features, *scale.widths)
     layers: list[torch.nn.Module] = []
     for a, b in zip(sizes, sizes[1:]):
@@ -64,8 +84,10 @@ def build(scale: Scale, seed: int = 0) -> tuple[torch.nn.Module, torch.utils.dat
 
 
 def item_losses(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    x, y = batch
-    return F.cross_entropy(model(x), y, reduction="none")
+    x, y = (
+        batch  # an MLP's (rows, classes) logits, or a GPT's (rows, tokens, vocabulary): one loss per target
+    )
+    return F.cross_entropy(model(x).flatten(0, -2), y.flatten(), reduction="none")
 
 
 # --- the two loops of the issue, as a user writes them ----------------------------------------------
@@ -73,9 +95,9 @@ def item_losses(model: torch.nn.Module, batch: Any) -> torch.Tensor:
 
 def correct(model, optimizer, loader):
     """grad of (1/N) sum_i l_i  ==  sum over the window's micro-batches of grad(sum_{i in mb} l_i / N)."""
-    n = K * loader.batch_size  # N: the dataset is a whole number of full windows
     for i, (x, y) in enumerate(loader):
-        (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+        n = K * y.numel()  # N: the dataset is a whole number of full windows of equal micro-batches
+        (F.cross_entropy(model(x).flatten(0, -2), y.flatten(), reduction="sum") / n).backward()
         if (i + 1) % K == 0:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -85,7 +107,7 @@ def never_divided(model, optimizer, loader):
     """Each micro-batch's mean loss goes to backward as it is, so every step sees about K x the true
     gradient."""
     for i, (x, y) in enumerate(loader):
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x).flatten(0, -2), y.flatten()).backward()
         if (i + 1) % K == 0:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -1,7 +1,9 @@
-"""Verify at real scale: the peak memory and the time ``accumlib.verify`` adds on a 39.4M-parameter MLP.
+"""Verify at real scale: the peak memory and the time ``accumlib.verify`` adds on a 39.4M-parameter MLP and
+a nanoGPT-sized GPT.
 
-The case of the issue: an MLP of 39.4M float32 parameters (150 MiB), k = 8, 4 optimizer steps,
-one CPU thread, two loops as a user writes them (in ``_verify_scale_runs.py``, with the model and the
+The cases of the issue: an MLP of 39.4M float32 parameters (150 MiB), and a GPT of nanoGPT's
+shakespeare-char shape (10.7M parameters; sequences of 64 tokens), each k = 8, 4 optimizer steps,
+one CPU thread, two loops as a user writes them (in ``_verify_scale_runs.py``, with the models and the
 measuring process), one correct and one that never divides its loss.
 Each measurement is a fresh process, so the peak resident memory of its runs (the kernel's
 high-water mark, reset at the start of each run) is their own:
@@ -22,9 +24,10 @@ loop's. Goals of the issue, stated as met or MISSED:
 A guard (RLIMIT_AS of each run, default 12 GiB or 3/4 of the free memory) makes a run that
 needs too much fail instead of taking the machine down; such a run reads "over the guard".
 
-    python benchmarks/verify_scale.py                          # the issue's case (about 3 minutes on 2 cores)
+    python benchmarks/verify_scale.py                          # the issue's cases (6 minutes on 2 cores)
     python benchmarks/verify_scale.py --cases correct --steps 1
-    python benchmarks/verify_scale.py --quick                  # a tiny MLP: keeps the script working
+    python benchmarks/verify_scale.py --models GPT
+    python benchmarks/verify_scale.py --quick                  # tiny models: keeps the script working
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import math
 import os
 import statistics
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,22 +47,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, wherever it is loaded from
 from _peak import default_guard  # noqa: E402
 from _render import md_table  # noqa: E402
-from _verify_scale_runs import FULL, LOOPS, QUICK, THREADS, K, Scale, _gb, measure  # noqa: E402
+from _verify_scale_runs import FULL, GPT_FULL, GPT_QUICK, LOOPS, QUICK, THREADS, K, Scale, _gb, measure  # noqa: E402
 
 # verify's extra peak, in parameter bytes (plus one micro-batch's activations): its copy of the model (1x)
 # and the in-place engine's one buffer (1x)
 MEMORY_MAX_PARAMS = 2.0
 TIME_MAX = 1.2
+# the issue's two models: (full size, --quick size)
+SCALES = {"MLP": {False: FULL, True: QUICK}, "GPT": {False: GPT_FULL, True: GPT_QUICK}}
+MODELS = tuple(SCALES)
 
 NAME = "verify_scale"
-TITLE = "8. Verify at scale: 39.4M-parameter MLP, k = 8"
+TITLE = "8. Verify at scale: 39.4M-parameter MLP and nanoGPT-sized GPT, k = 8"
 LIMIT = TIME_MAX
 GOALS = {
     "verify_scale_memory": "verify's extra peak memory over the loop alone <= 2x parameter bytes (its copy "
-    "of the model, and at most 1x for the engine) + one micro-batch's activations (39.4M-parameter MLP, "
-    "k = 8, correct and never-divided loops)",
-    "verify_scale_time": "verify / loop alone <= 1.2 at 39.4M parameters (median), correct and never-divided "
-    "loops",
+    "of the model, and at most 1x for the engine) + one micro-batch's activations (39.4M-parameter MLP and "
+    "10.7M-parameter GPT, k = 8, correct and never-divided loops)",
+    "verify_scale_time": "verify / loop alone <= 1.2 (median), 39.4M-parameter MLP and 10.7M-parameter GPT, "
+    "correct and never-divided loops",
 }
 
 
@@ -75,14 +81,43 @@ def run_cases(
     repeats: int | None = None,
     guard_bytes: int | None = None,
     verbose: bool = True,
+    models: tuple[str, ...] = MODELS,
 ) -> dict:
-    """Both measurements of every loop in ``cases``; rows and the issue's two goals, as plain dicts
-    (the command line's ``--cases``, ``--steps``, ``--repeats`` and ``--guard-gb``)."""
-    scale = QUICK if quick else FULL
-    if steps is not None:
-        scale = Scale(scale.in_features, scale.widths, scale.classes, scale.batch_size, steps)
+    """Both measurements of every loop in ``cases`` on each of ``models`` ("MLP", "GPT"); rows and the issue's
+    two goals, as plain dicts (the command line's ``--cases``, ``--steps``, ``--repeats``, ``--guard-gb``
+    and ``--models``)."""
     repeats = repeats or (1 if quick else 3)
     guard = guard_bytes or default_guard()
+    rows: list[dict] = []
+    facts: dict[str, dict] = {}  # per model: parameters, activations, its scale
+    for model in models:
+        scale = SCALES[model][quick]
+        if steps is not None:
+            scale = replace(scale, steps=steps)
+        label, got = _measure_model(scale, quick, cases, repeats, guard, verbose)
+        rows += got
+        facts[label] = {"scale": asdict(scale)} | {
+            k: got[0][k] for k in ("param_count", "param_bytes", "activation_bytes") if k in got[0]
+        }
+    first = next(iter(facts.values()))
+    return {
+        "scale": first["scale"],
+        "k": K,
+        "threads": THREADS,
+        "guard_bytes": guard,
+        "rows": rows,
+        "models": facts,
+        **{k: v for k, v in first.items() if k != "scale"},
+        "accumlib": next((r["accumlib"] for r in rows if "accumlib" in r), "?"),
+        "goals": goals(rows, quick, steps, cases, models),
+        "note": note(facts, guard),
+    }
+
+
+def _measure_model(
+    scale: Scale, quick: bool, cases: tuple[str, ...], repeats: int, guard: int, verbose: bool
+) -> tuple[str, list[dict]]:
+    """Every loop of ``cases`` on one model: its label ("MLP 39.4M") and its rows."""
     specs = [
         {
             "loop": loop,
@@ -99,14 +134,16 @@ def run_cases(
     else:  # one fresh process per measurement: its peak is its own
         results = (r for spec in specs for r in measure([spec], guard, timeout_s=600.0))
     rows = []
-    facts: dict[str, Any] = {}
+    label = scale.model
     for loop in cases:
         alone, verified, recomputed = next(results), next(results), next(results)
         row: dict[str, Any] = {"loop": loop, "k": K, "steps": scale.steps, "batch_size": scale.batch_size}
         if "error" in alone:
             row["error"] = f"loop alone: {alone['error']}"
         else:
-            facts = {f: alone[f] for f in ("param_count", "param_bytes", "activation_bytes", "accumlib")}
+            n = alone["param_count"]
+            label = f"{scale.model} {f'{n / 1e6:.1f}M' if n >= 1e5 else f'{n:,}'}"
+            row |= {f: alone[f] for f in ("param_count", "param_bytes", "activation_bytes", "accumlib")}
             row |= {
                 "alone_s": statistics.median(r["wall_s"] for r in alone["runs"]),
                 "alone_extra_peak_bytes": max(r["extra_peak_bytes"] for r in alone["runs"]),
@@ -143,56 +180,47 @@ def run_cases(
                 "recompute_codes": recomputed["codes"],
             }
         rows.append(row)
-        if verbose:
-            print(
-                f"    {loop:<14} "
-                + (
-                    "  ".join(line_of(row, facts))
-                    if "verify_s" in row
-                    else row.get("error") or row["verify_error"]
-                ),
-                flush=True,
-            )
     for row in rows:
+        row["model"] = label
         if "verify_extra_peak_bytes" in row:
-            limit = MEMORY_MAX_PARAMS * facts["param_bytes"] + facts["activation_bytes"]
+            limit = MEMORY_MAX_PARAMS * row["param_bytes"] + row["activation_bytes"]
             row |= {
-                "extra_over_params": row["verify_extra_peak_bytes"] / facts["param_bytes"],
+                "extra_over_params": row["verify_extra_peak_bytes"] / row["param_bytes"],
                 "memory_limit_bytes": limit,
                 "memory_met": row["verify_extra_peak_bytes"] <= limit,
                 "time_met": row["time_ratio"] <= TIME_MAX,
             }
         elif row.get("over_guard"):
             row["memory_met"] = False  # past a guard of gigabytes: far past the goal, whatever the model
-    res = {
-        "scale": asdict(scale),
-        "k": K,
-        "threads": THREADS,
-        "guard_bytes": guard,
-        "rows": rows,
-        **facts,
-        "goals": goals(rows, scale, quick),
-        "note": note(scale, facts, guard),
-    }
-    return res
+        if verbose:
+            print(
+                f"    {label:<10} {row['loop']:<14} "
+                + ("  ".join(line_of(row)) if "verify_s" in row else row.get("error") or row["verify_error"]),
+                flush=True,
+            )
+    return label, rows
 
 
-def goals(rows: list[dict], scale: Scale, quick: bool) -> dict:
-    """The issue's two goals over every loop: MISSED if one loop misses, met only when every loop was measured
-    and met it."""
+def goals(
+    rows: list[dict], quick: bool, steps: int | None, cases: tuple[str, ...], models: tuple[str, ...]
+) -> dict:
+    """The issue's two goals over every loop and model: MISSED if one misses, met only when every loop was
+    measured and met it."""
 
     def judge(key: str, flag: str, value: Any) -> dict:
         judged = [r for r in rows if flag in r]
-        missed = [f"{r['loop']}: {value(r)}" for r in judged if not r[flag]]
+        missed = [f"{r['model']} {r['loop']}: {value(r)}" for r in judged if not r[flag]]
         unmeasured = [
-            f"{r['loop']}: not measured ({r.get('verify_error') or r.get('error')})"
+            f"{r['model']} {r['loop']}: not measured ({r.get('verify_error') or r.get('error')})"
             for r in rows
             if flag not in r
         ]
         # a run over the guard is the worst
         worst = max(judged, key=lambda r: r.get(key, math.inf)) if judged else None
         return {
-            "measured": f"worst {worst['loop']}: {value(worst)}" if worst else "no loop could be measured",
+            "measured": f"worst {worst['model']} {worst['loop']}: {value(worst)}"
+            if worst
+            else "no loop could be measured",
             "met": False if missed else (None if unmeasured else True),
             "missed": missed + unmeasured,
         }
@@ -210,29 +238,40 @@ def goals(rows: list[dict], scale: Scale, quick: bool) -> dict:
         ),
         "verify_scale_time": judge("time_ratio", "time_met", lambda r: f"{r['time_ratio']:.2f}x"),
     }
-    covered = {r["loop"] for r in rows}
     for g in out.values():
         if quick:
-            # a tiny MLP: resident memory is the interpreter's noise, and times are milliseconds
+            # tiny models: resident memory is the interpreter's noise, and times are milliseconds
             g["met"] = None
-        elif scale.steps != FULL.steps or covered != set(LOOPS):
+        elif (steps not in (None, FULL.steps)) or set(cases) != set(LOOPS) or set(models) != set(MODELS):
             g["note"] = (
-                f"{', '.join(sorted(covered))} at {scale.steps} optimizer "
-                f"step{'s' if scale.steps != 1 else ''}: not the issue's full case"
+                f"{', '.join(models)}: {', '.join(sorted(cases))} at {steps or FULL.steps} optimizer "
+                f"step{'s' if steps != 1 else ''}: not the issue's full case"
             )
     return out
 
 
-def note(scale: Scale, facts: dict, guard: int) -> str:
-    head = f"MLP {'-'.join(map(str, (scale.in_features, *scale.widths, scale.classes)))}"
-    if facts:
-        head += (
-            f": {facts['param_count']:,} float32 parameters ({_mib(facts['param_bytes'])}), one "
-            f"micro-batch's activations {_mib(facts['activation_bytes'])}"
-        )
+def note(facts: dict[str, dict], guard: int) -> str:
+    heads = []
+    for f in facts.values():
+        sc = Scale(**{**f["scale"], "widths": tuple(f["scale"]["widths"])})
+        if sc.seq:
+            head = (
+                f"GPT of nanoGPT's layout, {sc.layers} layer(s) of {sc.heads} heads, {sc.in_features} wide, "
+                f"vocabulary {sc.classes}, micro-batches of {sc.batch_size} sequences of {sc.seq} tokens"
+            )
+        else:
+            sizes = "-".join(map(str, (sc.in_features, *sc.widths, sc.classes)))
+            head = f"MLP {sizes}, micro-batches of {sc.batch_size}"
+        if "param_count" in f:
+            head += (
+                f": {f['param_count']:,} float32 parameters ({_mib(f['param_bytes'])}), one "
+                f"micro-batch's activations {_mib(f['activation_bytes'])}"
+            )
+        heads.append(head)
+    steps = next(iter(facts.values()))["scale"]["steps"] if facts else 0
     return (
-        f"{head}; k = {K}, {scale.steps} optimizer step{'s' if scale.steps != 1 else ''} of {K} "
-        f"micro-batches of {scale.batch_size} ({scale.n_items} items), {THREADS} thread; each measurement a "
+        f"{'; '.join(heads)}; k = {K}, {steps} optimizer step{'s' if steps != 1 else ''} of {K} "
+        f"micro-batches, {THREADS} thread; each measurement a "
         "fresh process; extra peak = peak resident memory (VmHWM) above the run's baseline (model and data "
         "built, one warm-up run on a tiny MLP done); verify's extra = its extra peak - the loop's; times: "
         f"medians, run only; guard {guard / 2**30:.1f} GiB of address space per run"
@@ -243,12 +282,12 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def line_of(row: dict, facts: dict) -> list[str]:
+def line_of(row: dict) -> list[str]:
     return [
         f"loop alone +{_gb(row['alone_extra_peak_bytes'])} {row['alone_s']:.2f} s",
         f"verify +{_gb(row['verify_peak_bytes'])} {row['verify_s']:.2f} s",
         f"verify's extra {_gb(row['verify_extra_peak_bytes'])} "
-        f"({row['verify_extra_peak_bytes'] / facts['param_bytes']:.1f}x params)",
+        f"({row['verify_extra_peak_bytes'] / row['param_bytes']:.1f}x params)",
         f"time {row['time_ratio']:.2f}x",
         f"verdict {'ok' if row['ok'] else ', '.join(row['codes'])} ({row['oracle']})",
     ] + ([f"recompute oracle {row['recompute_ratio']:.2f}x"] if "recompute_ratio" in row else [])
@@ -257,6 +296,7 @@ def line_of(row: dict, facts: dict) -> list[str]:
 def lines(res: dict, short: bool = False) -> list[str]:
     """The section as markdown: one row per loop, both goals per row."""
     head = [
+        "model",
         "loop",
         "verdict",
         "loop alone: extra peak, time",
@@ -276,6 +316,7 @@ def lines(res: dict, short: bool = False) -> list[str]:
             )
             body.append(
                 [
+                    r["model"],
                     r["loop"],
                     verdict,
                     f"{_gb(r['alone_extra_peak_bytes'])}, {r['alone_s']:.2f} s",
@@ -299,6 +340,7 @@ def lines(res: dict, short: bool = False) -> list[str]:
             why = r.get("verify_error", "")
             body.append(
                 [
+                    r["model"],
                     r["loop"],
                     "",
                     alone,
@@ -340,22 +382,35 @@ def main(argv: list[str] | None = None) -> dict:
         type=float,
         help="address space one run may take, GiB (default 12, or 3/4 of the free memory)",
     )
+    p.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated models (default both): {','.join(MODELS)}",
+    )
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     unknown = [c for c in cases if c not in LOOPS]
     if unknown or not cases:
         p.error(f"--cases must name loops from {','.join(LOOPS)} (got {args.cases!r})")
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if not models or any(m not in MODELS for m in models):
+        p.error(f"--models must name models from {','.join(MODELS)} (got {args.models!r})")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1 (got {args.steps})")
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
     print(
-        f"verify at scale{' (--quick: a tiny MLP, figures only)' if args.quick else ''}: "
+        f"verify at scale{' (--quick: tiny models, figures only)' if args.quick else ''}: "
         f"{torch.__version__}, {THREADS} thread{load}",
         flush=True,
     )
     res = run_cases(
-        args.quick, cases, args.steps, args.repeats, int(args.guard_gb * 2**30) if args.guard_gb else None
+        args.quick,
+        cases,
+        args.steps,
+        args.repeats,
+        int(args.guard_gb * 2**30) if args.guard_gb else None,
+        models=models,
     )
     print(f"accumlib from {res.get('accumlib', '?')}\n")
     print("\n".join(lines(res)))
