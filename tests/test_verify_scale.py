@@ -16,13 +16,14 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "verify_scale.py"
 COLUMNS = (
+    "model",
     "loop",
     "verdict",
     "loop alone: extra peak, time",
     "verify's extra peak",
     "x parameter bytes",
     "goal <= 2x + activations",
-    "verify / loop time",
+    "verify / loop time [range]",
     "goal <= 1.2x",
     "oracle",
     "recompute oracle: extra peak, time",
@@ -58,15 +59,16 @@ def quick_run(tmp_path_factory):
 def test_prints_the_table_with_every_column(quick_run):
     stdout, _ = quick_run
     assert "| " + " | ".join(COLUMNS) + " |" in stdout
-    assert "| correct | ok |" in stdout
-    assert "| never-divided | unscaled-sum |" in stdout
+    for model in ("MLP 6,922", "GPT 3,616"):  # the tiny models of --quick, named by their parameter counts
+        assert f"| {model} | correct | ok |" in stdout
+        assert f"| {model} | never-divided | unscaled-sum |" in stdout
     assert "verify_scale_memory" in stdout and "verify_scale_time" in stdout
 
 
 def test_both_loops_measured_with_finite_figures(quick_run):
     _, res = quick_run
-    rows = {r["loop"]: r for r in res["rows"]}
-    assert list(rows) == ["correct", "never-divided"]
+    rows = {(r["model"].split()[0], r["loop"]): r for r in res["rows"]}
+    assert list(rows) == [(m, loop) for m in ("MLP", "GPT") for loop in ("correct", "never-divided")]
     for r in rows.values():
         assert "verify_error" not in r and "error" not in r, r
         for f in (
@@ -82,10 +84,15 @@ def test_both_loops_measured_with_finite_figures(quick_run):
         assert r["verdict_as_expected"], r
         assert r["verify_steps"] == r["steps"]  # the run is a whole number of windows: one step each
         assert r["oracle"] == "in-place" and _finite(r["recompute_ratio"]), r  # both oracles measured
-    assert rows["correct"]["ok"] and not rows["never-divided"]["ok"]
+    for m in ("MLP", "GPT"):
+        assert rows[m, "correct"]["ok"] and not rows[m, "never-divided"]["ok"]
     # QUICK: 32-64-64-10
     assert res["param_count"] == sum(a * b + b for a, b in zip((32, 64, 64), (64, 64, 10)))
     assert _finite(res["activation_bytes"]) and res["activation_bytes"] > 0
+    # GPT_QUICK: 1 block of width 16 over a vocabulary of 11 and 8 positions, the head tied to the embedding
+    d, v, t = 16, 11, 8
+    block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    assert res["models"]["GPT 3,616"]["param_count"] == v * d + t * d + block + 2 * d == 3616
 
 
 def test_quick_never_claims_a_goal(quick_run):
@@ -100,3 +107,5 @@ def test_rejects_unknown_cases_and_steps():
         vs.main(["--cases", "correct,typo"])
     with pytest.raises(SystemExit):
         vs.main(["--steps", "0"])
+    with pytest.raises(SystemExit):
+        vs.main(["--models", "MLP,CNN"])
