@@ -65,7 +65,7 @@ GPT_QUICK = Scale(16, (), 11, 2, 2, layers=1, heads=2, seq=8)
 def build(scale: Scale, seed: int = 0) -> tuple[torch.nn.Module, torch.utils.data.TensorDataset]:
     """The model and a synthetic set (classes, or next tokens), both from ``seed`` (no download)."""
     torch.manual_seed(seed)
-    if scale.seq:
+    if getattr(scale, "seq", 0):  # verify_ranks' own Scale (``_ranks_worker.py``) is an MLP's alone
         from accumlib.models import GPT
 
         gpt = GPT(scale.classes, scale.layers, scale.in_features, scale.heads, max_len=scale.seq)
