@@ -177,8 +177,9 @@ def verify(
     ``ranks="all"``, called on every rank of a process group (under torchrun, or ``accumlib verify
     --world-size R``), judges the whole job: the loop keeps its own ``DDP(...)`` or ``fully_shard(...)``
     wrap and its own ``DistributedSampler`` over ``loader.dataset``, and each step's oracle is the mean
-    item loss's gradient over every rank's window (``accumlib._verify.ranks``). Every rank returns
-    the same report.
+    item loss's gradient over every rank's window (``accumlib._verify.ranks``), each rank's share judged in
+    place as one process's is; where one rank's engine cannot vouch for its run, every rank runs the job again
+    on the recompute oracle together. Every rank returns the same report.
 
     >>> import torch, accumlib
     >>> task = accumlib.get_task("mlp-digits")

@@ -18,6 +18,11 @@ it runs), the recompute oracle takes the run over from that window, in the same 
 fails later in a window, ``Fallback`` ends the run and verify runs the loop again, from the start and from
 the same random state, on the recompute oracle. ``Report.oracle`` says which oracle judged the run, and why
 the recompute one did.
+
+In a job (``ranks="all"``) a rank cannot run again alone: its reason waits for the step's exchange
+(``Recorder.give_up``), where every rank learns it and raises ``Fallback`` together (``Ranks.agree``). A
+take-over at a window's first backward stays the rank's own: its replayed sum meets the others' in the
+same exchange.
 """
 
 from __future__ import annotations
