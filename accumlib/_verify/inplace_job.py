@@ -5,8 +5,9 @@ The job's window is every rank's: g* = (sum_r O_r) / (sum_r N_r). At a step, whi
 data-parallel job takes together, one all-reduce turns O_r into sum_r O_r in place; G, what the
 optimizer holds after DDP's own mean over ranks, is compared with it exactly as on one process.
 Where the ranks' counts differ, a second all-reduce gives H = (1/R) sum_r O_r / N_r, what a job that
-divides by each rank's own count steps (``per-rank-mean``); rank 0's gradient and parameters,
-broadcast, say whether the ranks stepped alike (``ranks-diverged``). Collectives go by buckets of at most
+divides by each rank's own count steps (``per-rank-mean``); whether the ranks stepped alike
+(``ranks-diverged``) is read from a few sums of each rank's gradient and parameters, gathered, and only
+where they differ are rank 0's broadcast and the spread measured. Collectives go by buckets of at most
 ``BUCKET_BYTES`` (one all-reduce for a small model's whole step, not one per parameter); the extra memory
 is a bucket's flat copies, and H (one parameter-sized buffer) for as long as its comparison lasts.
 """
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .measure import against_sums, fit
+from .ranks import checksums
 from .step_numbers import StepNumbers
 from .window_oracle import gram
 
@@ -61,7 +63,14 @@ def measure_job(numbers: StepNumbers, ps: list[torch.Tensor], sums: list[torch.T
     all_reduce(own)  # in place: O is rebuilt from zero when the next window opens
     if numbers.items > 0:
         against_sums(numbers, grads, own)
-    numbers.diverged, numbers.params_diverged = _spread(grads, [p.detach() for p in ps])
+    params = [p.detach() for p in ps]
+    mine = checksums([*grads, *params])  # equal on every rank holding the same bits (``ranks.checksums``)
+    every_sum: list[Any] = [None] * r
+    dist.all_gather_object(every_sum, mine)
+    if any(e != every_sum[0] for e in every_sum):  # some rank differs: how far, measured
+        numbers.diverged, numbers.params_diverged = _spread(grads, params)
+    else:
+        numbers.diverged = numbers.params_diverged = 0.0
 
 
 # One collective per bucket of tensors of one dtype, at most this many bytes: a tiny model's step is one

@@ -168,7 +168,7 @@ class Ranks:
             leak=numbers.leak if m else False,
             norms=[f.norm2 for f in numbers.fits] if m else [],
             fallback=self.fallback,
-            same=_checksums([*grads, *params]),  # G and the parameters, each a few numbers
+            same=checksums([*grads, *params]),  # G and the parameters, each a few numbers
         )
         every = self.gather(mine)
         if any(e is None for e in every):
@@ -277,7 +277,7 @@ class Ranks:
         return self.gather(local)
 
 
-def _checksums(tensors: Vec) -> list[float] | None:
+def checksums(tensors: Vec) -> list[float] | None:
     """Per tensor its first entries, its sum and its sum of squares, as this rank computes them: equal on
     every rank that holds the same bits (two P-sized broadcasts spared on every step of a job whose ranks
     agree; a rank that differs anywhere changes its sums, and the spread is then measured). None where a
@@ -291,4 +291,4 @@ def _checksums(tensors: Vec) -> list[float] | None:
     return sums.tolist() + [t is None for t in tensors]
 
 
-__all__ = ["Ranks", "full", "in_group", "sharded"]
+__all__ = ["Ranks", "checksums", "full", "in_group", "sharded"]

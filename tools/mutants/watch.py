@@ -41,6 +41,13 @@ MUTANTS = [
         "numbers.frozen_changed = len({b.frozen & {id(p) for p in _params(opt)} for b in w}) > 1",
         "numbers.frozen_changed = False",
     ),
+    Mutant(
+        "a job's ranks taken as stepping alike without comparing their checksums",
+        "accumlib/_verify/inplace_job.py",
+        "    if any(e != every_sum[0] for e in every_sum):",
+        "    if False:",
+        tests=("tests/test_run_ranks.py",),
+    ),
     # ---- the run-level rules (diagnose_run.py) ---------------------------------------------------------
     Mutant(
         "a clip of the loop's own judged by the micro-batches' weights alone, not the rescale it made",
