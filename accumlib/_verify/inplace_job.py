@@ -40,7 +40,16 @@ def measure_job(numbers: StepNumbers, ps: list[torch.Tensor], sums: list[torch.T
     """Fill ``numbers`` with the job's figures; every rank calls it at the same step, in the same order."""
     r = world()
     device = ps[0].device
-    counts = torch.tensor([float(numbers.items), float(numbers.loss_sum), float(numbers.leak)], device=device)
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in ps]
+    params = [p.detach() for p in ps]
+    # with the counts, in the same gather: a few sums of G and the parameters, equal on every rank that
+    # holds the same bits (``ranks.checksums``); only where they differ is rank 0's broadcast (``_spread``)
+    same = [float(x) for x in checksums([*grads, *params]) or ()]
+    counts = torch.tensor(
+        [float(numbers.items), float(numbers.loss_sum), float(numbers.leak), *same],
+        dtype=torch.float64,
+        device=device,
+    )
     every = [torch.zeros_like(counts) for _ in range(r)]
     dist.all_gather(every, counts)
     numbers.rank_items = [int(c[0]) for c in every]
@@ -49,7 +58,6 @@ def measure_job(numbers: StepNumbers, ps: list[torch.Tensor], sums: list[torch.T
     numbers.leak = any(bool(c[2]) for c in every)
     numbers.ranks, numbers.weights = r, []
     own = [torch.zeros_like(p) if s is None else s for p, s in zip(ps, sums)]
-    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in ps]
     mine = numbers.rank_items[dist.get_rank()]
     if len(set(numbers.rank_items)) > 1:  # H = (1/R) sum_r O_r / N_r, on a copy (O_r is still needed)
         h = [o / max(mine, 1) / r for o in own]
@@ -63,11 +71,7 @@ def measure_job(numbers: StepNumbers, ps: list[torch.Tensor], sums: list[torch.T
     all_reduce(own)  # in place: O is rebuilt from zero when the next window opens
     if numbers.items > 0:
         against_sums(numbers, grads, own)
-    params = [p.detach() for p in ps]
-    mine = checksums([*grads, *params])  # equal on every rank holding the same bits (``ranks.checksums``)
-    every_sum: list[Any] = [None] * r
-    dist.all_gather_object(every_sum, mine)
-    if any(e != every_sum[0] for e in every_sum):  # some rank differs: how far, measured
+    if any(not torch.equal(e[3:], every[0][3:]) for e in every):  # some rank differs (or a nan): measured
         numbers.diverged, numbers.params_diverged = _spread(grads, params)
     else:
         numbers.diverged = numbers.params_diverged = 0.0
