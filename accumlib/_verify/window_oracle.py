@@ -36,7 +36,7 @@ from ..oracle import sum_grad
 from .sources import tensors
 
 Vec = list  # one tensor (or None: zero) per trainable parameter
-CHUNK = 1 << 20  # float64 dot products are taken 1M elements at a time: 8 MB of scratch per operand
+CHUNK = 1 << 18  # float64 dot products are taken 256K elements at a time: 2 MiB of scratch per operand
 # Up to this many parameters a micro-batch's gradient is taken whole (torch.autograd.grad) and its dot
 # products in one matrix product: a few MB, where a hook per tensor would cost more than the arithmetic.
 SMALL = 1 << 20
