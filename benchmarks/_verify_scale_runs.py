@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import re
 import resource
 import subprocess
@@ -212,8 +213,16 @@ def child(specs: list[dict], guard_bytes: int) -> list[dict]:
     return [measure_here(spec) for spec in specs]
 
 
+# glibc with a fixed mmap threshold: every freed block of 64 KiB or more goes back to the kernel at once. With
+# its defaults glibc raises the threshold as large blocks are freed and serves the blocks that follow from a
+# heap it keeps, so a peak of resident memory also counts what the allocator kept (docs/performance.md)
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
 def measure(specs: list[dict], guard_bytes: int, timeout_s: float) -> list[dict]:
-    """``specs`` in one fresh process: their figures, or each {'error': why}."""
+    """``specs`` in one fresh process: their figures, or each {'error': why}. A spec with
+    ``"malloc": "fixed"`` (the first one decides) runs under ``FIXED_MALLOC``."""
+    env = {**os.environ, **FIXED_MALLOC} if specs and specs[0].get("malloc") == "fixed" else None
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -221,7 +230,7 @@ def measure(specs: list[dict], guard_bytes: int, timeout_s: float) -> list[dict]
         json.dumps({"specs": specs, "guard_bytes": guard_bytes}),
     ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return [{"error": f"ran past {timeout_s:.0f} s"}] * len(specs)
     last = (proc.stdout.strip().splitlines() or [""])[-1]

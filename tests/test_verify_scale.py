@@ -27,6 +27,7 @@ COLUMNS = (
     "goal <= 1.2x",
     "oracle",
     "recompute oracle: extra peak, time",
+    "verify's extra peak, glibc's mmap threshold fixed (x parameter bytes)",
 )
 
 
