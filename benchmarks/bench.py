@@ -228,6 +228,13 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         p.error(f"--only must name sections from {','.join(SECTIONS)} (got {','.join(unknown)})")
+    if set(only) != set(SECTIONS) and not args.merge and (args.out / "latest.json").exists():
+        # latest.md holds every section, each with its date and commit: one section run must not drop the rest
+        p.error(
+            f"--only {','.join(only)} without --merge would replace {args.out / 'latest.md'} (every "
+            "section's figures) with these sections alone: add --merge, as `make bench ONLY=...` does, or "
+            "name an empty --out"
+        )
     return run(only, args.quick, args.out, args.threads, merge=args.merge)
 
 

@@ -190,6 +190,16 @@ def test_only_rejects_unknown_sections(tmp_path):
         bench.main(["--only", "memory,speed", "--out", str(tmp_path)])
 
 
+def test_one_section_without_merge_never_replaces_every_sections_figures(tmp_path, capsys):
+    """`bench.py --only x` once wrote a latest.md of section x alone over the one holding every section."""
+    before = {"sections": {"memory": {"figures": "kept"}}}
+    (tmp_path / "latest.json").write_text(json.dumps(before))
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--only", "memory", "--out", str(tmp_path)])
+    assert "without --merge would replace" in capsys.readouterr().err
+    assert json.loads((tmp_path / "latest.json").read_text()) == before  # refused before any work
+
+
 # --- section 6, widget response per control (benchmarks/widgets.py) ---------------------------------------
 
 widgets = bench.widgets
