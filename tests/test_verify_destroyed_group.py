@@ -61,11 +61,12 @@ def _cases(rank, world, out):
     results = {}
     digits, tokens = accumlib.get_task("mlp-digits"), accumlib.get_task("lm-tokens")
     runs = {
-        "accelerate": (_accelerate_ending, digits, 2),
-        "per-rank-mean": (_ddp_ending("per-rank-mean", tokens), tokens, tokens.accum_steps),
-        "correct": (_ddp_ending("correct", tokens), tokens, tokens.accum_steps),
+        "accelerate": (_accelerate_ending, digits, 2, "auto"),
+        "per-rank-mean": (_ddp_ending("per-rank-mean", tokens), tokens, tokens.accum_steps, "auto"),
+        "correct": (_ddp_ending("correct", tokens), tokens, tokens.accum_steps, "auto"),
+        "correct-recompute": (_ddp_ending("correct", tokens), tokens, tokens.accum_steps, "recompute"),
     }
-    for n, (name, (train, task, k)) in enumerate(runs.items()):
+    for n, (name, (train, task, k, oracle)) in enumerate(runs.items()):
         data = torch.utils.data.Subset(task.make_dataset(), range(ITEMS))
         try:
             report = accumlib.verify(
@@ -77,8 +78,11 @@ def _cases(rank, world, out):
                 batch_size=task.batch_size,
                 collate_fn=task.collate_fn,
                 ranks="all",
+                oracle=oracle,
             )
-            results[name] = dict(codes=sorted(report.codes), ok=report.ok, text=str(report))
+            results[name] = dict(
+                codes=sorted(report.codes), ok=report.ok, text=str(report), oracle=report.oracle
+            )
         except Exception as err:  # noqa: BLE001 -- reported to the test, which fails on it
             results[name] = dict(error=f"{type(err).__name__}: {err}")
         results[name]["destroyed"] = not dist.is_initialized()
@@ -96,13 +100,21 @@ def job(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "name, codes", [("accelerate", []), ("per-rank-mean", ["per-rank-mean"]), ("correct", [])]
+    "name, codes, oracle",
+    [
+        ("accelerate", [], "in-place"),
+        ("per-rank-mean", ["per-rank-mean"], "in-place"),
+        ("correct", [], "in-place"),
+        ("correct-recompute", [], "recompute"),
+    ],
 )
-def test_a_loop_that_destroys_its_group_is_judged_on_every_rank(job, name, codes):
+def test_a_loop_that_destroys_its_group_is_judged_on_every_rank(job, name, codes, oracle):
     for rank, results in enumerate(job):
         case = results[name]
         assert case["destroyed"], (rank, name)  # the loop really destroyed the group
         assert "error" not in case, (rank, case.get("error"))
         assert case["codes"] == codes, (rank, case["text"])
         assert case["ok"] == (not codes)
+        # the end-of-run exchange ran inside destroy_process_group: it names the oracle the run had
+        assert case["oracle"] == oracle, (rank, case["oracle"])
     assert job[0][name]["text"] == job[1][name]["text"]  # every rank reports alike

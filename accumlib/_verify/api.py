@@ -286,8 +286,12 @@ def _run(
     # a script that destroys its process group as it ends (Accelerate's end_training) has the
     # end-of-run exchange run right before (its return value is not known yet: no logged loss)
     ended: list[list[dict[str, Any]]] = []
+
+    def said() -> str:  # which oracle judged the run (read at its end: a take-over may have switched it)
+        return rec.switched or ("in-place" if engine is not None else "recompute")
+
     at_end = (
-        job.before_destroy(lambda: ended.append(_exchange(rec, job, k, None, rec.switched or "in-place")))
+        job.before_destroy(lambda: ended.append(_exchange(rec, job, k, None, said())))
         if job
         else nullcontext()
     )
@@ -318,11 +322,10 @@ def _run(
         rec.unwatch()
         if engine is not None:
             engine.close()
-    said = rec.switched or ("in-place" if engine is not None else "recompute")
     if job is None:
         report = _judge(rec, k, batch_size, _number(returned), dropout, stopped)
-        return replace(report, oracle=said)
-    every = ended[0] if ended else _exchange(rec, job, k, returned, said)
+        return replace(report, oracle=said())
+    every = ended[0] if ended else _exchange(rec, job, k, returned, said())
     if any(e["fallback"] for e in every):  # after the last exchange of steps: every rank at once
         if ended:
             raise VerifyError(

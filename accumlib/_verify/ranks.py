@@ -159,14 +159,13 @@ class Ranks:
         compare); None where some rank had ended its run (nothing more flows; the step is judged on this
         rank alone). Where a rank's in-place engine cannot vouch for its run (``fallback``), every rank
         raises ``Fallback`` together, before any other collective."""
-        m = numbers.micro_batches
-        mine = dict(
-            items=numbers.items if m else 0,
-            loss=numbers.loss_sum if m else 0.0,
-            rows=numbers.sequences if m else 0,
-            finite=numbers.finite if m else True,
-            leak=numbers.leak if m else False,
-            norms=[f.norm2 for f in numbers.fits] if m else [],
+        mine = dict(  # a rank with no window here hands in a step's defaults (no item, finite, no leak)
+            items=numbers.items,
+            loss=numbers.loss_sum,
+            rows=numbers.sequences,
+            finite=numbers.finite,
+            leak=numbers.leak,
+            norms=[f.norm2 for f in numbers.fits],
             fallback=self.fallback,
             same=checksums([*grads, *params]),  # G and the parameters, each a few numbers
         )
@@ -183,8 +182,6 @@ class Ranks:
         norms = [e["norms"] for e in every]
         if len({len(x) for x in norms}) == 1:
             numbers.syncs = sum(1 for j in range(len(norms[0])) if len({x[j] for x in norms}) == 1)
-        if not m:  # no window here: this rank adds nothing to the job's sum
-            sums = [None] * len(like)
         if not numbers.finite or numbers.items == 0:
             return []
         dist = _dist()

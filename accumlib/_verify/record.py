@@ -364,7 +364,7 @@ class Recorder:
         if m == 0:
             if self.engine is not None and self.engine.window:
                 self.give_up(f"step {len(self.steps)}: a backward of data verify did not hand out")
-            # the other ranks' windows may hold items: this rank joins the exchange
+            # the other ranks' windows may hold items: this rank joins the exchange, adding nothing to it
             if self.ranks is not None:
                 self.ranks.step(numbers, [None] * len(self.params), self.params, self.grads(), self.params)
             self.finish_step(numbers)
