@@ -1,50 +1,77 @@
-"""Run a loop under a step pre-hook and judge every step against the oracle.
+"""Run a reference loop on a built-in task under ``accumlib.verify``: the library's own loops are judged
+by the one judge users' loops get, in its codes.
 
-At every ``optimizer.step()`` the hook compares the gradient the optimizer is about to use
-with the true large-batch gradient of the micro-batches drawn since the previous step, at
-the current parameters (the ones that window started from; a GradScaler has already
-unscaled ``.grad`` by then). ``classify`` names what the steps show, in the verdicts a
-loop's contract promises (``accumlib.loops``); ``accumlib.reference`` tabulates both.
-
-This harness judges the reference loops, which step with a plain ``optimizer.step()``; for a
-user's loop (closures, clipping, schedulers, frameworks) use ``accumlib.verify``.
+``trace_loop`` builds the task's fresh model, hands the loop to ``verify`` with the task fields its
+contract takes (``accumlib.loops``), and keeps verify's ``Report`` beside what the reference table, the
+report and the lessons read from it: each step's comparison with the true large-batch gradient of its
+window (``Report.steps``), the windows' sizes, the loop's own logged losses, and the epoch's totals.
+A trace's ``verdict`` is the report's codes, ``()`` for a run verify passes with nothing to say;
+``accumlib.reference`` sets it beside the verdict each loop's contract promises.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .batches import Recording
+from ._verify import Report, StepRow, verify
 from .checks import resolve_device
-from .compare import Comparison, compare
-from .loops import CLOSE, EXACT, OFF_BY_K, WRONG, contract_of
-from .oracle import grads_of, true_gradient
+from .loops import contract_of
 from .tasks import Task
-from .tolerances import BF16_RTOL, FLOAT32_RTOL, OFF_BY_K_TOL
 
-__all__ = ["CLOSE", "EXACT", "OFF_BY_K", "WRONG", "Trace", "classify", "trace_loop"]
+__all__ = ["Trace", "trace_loop", "verdict_text"]
 
 
-@dataclass
+def verdict_text(codes: tuple[str, ...]) -> str:
+    """A verdict as the table prints it: its codes, or ``ok`` for none.
+
+    >>> verdict_text(()), verdict_text(("batchnorm", "unscaled-sum"))
+    ('ok', 'batchnorm, unscaled-sum')
+    """
+    return ", ".join(codes) or "ok"
+
+
+@dataclass(frozen=True)
 class Trace:
-    """Per optimizer step: the comparison with the oracle and the window's micro-batch count.
+    """One epoch of a reference loop as ``verify`` judged it, with the loop's logged losses.
 
     >>> from accumlib import get_task, normalized
     >>> trace = trace_loop(normalized, get_task("mlp-digits"))
     >>> trace.window_batches, trace.window_items, trace.n_items  # the tail: 2 micro-batches, 8 + 6 items
     ([4, 4, 4, 2], [32, 32, 32, 14], 110)
+    >>> trace.verdict  # the tail divided by 4, not 2; its micro-batches of 8 and 6 weighed alike
+    ('mean-of-means', 'tail-misscaled')
     """
 
-    comparisons: list[Comparison] = field(default_factory=list)
-    window_batches: list[int] = field(default_factory=list)
-    window_items: list[int] = field(default_factory=list)
-    logged: list[float] = field(default_factory=list)
-    n_batches: int = 0
-    n_items: int = 0
+    report: Report
+    logged: list[float]
+    n_batches: int  # micro-batches in the epoch, stepped or not
+
+    @property
+    def comparisons(self) -> tuple[StepRow, ...]:
+        """Per optimizer step: its relative error, norm ratio and cosine against the true gradient."""
+        return self.report.steps
+
+    @property
+    def window_batches(self) -> list[int]:
+        return [s.micro_batches for s in self.report.steps]
+
+    @property
+    def window_items(self) -> list[int]:
+        return [s.items for s in self.report.steps]
+
+    @property
+    def n_items(self) -> int:
+        return int(self.report.items_total or 0)
+
+    @property
+    def verdict(self) -> tuple[str, ...]:
+        """verify's codes for the run, sorted; ``()`` where it found nothing to say."""
+        return tuple(sorted(self.report.codes))
 
 
 def trace_loop(
@@ -58,63 +85,40 @@ def trace_loop(
     device: str | torch.device | None = None,
     **loop_kwargs: Any,
 ) -> Trace:
-    """Train a fresh model of ``task`` for one epoch with ``loop``; compare every step with the oracle.
+    """Train a fresh model of ``task`` for one epoch with ``loop`` under ``verify``.
 
-    A reference loop gets the task fields its contract takes (its item counter, its merge);
-    ``device=None`` keeps the fresh model on the CPU, where it is built.
+    A reference loop gets the task fields its contract takes (its item counter, its merge), which
+    ``loop_kwargs`` may replace; ``device=None`` keeps the fresh model on the CPU, where it is built.
 
     >>> from accumlib import get_task, naive
     >>> trace = trace_loop(naive, get_task("mlp-digits"))
-    >>> len(trace.comparisons), round(trace.comparisons[0].norm_ratio)
-    (4, 4)
+    >>> len(trace.comparisons), round(trace.comparisons[0].norm_ratio), trace.verdict
+    (4, 4, ('unscaled-sum',))
     """
     k = accum_steps or task.accum_steps
+    bs = batch_size or task.batch_size
     device = None if device is None else resolve_device(device)
-    model = task.make_model(seed).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    loader = Recording(task.loader(batch_size))
-    trace, everything = Trace(), []
-
-    def before_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        window = loader.take()
-        everything.extend(window)
-        oracle = true_gradient(model, window, task.item_losses, merge=task.merge, device=device)
-        trace.comparisons.append(compare(grads_of(model), oracle))
-        trace.window_batches.append(len(window))
-        trace.window_items.append(sum(task.count_items(b) for b in window))
-
     contract = contract_of(loop)
     if contract is not None:
         loop_kwargs = contract.kwargs_for(task) | loop_kwargs
-    handle = optimizer.register_step_pre_hook(before_step)
-    try:
-        trace.logged = loop(
+    dataset = task.make_dataset()
+    logged: list[float] = []
+
+    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> Any:
+        # a run verify repeats (the recompute oracle after an autocast loop) keeps the last run's losses
+        logged[:] = loop(
             model, optimizer, loader, task.item_losses, accum_steps=k, device=device, **loop_kwargs
         )
-    finally:
-        handle.remove()
-    everything.extend(loader.take())  # drawn after the last step: a dropped tail
-    trace.n_batches = len(everything)
-    trace.n_items = sum(task.count_items(b) for b in everything)
-    return trace
+        return logged
 
-
-def classify(trace: Trace, *, low_precision: bool = False) -> str:
-    """Name what a trace shows: exact, close (bf16), off by ~k, or not exact.
-
-    >>> from accumlib import get_task, ragged
-    >>> classify(trace_loop(ragged, get_task("mlp-digits")))
-    'exact'
-    """
-    if not trace.comparisons:
-        raise ValueError("trace must hold at least one optimizer step (got none: the loop never stepped)")
-    worst = max(c.rel_error for c in trace.comparisons)
-    if worst <= FLOAT32_RTOL:
-        return EXACT
-    if low_precision and worst <= BF16_RTOL:
-        return CLOSE
-    if all(
-        abs(c.norm_ratio - m) <= OFF_BY_K_TOL * m for c, m in zip(trace.comparisons, trace.window_batches)
-    ):
-        return OFF_BY_K
-    return WRONG
+    report = verify(
+        train,
+        model=task.make_model(seed).to(device),
+        dataset=dataset,
+        item_losses=task.item_losses,
+        accum_steps=k,
+        batch_size=bs,
+        optimizer=lambda params: torch.optim.SGD(params, lr=lr),
+        collate_fn=task.collate_fn,
+    )
+    return Trace(report, logged, math.ceil(len(dataset) / bs))  # type: ignore[arg-type]

@@ -1,8 +1,9 @@
-"""The reference table: every reference loop on every built-in task, observed verdict beside the
+"""The reference table: every reference loop on every built-in task, verify's verdict beside the
 verdict its contract promises. This is what ``accumlib selfcheck`` prints.
 
-The promises are read from each loop's ``CONTRACT`` (``accumlib.loops``); the observations come
-from ``accumlib.harness``. A row that disagrees is a loop, a task or an oracle gone wrong.
+The promises are read from each loop's ``CONTRACT`` (``accumlib.loops``); the verdicts are
+``accumlib.verify``'s codes for one epoch of the loop (``accumlib.harness.trace_loop``), the codes a
+user's loop gets. A row that disagrees is a loop, a task or verify gone wrong.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .batches import expected_steps
-from .harness import classify, trace_loop
-from .loops import ALL, CONTRACTS, LOOPS
+from .harness import trace_loop, verdict_text
+from .loops import ALL, CONTRACTS, LOOPS, Verdict
 from .tasks import TASKS, get_task
 from .text import html_table, text_table
 
@@ -24,12 +25,12 @@ __all__ = ["CheckTable", "Row", "check_reference_loops"]
 
 @dataclass
 class Row:
-    """One loop on one task: what the oracle saw (``verdict``) beside what its contract promised
-    (``expected``).
+    """One loop on one task: what verify said (``verdict``: its codes) beside what the loop's contract
+    promised (``expected``); the worst step's figures against the true large-batch gradient.
 
     >>> row = check_reference_loops(tasks=["mlp-digits"], loops=["normalized"]).rows[0]
-    >>> row.verdict, row.expected, row.holds, row.cells()[5:7]
-    ('not exact', 'not exact', True, ('4/4', '110/110'))
+    >>> row.verdict, row.holds, row.cells()[5:8]
+    (('mean-of-means', 'tail-misscaled'), True, ('4/4', '110/110', 'float32'))
     """
 
     loop: str
@@ -41,8 +42,12 @@ class Row:
     expected_steps: int
     items_used: int
     items_available: int
-    verdict: str
-    expected: str
+    verdict: Verdict
+    expected: Verdict
+    judged_against: (
+        str  # what verify compared the steps with: "float32", "bfloat16 replay" (StepRow.reference)
+    )
+    oracle: str  # which of verify's oracles judged the run (Report.oracle)
 
     @property
     def holds(self) -> bool:
@@ -57,12 +62,24 @@ class Row:
             f"{self.min_cosine:.4f}",
             f"{self.steps}/{self.expected_steps}",
             f"{self.items_used}/{self.items_available}",
-            self.verdict,
-            self.expected,
+            self.judged_against,
+            verdict_text(self.verdict),
+            verdict_text(self.expected),
         )
 
 
-_HEAD = ("loop", "task", "k", "max rel err", "cosine", "steps", "items", "verdict", "expected")
+_HEAD = (
+    "loop",
+    "task",
+    "k",
+    "max rel err",
+    "cosine",
+    "steps",
+    "items",
+    "judged against",
+    "verdict",
+    "expected",
+)
 
 
 @dataclass
@@ -105,7 +122,7 @@ def check_reference_loops(
 
     >>> table = check_reference_loops(tasks=["mlp-digits"], loops=["naive", "ragged"])
     >>> [(r.loop, r.verdict, r.holds) for r in table.rows]
-    [('naive', 'off by ~k', True), ('ragged', 'exact', True)]
+    [('naive', ('unscaled-sum',), True), ('ragged', (), True)]
     """
     tasks, loops = list(tasks or TASKS), list(loops or LOOPS)
     for name in loops:
@@ -115,7 +132,6 @@ def check_reference_loops(
     rows = []
     for task in task_objs:
         for name in loops:
-            contract = CONTRACTS[name]
             # the harness passes the contract's task fields
             trace = trace_loop(ALL[name], task, device=device)
             rows.append(
@@ -129,8 +145,10 @@ def check_reference_loops(
                     expected_steps=expected_steps(trace.n_batches, task.accum_steps),
                     items_used=sum(trace.window_items),
                     items_available=trace.n_items,
-                    verdict=classify(trace, low_precision=contract.low_precision),
-                    expected=contract.expected(task.tags),
+                    verdict=trace.verdict,
+                    expected=CONTRACTS[name].expected(task.tags),
+                    judged_against=", ".join(dict.fromkeys(s.reference for s in trace.comparisons)),
+                    oracle=trace.report.oracle,
                 )
             )
     return CheckTable(rows)

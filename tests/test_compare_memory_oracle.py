@@ -103,10 +103,11 @@ def test_reference_table_verdicts_hold_and_cli_exits_zero(capsys):
     )
     assert table.ok, str(table)
     verdicts = {(r.loop, r.task): r for r in table.rows}
-    assert verdicts["naive", "mlp-digits"].verdict == "off by ~k"
-    assert verdicts["normalized", "mlp-digits"].verdict == "not exact"
-    assert verdicts["ragged", "mlp-digits"].verdict == "exact"
-    assert verdicts["ragged", "cnn-batchnorm"].verdict == "not exact"  # BatchNorm cannot be exact
+    assert verdicts["naive", "mlp-digits"].verdict == ("unscaled-sum",)
+    assert verdicts["normalized", "mlp-digits"].verdict == ("mean-of-means", "tail-misscaled")
+    assert verdicts["ragged", "mlp-digits"].verdict == ()
+    assert verdicts["ragged", "cnn-batchnorm"].verdict == ("batchnorm",)  # BatchNorm cannot be exact
+    assert verdicts["naive", "cnn-batchnorm"].verdict == ("batchnorm", "unscaled-sum")  # both said
     assert (
         verdicts["ragged", "mlp-digits"].items_used == verdicts["ragged", "mlp-digits"].items_available == 110
     )

@@ -1,7 +1,7 @@
 """Each loop carries its own contract, and the reference table reads it from the one registry.
 
-The oracle decides: a contract's promise holds only if ``classify`` sees it on the loop's steps
-against the true large-batch gradient. A false promise must turn the table red.
+verify decides: a contract's promise holds only if ``accumlib.verify`` says those codes of one epoch of
+the loop, judged against the true large-batch gradient. A false promise must turn the table red.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 import accumlib
 from accumlib import loops
-from accumlib.loops import ALL, CLOSE, CONTRACTS, EXACT, LOOPS, OFF_BY_K, WRONG, Contract
+from accumlib.loops import ALL, CONTRACTS, LOOPS, Contract
 from accumlib.reference import check_reference_loops
 
 LOOP_FILES = sorted(p.stem for p in Path(loops.__file__).parent.glob("[a-z]*.py"))
@@ -54,36 +54,50 @@ def test_the_table_reads_each_promise_from_the_contract():
 def test_a_variant_out_of_the_table_keeps_its_promise_when_named():
     table = check_reference_loops(loops=["grad_divided"])
     assert {r.task: r.verdict for r in table.rows} == {
-        "cnn-batchnorm": WRONG,
-        "cnn-groupnorm": EXACT,
-        "lm-tokens": WRONG,
-        "mlp-digits": WRONG,
+        "cnn-batchnorm": ("batchnorm",),
+        "cnn-groupnorm": (),
+        "lm-tokens": ("mean-of-means",),
+        "mlp-digits": ("mean-of-means", "tail-misscaled"),
     }
     assert table.ok, str(table)
 
 
 def test_a_false_promise_turns_the_table_red(monkeypatch):
-    """The negative case: ragged promising 'off by ~k' on full windows is caught by the oracle."""
-    lie = dataclasses.replace(CONTRACTS["ragged"], full_windows=OFF_BY_K, ragged_tail=OFF_BY_K)
+    """The negative case: ragged promising 'unscaled-sum' on a ragged tail is caught by verify."""
+    lie = dataclasses.replace(
+        CONTRACTS["ragged"], full_windows=("unscaled-sum",), ragged_tail=("unscaled-sum",)
+    )
     monkeypatch.setitem(CONTRACTS, "ragged", lie)
     table = check_reference_loops(tasks=["mlp-digits"], loops=["ragged"])
-    assert not table.ok
-    assert table.rows[0].verdict == EXACT and table.rows[0].expected == OFF_BY_K
+    assert not table.ok and "FAILED" in str(table)
+    assert table.rows[0].verdict == () and table.rows[0].expected == ("unscaled-sum",)
+
+
+def test_a_promise_of_fewer_codes_than_verify_says_is_broken(monkeypatch):
+    """A verdict is the whole set of codes: normalized promising only the tail's code on mlp-digits (whose
+    last micro-batch holds 6 items, not 8) misses mean-of-means, and the row fails."""
+    short = dataclasses.replace(CONTRACTS["normalized"], ragged_tail=("tail-misscaled",))
+    monkeypatch.setitem(CONTRACTS, "normalized", short)
+    row = check_reference_loops(tasks=["mlp-digits"], loops=["normalized"]).rows[0]
+    assert row.verdict == ("mean-of-means", "tail-misscaled") and not row.holds
+
+
+TAIL, COUNTS, BN = ("tail-misscaled",), ("mean-of-means",), ("batchnorm",)
 
 
 @pytest.mark.parametrize(
     "tags,verdict",
     [
-        ((), EXACT),
-        (("ragged-tail",), WRONG),
-        (("token-counts",), WRONG),
-        (("batchnorm",), "batchnorm"),
-        (("ragged-tail", "batchnorm"), "batchnorm"),  # BatchNorm spoils every step, so it decides
+        ((), ()),
+        (("ragged-tail",), TAIL),
+        (("token-counts",), COUNTS),
+        (("batchnorm",), BN),
+        (("ragged-tail", "batchnorm"), BN),  # BatchNorm spoils every step, so it decides
     ],
 )
 def test_a_task_with_several_tags_takes_the_strongest_kind(tags, verdict):
-    c = Contract(full_windows=EXACT, ragged_tail=WRONG, token_counts=WRONG, batchnorm=CLOSE, order=None)
-    assert c.expected(tags) == (CLOSE if verdict == "batchnorm" else verdict)
+    c = Contract(full_windows=(), ragged_tail=TAIL, token_counts=COUNTS, batchnorm=BN, order=None)
+    assert c.expected(tags) == verdict
 
 
 @pytest.mark.parametrize(
@@ -99,32 +113,39 @@ def test_a_task_with_several_tags_takes_the_strongest_kind(tags, verdict):
 def test_several_tags_are_taken_by_priority_each_kind_its_own_verdict(tags, kind):
     """Issue 27: with ragged_tail and token_counts promised alike, taking them in another order survived;
     here every kind promises a verdict of its own."""
-    c = Contract(full_windows=EXACT, ragged_tail=OFF_BY_K, token_counts=WRONG, batchnorm=CLOSE, order=None)
+    c = Contract(full_windows=(), ragged_tail=TAIL, token_counts=COUNTS, batchnorm=BN, order=None)
     assert c.expected(tags) == getattr(c, kind.replace("-", "_"))
 
 
 def test_a_contract_refuses_an_unknown_verdict_or_task_field():
-    with pytest.raises(ValueError, match=r"ragged_tail must be one of .* \(got 'fine'\)"):
-        Contract(full_windows=EXACT, ragged_tail="fine", token_counts=EXACT, batchnorm=WRONG, order=None)
+    with pytest.raises(ValueError, match=r"ragged_tail must hold codes of accumlib.CODES \(got \['fine'\]\)"):
+        Contract(full_windows=(), ragged_tail=("fine",), token_counts=(), batchnorm=BN, order=None)
+    # the old vocabulary's string, or one code not in a tuple: refused by name
+    with pytest.raises(TypeError, match=r"full_windows must be a tuple of verify's codes.*\(got 'exact'\)"):
+        Contract(full_windows="exact", ragged_tail=(), token_counts=(), batchnorm=BN, order=None)
+    with pytest.raises(TypeError, match=r"batchnorm must be a tuple .*\(got 'batchnorm'\)"):
+        Contract(full_windows=(), ragged_tail=(), token_counts=(), batchnorm="batchnorm", order=None)
     with pytest.raises(ValueError, match=r"takes must name task fields among .*\['counter'\]"):
         Contract(
-            full_windows=EXACT,
-            ragged_tail=EXACT,
-            token_counts=EXACT,
-            batchnorm=WRONG,
-            order=None,
-            takes=("counter",),
+            full_windows=(), ragged_tail=(), token_counts=(), batchnorm=BN, order=None, takes=("counter",)
         )
+
+
+def test_a_contract_keeps_its_codes_sorted_as_a_trace_gives_them():
+    c = Contract(
+        full_windows=("unscaled-sum", "batchnorm"), ragged_tail=(), token_counts=(), batchnorm=(), order=None
+    )
+    assert c.full_windows == ("batchnorm", "unscaled-sum")
 
 
 def test_adding_a_loop_is_one_file(tmp_path, monkeypatch):
     """A new file in loops/ with a CONTRACT is registered; one without is refused by name."""
     (tmp_path / "halved.py").write_text(
         "from accumlib.loops.naive import naive as _naive\n"
-        "from accumlib.loops._contract import Contract, WRONG\n"
+        "from accumlib.loops._contract import Contract\n"
         "def halved(*args, **kwargs):\n    return _naive(*args, **kwargs)\n"
-        "CONTRACT = Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG,"
-        " order=9)\n"
+        "U = ('unscaled-sum',)\n"
+        "CONTRACT = Contract(full_windows=U, ragged_tail=U, token_counts=U, batchnorm=U, order=9)\n"
     )
     monkeypatch.setattr(loops, "__path__", [*loops.__path__, str(tmp_path)])
     monkeypatch.delitem(sys.modules, "accumlib.loops.halved", raising=False)
@@ -150,7 +171,7 @@ def test_a_function_of_ones_own_named_like_a_loop_gets_no_contract():
 
 
 SCRATCH_LOOP = """
-from accumlib.loops._contract import WRONG, Contract
+from accumlib.loops._contract import Contract
 from accumlib.loops.naive import naive as _naive
 
 
@@ -158,7 +179,8 @@ def scratch_count(model, optimizer, loader, item_losses, *, accum_steps, device=
     return _naive(model, optimizer, loader, item_losses, accum_steps=accum_steps, device=device)
 
 
-CONTRACT = Contract(full_windows=WRONG, ragged_tail=WRONG, token_counts=WRONG, batchnorm=WRONG, order=9)
+U = ("unscaled-sum",)
+CONTRACT = Contract(full_windows=U, ragged_tail=U, token_counts=U, batchnorm=("batchnorm", *U), order=9)
 """
 
 

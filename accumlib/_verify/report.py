@@ -111,6 +111,21 @@ class StepRow:
     clip: float = 1.0  # the coefficient the loop's clip applied (recorded, or assumed), 1.0 when none acted
     ref_error: float = math.nan  # ||G (clip undone) - reference|| / ||reference||: what the verdict read
 
+    @property
+    def cosine(self) -> float:
+        """cos(G, g*), from the two figures above: ||G - g*||^2 = ||G||^2 + ||g*||^2 - 2 G.g*, divided by
+        ||g*||^2, gives G.g* / ||g*||^2 = (1 + r^2 - e^2) / 2 with r the norm ratio and e the relative error.
+
+        >>> StepRow(0, 4, 32, 0.1, norm_ratio=4.0, rel_error=3.0, codes=()).cosine  # naive: 4 g*
+        1.0
+        >>> StepRow(0, 4, 32, 0.1, norm_ratio=1.0, rel_error=1.0, codes=()).cosine  # 60 degrees apart
+        0.5
+        """
+        r, e = self.norm_ratio, self.rel_error
+        if not (r > 0 and math.isfinite(r) and math.isfinite(e)):
+            return math.nan  # a zero or non-finite gradient has no direction
+        return max(-1.0, min(1.0, (1 + r * r - e * e) / (2 * r)))
+
 
 @dataclass(frozen=True)
 class Report:

@@ -28,7 +28,7 @@ from ..batches import (
     windows,
 )
 from ..checks import check_device, check_int, check_model
-from ._contract import OFF_BY_K, Contract
+from ._contract import Contract
 
 
 def naive(
@@ -77,5 +77,9 @@ def naive(
 # Every micro-batch mean is summed undivided: m times the truth for a window of m micro-batches,
 # whatever the task (BatchNorm's per-micro-batch statistics move the direction, not the size).
 CONTRACT = Contract(
-    full_windows=OFF_BY_K, ragged_tail=OFF_BY_K, token_counts=OFF_BY_K, batchnorm=OFF_BY_K, order=1
+    full_windows=("unscaled-sum",),
+    ragged_tail=("unscaled-sum",),
+    token_counts=("unscaled-sum",),
+    batchnorm=("batchnorm", "unscaled-sum"),
+    order=1,
 )

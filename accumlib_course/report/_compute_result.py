@@ -29,7 +29,7 @@ class Cell:
     expected_steps: int
     items_used: int
     items: int
-    verdict: str
+    verdict: str  # verify's codes for the run ("ok": none), as accumlib.harness.verdict_text writes them
     logged: tuple[float, ...]
     # amp only: each step against verify's replay in the loop's autocast dtype, what its verdict reads
     ref_errors: tuple[float, ...] = ()
@@ -81,12 +81,17 @@ class ReportResult:
 
     @property
     def exact_loops(self) -> list[str]:
-        """The loops exact at every k (what the error figure's title names): every step they took "exact",
-        and every item stepped; a loop that drops its last micro-batch takes only exact steps, yet is not
-        exact."""
+        """The loops exact at every k (what the error figure's title names): verify passed every run against
+        the float32 large-batch gradient (an autocast loop's ``ok`` is against its own dtype's replay, not
+        exact), and every item was stepped (verify says ``tail-dropped`` too; the columns say it again)."""
 
         def exact(c: Cell) -> bool:
-            return c.verdict == "exact" and c.items_used == c.items and c.steps == c.expected_steps
+            return (
+                c.verdict == "ok"
+                and not c.ref_errors
+                and c.items_used == c.items
+                and c.steps == c.expected_steps
+            )
 
         return [name for name in self.loops if all(exact(self.cells[(name, k)]) for k in self.ks)]
 

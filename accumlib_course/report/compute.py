@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
-
-from accumlib import Task, ragged, verify
+from accumlib import ragged
 from accumlib.batches import expected_steps
-from accumlib.harness import classify, trace_loop
-from accumlib.loops import CONTRACTS, LOOPS, contract_of
+from accumlib.harness import trace_loop, verdict_text
+from accumlib.loops import CONTRACTS, LOOPS
 from accumlib.memory import activation_bytes
 
 from ._compute_result import Cell, Findings, ReportResult
@@ -31,39 +29,6 @@ def _loops(precision: str) -> dict[str, tuple[Any, dict[str, Any]]]:
         elif dtype is not None:
             loops[f"{name} ({precision})"] = (loop, {"dtype": dtype})
     return loops
-
-
-def _autocast_verdict(
-    loop: Any, t: Task, k: int, batch_size: int, precision: str, seed: int, dev: torch.device
-) -> tuple[str, tuple[float, ...]]:
-    """A low-precision loop (amp) judged as ``accumlib.verify`` judges it: each step against a replay of
-    its window in the loop's own autocast dtype, not the float32 gradient, which bf16 rounding alone misses
-    by 1e-2 to 1e-1."""
-    dtype = PRECISIONS[precision]
-
-    def train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> Any:
-        return loop(
-            model,
-            optimizer,
-            loader,
-            t.item_losses,
-            accum_steps=k,
-            dtype=dtype,
-            device=dev,
-            **contract_of(loop).kwargs_for(t),
-        )
-
-    rep = verify(
-        train_fn,
-        model=t.make_model(seed).to(dev),
-        dataset=t.make_dataset(),
-        item_losses=t.item_losses,
-        accum_steps=k,
-        batch_size=batch_size,
-        optimizer=lambda ps: torch.optim.SGD(ps, lr=LR),
-        collate_fn=t.collate_fn,
-    )
-    return (f"close ({precision})" if rep.ok else "not exact"), tuple(s.ref_error for s in rep.steps)
 
 
 def run(
@@ -90,9 +55,9 @@ def run(
             trace = trace_loop(
                 loop, t, accum_steps=k, batch_size=p.batch_size, lr=LR, seed=p.seed, device=dev, **kwargs
             )
-            verdict, ref_errors = classify(trace), ()
-            if "dtype" in kwargs:
-                verdict, ref_errors = _autocast_verdict(loop, t, k, p.batch_size, p.precision, p.seed, dev)
+            # verify judged the run: an autocast loop against a replay in its own dtype, whose errors
+            # (ref_error) its verdict read, the rest against the float32 large-batch gradient
+            ref_errors = tuple(c.ref_error for c in trace.comparisons) if "dtype" in kwargs else ()
             cells[(name, k)] = Cell(
                 name,
                 k,
@@ -103,7 +68,7 @@ def run(
                 expected_steps(trace.n_batches, k),
                 sum(trace.window_items),
                 trace.n_items,
-                verdict,
+                verdict_text(trace.verdict),
                 tuple(trace.logged),
                 ref_errors,
             )

@@ -1,6 +1,7 @@
-"""Mutants of accumlib/harness.py and accumlib/reference.py: the reference loops' judge and table; and of
-what the table reads from the loops (a contract's verdict per kind of task) and one loop's own default that
-no reference run can show (amp's autocast dtype on CUDA: its test stops the loop at autocast)."""
+"""Mutants of accumlib/harness.py and accumlib/reference.py: the reference loops' run under verify and their
+table; and of what the table reads from the loops (a contract's verdict per kind of task), a step's cosine,
+and one loop's own default that no reference run can show (amp's autocast dtype on CUDA: its test stops the
+loop at autocast)."""
 
 from mutate import Mutant
 
@@ -17,54 +18,34 @@ H, R = "accumlib/harness.py", "accumlib/reference.py"
 CT, AMP = "accumlib/loops/_contract.py", "accumlib/loops/amp.py"
 MUTANTS = [
     Mutant(
-        "classify judges the best step instead of the worst (any step, not all steps)",
-        H,
-        "worst = max(c.rel_error",
-        "worst = min(c.rel_error",
-    ),
-    Mutant("exact tolerance loosened 10x", H, "if worst <= FLOAT32_RTOL:", "if worst <= 10 * FLOAT32_RTOL:"),
-    Mutant(
-        "bf16 tolerance granted to a float32 loop (low-precision gate skipped)",
-        H,
-        "if low_precision and worst <= BF16_RTOL:",
-        "if worst <= BF16_RTOL:",
-    ),
-    Mutant(
-        "off by ~k when any step is, not all",
-        H,
-        "    if all(\n        abs(c.norm_ratio - m)",
-        "    if any(\n        abs(c.norm_ratio - m)",
-    ),
-    Mutant("off-by-k tolerance loosened 10x", H, "<= OFF_BY_K_TOL * m", "<= 10 * OFF_BY_K_TOL * m"),
-    Mutant(
-        "off by k judged against k, not the window's own micro-batch count m",
-        H,
-        "trace.window_batches.append(len(window))",
-        "trace.window_batches.append(k)",
-    ),
-    Mutant(
         "the contract's task fields override the caller's (count_items)",
         H,
         "loop_kwargs = contract.kwargs_for(task) | loop_kwargs",
         "loop_kwargs = loop_kwargs | contract.kwargs_for(task)",
     ),
     Mutant(
-        "micro-batches drawn after the last step (a dropped tail) not counted",
+        "the logged losses of every run verify made, not the judged one's (amp runs twice)",
         H,
-        "    everything.extend(loader.take())  # drawn after the last step: a dropped tail\n",
-        "",
+        "logged[:] = loop(",
+        "logged += loop(",
     ),
     Mutant(
-        "the oracle over everything drawn so far, not the window",
+        "the epoch's micro-batches counted per window of k, not per batch",
         H,
-        "oracle = true_gradient(model, window,",
-        "oracle = true_gradient(model, everything,",
+        "math.ceil(len(dataset) / bs)",
+        "math.ceil(len(dataset) / k)",
     ),
     Mutant(
         "window items counted as micro-batches",
         H,
-        "trace.window_items.append(sum(task.count_items(b) for b in window))",
-        "trace.window_items.append(len(window))",
+        "return [s.items for s in self.report.steps]",
+        "return [s.micro_batches for s in self.report.steps]",
+    ),
+    Mutant(
+        "the verdict is the first finding's code alone",
+        H,
+        "return tuple(sorted(self.report.codes))",
+        "return tuple(sorted(self.report.codes))[:1]",
     ),
     Mutant(
         "the reference table's steps expected taken from the steps seen (a missing step cannot show)",
@@ -92,7 +73,16 @@ MUTANTS = [
         "return any(r.holds for r in self.rows)",
     ),
     Mutant(
-        "every loop gets the bf16 tolerance", R, "low_precision=contract.low_precision", "low_precision=True"
+        "the table's verdict read from the promise, not from verify",
+        R,
+        "verdict=trace.verdict,",
+        "verdict=CONTRACTS[name].expected(task.tags),",
+    ),
+    Mutant(
+        "the table says float32 for every row (an autocast loop's ok read as exact)",
+        R,
+        'judged_against=", ".join(dict.fromkeys(s.reference for s in trace.comparisons)),',
+        'judged_against="float32",',
     ),
     Mutant(
         "several tags taken alphabetically, not by priority (a ragged tail before token counts)",
@@ -107,6 +97,12 @@ MUTANTS = [
         'KINDS = ("batchnorm", "ragged-tail", "token-counts", "full-windows")',
     ),
     Mutant(
+        "a contract's codes not checked against the codes table",
+        CT,
+        "unknown = sorted(set(verdict) - set(CODES))",
+        "unknown = []",
+    ),
+    Mutant(
         "amp's default dtypes swapped: float16 on CPU, bfloat16 on CUDA",
         AMP,
         'dtype = dtype or (torch.float16 if device.type == "cuda" else torch.bfloat16)',
@@ -118,5 +114,11 @@ MUTANTS = [
         R,
         "        if name not in CONTRACTS:\n            raise",
         "        if False:\n            raise",
+    ),
+    Mutant(
+        "a step's cosine from the norm ratio alone",
+        "accumlib/_verify/report.py",
+        "(1 + r * r - e * e) / (2 * r)",
+        "(1 + r * r) / (2 * r)",
     ),
 ]
