@@ -78,10 +78,10 @@ class Contract:
 
     @property
     def role(self) -> str:
-        """What kind of loop the verdicts make it, the role figures style it by: passed even with
-        BatchNorm is the large batch itself ("oracle"); passed on every other kind of task "correct";
-        run under autocast "alternative"; a bug on full windows "buggy"; anything else (right on full
-        windows only) "other".
+        """What kind of loop the verdicts make it, the role figures style it by: run under autocast
+        "alternative" (passed against its own dtype's replay); passed even with BatchNorm the large batch
+        itself ("oracle"); passed on every other kind of task "correct"; a bug on full windows "buggy";
+        anything else (right on full windows only) "other".
 
         >>> c = Contract(full_windows=(), ragged_tail=(), token_counts=(), batchnorm=("batchnorm",), order=9)
         >>> from dataclasses import replace
@@ -89,12 +89,12 @@ class Contract:
         ('correct', 'buggy')
         """
         verdicts = {kind: getattr(self, kind.replace("-", "_")) for kind in KINDS}
+        if self.low_precision:  # passed against its own dtype's replay: close to the oracle, not it
+            return "alternative"
         if not any(verdicts.values()):
             return "oracle"
         if not any(v for kind, v in verdicts.items() if kind != "batchnorm"):
             return "correct"
-        if self.low_precision:
-            return "alternative"
         return "buggy" if any(CODES[c].kind == "bug" for c in self.full_windows) else "other"
 
     def expected(self, tags: Iterable[str]) -> Verdict:
