@@ -48,7 +48,7 @@ class Trace:
     """
 
     report: Report
-    logged: list[float]
+    logged: list[float]  # the loop's own return: each step's logged loss ([] for a loop that logs none)
     n_batches: int  # micro-batches in the epoch, stepped or not
 
     @property
@@ -105,11 +105,11 @@ def trace_loop(
     logged: list[float] = []
 
     def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> Any:
-        # a run verify repeats (the recompute oracle after an autocast loop) keeps the last run's losses
-        logged[:] = loop(
-            model, optimizer, loader, task.item_losses, accum_steps=k, device=device, **loop_kwargs
-        )
-        return logged
+        out = loop(model, optimizer, loader, task.item_losses, accum_steps=k, device=device, **loop_kwargs)
+        # a run verify repeats (the recompute oracle after an autocast loop) keeps the last run's losses;
+        # a loop of the lessons' that logs nothing logs nothing here
+        logged[:] = [] if out is None else list(out)
+        return out
 
     report = verify(
         train,

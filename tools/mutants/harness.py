@@ -26,8 +26,8 @@ MUTANTS = [
     Mutant(
         "the logged losses of every run verify made, not the judged one's (amp runs twice)",
         H,
-        "logged[:] = loop(",
-        "logged += loop(",
+        "logged[:] = [] if out is None else list(out)",
+        "logged += [] if out is None else list(out)",
     ),
     Mutant(
         "the epoch's micro-batches counted per window of k, not per batch",
