@@ -118,7 +118,7 @@ def table_of(task: str, dev: torch.device) -> list[dict]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         status = cli(["selfcheck", "--device", dev.type, "--json", "--task", task])
-    checks = [check(f"accumlib verify --task {task}: exit status 0", status == 0, {"exit": status})]
+    checks = [check(f"accumlib selfcheck --task {task}: exit status 0", status == 0, {"exit": status})]
     for row in json.loads(out.getvalue())["rows"]:
         fig = {k: row[k] for k in ("max_rel_error", "min_cosine", "steps", "verdict", "expected")}
         if not row["holds"] and dev.type == "cuda":  # TF32 rounding, or a broken path?
@@ -131,7 +131,7 @@ def table_of(task: str, dev: torch.device) -> list[dict]:
 
 def part_a(dev: torch.device, dry: bool) -> list[dict]:
     tasks = ["mlp-digits"] if dry else list(accumlib.TASKS)
-    return [c for t in tasks for c in attempt(f"accumlib verify --task {t}", lambda t=t: table_of(t, dev))]
+    return [c for t in tasks for c in attempt(f"accumlib selfcheck --task {t}", lambda t=t: table_of(t, dev))]
 
 
 # --- b: every lesson's computations on the device -------------------------------------------------------
