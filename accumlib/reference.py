@@ -45,7 +45,7 @@ class Row:
     verdict: Verdict
     expected: Verdict
     judged_against: (
-        str  # what verify compared the steps with: "float32", "bfloat16 replay" (StepRow.reference)
+        str  # what verify compared the steps with: "float32", "bfloat16 replay" (StepRow.judged_against)
     )
     oracle: str  # which of verify's oracles judged the run (Report.oracle)
 
@@ -147,7 +147,7 @@ def check_reference_loops(
                     items_available=trace.n_items,
                     verdict=trace.verdict,
                     expected=CONTRACTS[name].expected(task.tags),
-                    judged_against=", ".join(dict.fromkeys(s.reference for s in trace.comparisons)),
+                    judged_against=", ".join(dict.fromkeys(s.judged_against for s in trace.comparisons)),
                     oracle=trace.report.oracle,
                 )
             )

@@ -179,7 +179,7 @@ def test_a_float32_loop_within_bf16_rounding_is_misscaled_in_the_table(monkeypat
     row = check_reference_loops(tasks=["mlp-digits"], loops=["nudged"]).rows[0]
     assert FLOAT32_RTOL < row.max_rel_error < BF16_RTOL
     assert row.verdict == m and row.holds and row.judged_against == "float32"
-    assert {round(s.scale, 4) for s in trace_loop(nudged, DIGITS).comparisons} == {1.01}
+    assert {round(s.factor, 4) for s in trace_loop(nudged, DIGITS).comparisons} == {1.01}
 
 
 def test_an_autocast_loop_is_judged_against_its_dtypes_replay_and_says_so():

@@ -143,7 +143,7 @@ def test_gpt2_is_misscaled_by_its_label_count(tmp_path, recorded):
     for row, (n, s, divisor) in zip(report.steps, windows, strict=True):
         assert divisor == [n + s]  # the cause, seen in the Trainer: one label too many per sequence
         assert row.items == n
-        assert row.scale == pytest.approx(n / (n + s), rel=SCALE_RTOL), (row, n, s)
+        assert row.factor == pytest.approx(n / (n + s), rel=SCALE_RTOL), (row, n, s)
         assert row.rel_error > 0.05  # and so far from the true gradient
     (found,) = [f for f in report.findings if f.code == "misscaled"]
     assert "shift" in found.message and found.steps == (0, 1, 2)
@@ -155,7 +155,7 @@ def test_llama_is_exact(tmp_path, recorded):
     report = verify_trainer(trainer(tiny_model("llama"), tmp_path, cls=Recording))
     assert report.ok and not report.codes, str(report)
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(report)
-    assert all(r.scale == pytest.approx(1.0, rel=FLOAT32_RTOL) for r in report.steps)
+    assert all(r.factor == pytest.approx(1.0, rel=FLOAT32_RTOL) for r in report.steps)
     # divided by N exactly
     assert [d for _, _, d in counts(recorded)] == [[n] for n, _, _ in counts(recorded)]
 
@@ -396,7 +396,7 @@ def test_sequence_classification_steps_are_m_times_the_gradient_without_verify(t
 def test_verify_trainer_names_the_classification_bug(tmp_path):
     report = verify_trainer(classify_trainer(classifier(), tmp_path))
     assert report.codes == {"unscaled-sum", "logged-loss-scaled"}, str(report)
-    assert [round(r.scale, 4) for r in report.steps] == [4.0, 4.0, 3.0]
+    assert [round(r.factor, 4) for r in report.steps] == [4.0, 4.0, 3.0]
     assert report.logged_loss == pytest.approx(report.true_loss * 4, rel=0.1)  # the Trainer's train_loss, k x
 
 

@@ -153,4 +153,4 @@ def test_accumlib_run_names_the_double_shift_in_the_unmodified_script(work, tmp_
     for t, row in enumerate(report["steps"]):
         n, extra = per_epoch[t % len(per_epoch)]
         assert row["items"] == n
-        assert row["scale"] == pytest.approx(n / (n + extra), rel=1e-5)
+        assert row["factor"] == pytest.approx(n / (n + extra), rel=1e-5)

@@ -146,7 +146,7 @@ def test_the_users_compute_loss_func_is_what_the_copy_trains_with(tmp_path):
 
     report = verify_trainer(llama_trainer(tmp_path, compute_loss_func=twice_divided))
     assert not report.ok and "misscaled" in report.codes, str(report)
-    assert all(r.scale == pytest.approx(1 / K, rel=FLOAT32_RTOL) for r in report.steps), str(report)
+    assert all(r.factor == pytest.approx(1 / K, rel=FLOAT32_RTOL) for r in report.steps), str(report)
 
 
 def test_the_users_optimizer_class_and_kwargs_build_the_copys_optimizer(tmp_path):
@@ -163,7 +163,7 @@ def test_the_users_item_losses_define_the_oracle(tmp_path):
         llama_trainer(tmp_path), item_losses=lambda model, batch: 2 * causal_lm_losses(model, batch)
     )
     assert "misscaled" in report.codes, str(report)
-    assert all(r.scale == pytest.approx(0.5, rel=FLOAT32_RTOL) for r in report.steps), str(report)
+    assert all(r.factor == pytest.approx(0.5, rel=FLOAT32_RTOL) for r in report.steps), str(report)
 
 
 def test_label_smoothing_factor_is_counted_in_the_item_losses(tmp_path):

@@ -402,7 +402,7 @@ def test_a_loss_divided_by_r_once_too_often_is_misscaled_one_over_r(grades, name
     g = grades[name]
     assert not g.ok and g.codes == ("misscaled",), g
     assert "c = 1/R" in g.messages[0] and g.stages == lesson.EXERCISE.hints["misscaled"]
-    assert all(abs(s.scale - 0.5) < 1e-4 for s in g.report.steps)
+    assert all(abs(s.factor - 0.5) < 1e-4 for s in g.report.steps)
 
 
 @pytest.mark.parametrize(

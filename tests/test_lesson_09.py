@@ -128,9 +128,9 @@ def test_a_wrong_configuration_fails_with_its_finding_and_hint(name):
     assert len(grade.stages) == 3 and "<details>" in grade._repr_html_() and "fix:" not in str(grade)
     if code == "misscaled":  # c = N/(N+S) at every step: the count of labels before the shift
         for row, s in zip(grade.report.steps, S, strict=True):
-            assert abs(row.scale - row.items / (row.items + s)) <= FLOAT32_RTOL, row
+            assert abs(row.factor - row.items / (row.items + s)) <= FLOAT32_RTOL, row
     if code == "unscaled-sum":  # m micro-batch means added up: c close to m = 4, 4, 3 (token counts differ)
-        assert [round(r.scale) for r in grade.report.steps] == [4, 4, 3]
+        assert [round(r.factor) for r in grade.report.steps] == [4, 4, 3]
 
 
 CORRECT = {
@@ -198,7 +198,7 @@ def test_compute_gives_each_librarys_factor_per_step(runs):
     gpt2 = runs.reports["trainer-gpt2"]
     assert gpt2.codes == {"misscaled"}
     for row, s in zip(gpt2.steps, S, strict=True):
-        assert abs(row.scale - row.items / (row.items + s)) <= FLOAT32_RTOL
+        assert abs(row.factor - row.items / (row.items + s)) <= FLOAT32_RTOL
     assert runs.reports["trainer-gpt2-fixed"].ok and not runs.reports["trainer-gpt2"].ok
     assert runs.reports["accelerate-clm"].codes == {"mean-of-means", "tail-misscaled"}
     table = runs.table()
@@ -240,7 +240,7 @@ def test_a_live_run_agrees_with_the_packaged_survey():
         assert set(row.codes) == codes
         if transformers.__version__ == "5.23.0":
             assert row.scales == pytest.approx(
-                [r.scale for r in run.report.steps] if row.scales else [], abs=1e-5
+                [r.factor for r in run.report.steps] if row.scales else [], abs=1e-5
             )
         assert ("NOT OK" in run.verdict) == bool(codes) and "<table>" in run._repr_html_()
 

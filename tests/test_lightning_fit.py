@@ -74,7 +74,9 @@ def test_clipping_shuffling_and_bf16_keep_the_verdict():
     )
     assert report.codes == {"tail-misscaled", "mean-of-means"}, str(report)
     assert [r.micro_batches for r in report.steps] == [4, 4, 4, 2]
-    assert {r.reference for r in report.steps} == {"bfloat16 replay"}  # judged in the loop's own precision
+    assert {r.judged_against for r in report.steps} == {
+        "bfloat16 replay"
+    }  # judged in the loop's own precision
     assert any(r.clip < 1 for r in report.steps)  # the clip acted, and was compared like with like
 
 

@@ -96,7 +96,7 @@ def test_accelerate_launch_starts_accumlib_run_on_every_rank_and_one_verdict_com
     else:
         assert status == 1 and not report["ok"], out[-3000:]
         assert code in {f["code"] for f in report["findings"]}, out[-3000:]
-        assert all(abs(r["scale"] - 4) < 1e-4 for r in report["steps"]), report["steps"]
+        assert all(abs(r["factor"] - 4) < 1e-4 for r in report["steps"]), report["steps"]
 
 
 def test_without_accelerate_use_cpu_each_rank_trains_alone_on_all_the_data(tmp_path):

@@ -60,7 +60,7 @@ def test_the_loss_left_undivided_is_an_unscaled_sum_four_times_the_true_gradient
     assert [s["step"] for s in report["steps"]] == STEPS
     assert all(s["codes"] == ["unscaled-sum"] for s in report["steps"]), out
     # c, the factor of the best fit G ~= c g* (the clip that acted undone): the 4 micro-batch means summed
-    assert all(abs(s["scale"] - 4) < 1e-4 for s in report["steps"]), [s["scale"] for s in report["steps"]]
+    assert all(abs(s["factor"] - 4) < 1e-4 for s in report["steps"]), [s["factor"] for s in report["steps"]]
 
 
 def test_gradients_never_zeroed_leak_into_every_step_after_the_first(scripts, tmp_path):

@@ -90,4 +90,4 @@ def test_a_ddp_job_is_judged_once_for_the_whole_job(tmp_path, name, new, code):
     else:
         assert status != 0 and code in {f["code"] for f in report["findings"]}, out[-3000:]
     if code == "misscaled":
-        assert all(abs(r["scale"] - 0.5) < 1e-4 for r in report["steps"])  # 1/R, R = 2
+        assert all(abs(r["factor"] - 0.5) < 1e-4 for r in report["steps"])  # 1/R, R = 2

@@ -184,7 +184,7 @@ def test_one_step_per_epoch_is_late_step_and_only_the_codes_it_deserves():
     # the textbook loss / k over 16 equal micro-batches: c = m / k = 4 follows from the window, no misscale
     by_k = run(_one_step_per_epoch(lambda s, y, dl: s / len(y) / K), n=128)
     assert by_k.codes == {"late-step"}, str(by_k)
-    assert by_k.steps[0].scale == pytest.approx(16 / K, rel=FLOAT32_RTOL)
+    assert by_k.steps[0].factor == pytest.approx(16 / K, rel=FLOAT32_RTOL)
     # on 110 items the last micro-batch holds 6, the rest 8: each mean weighed 1/k is mean-of-means as well
     assert run(_one_step_per_epoch(lambda s, y, dl: s / len(y) / K)).codes == {"late-step", "mean-of-means"}
     correct = run(exact)
@@ -215,7 +215,7 @@ def test_a_late_step_still_names_what_else_is_wrong():
     report = run(naive, k=2)
     assert [f.code for f in report.findings] == ["late-step", "unscaled-sum"], str(report)
     off = run(_one_step_per_epoch(lambda s, y, dl: s / (1.04 * len(dl.dataset))))
-    assert off.codes == {"late-step", "misscaled"} and off.steps[0].scale == pytest.approx(1 / 1.04), str(off)
+    assert off.codes == {"late-step", "misscaled"} and off.steps[0].factor == pytest.approx(1 / 1.04), str(off)
     uneven = run(_one_step_per_epoch(lambda s, y, dl: s / len(y) / (K + int(y[0]) % 3)))
     assert uneven.codes == {"late-step", "unexplained"}, str(uneven)
 

@@ -48,14 +48,14 @@ def test_uniform_misscale_is_misscaled_with_its_factor(bf16):
     assert report.codes == {"misscaled"}, str(report)
     for row in report.steps:
         # c is exact to float32 rounding; under bf16 to the replay's rounding
-        assert row.scale == pytest.approx(1 / scale, rel=FIT_RTOL if not bf16 else AUTOCAST_RTOL)
-        assert row.reference == ("bfloat16 replay" if bf16 else "float32")
+        assert row.factor == pytest.approx(1 / scale, rel=FIT_RTOL if not bf16 else AUTOCAST_RTOL)
+        assert row.judged_against == ("bfloat16 replay" if bf16 else "float32")
     assert "c = 0.9" in str(report)
     # the negative: the same loop without the factor is exact, to the same reference
     exact = run(scaled_loop(1.0, bf16=bf16))
     assert exact.ok and not exact.codes, str(exact)
     assert max(r.ref_error for r in exact.steps) <= (AUTOCAST_RTOL if bf16 else FLOAT32_RTOL)
-    assert all(r.scale == pytest.approx(1.0, rel=FIT_RTOL) for r in exact.steps)
+    assert all(r.factor == pytest.approx(1.0, rel=FIT_RTOL) for r in exact.steps)
 
 
 def test_bf16_figure_is_read_against_float32_but_judged_against_the_replay():
@@ -99,7 +99,7 @@ def test_causal_lm_label_count_before_the_shift_is_named():
     for row, window in zip(report.steps, windows(batches)):
         n, s = sum(lm.count_items(b) for b in window), sum(b[0].shape[0] for b in window)
         assert row.items == n
-        assert row.scale == pytest.approx(n / (n + s), rel=FIT_RTOL)
+        assert row.factor == pytest.approx(n / (n + s), rel=FIT_RTOL)
     msg = next(f.message for f in report.findings if f.code == "misscaled")
     assert "before the shift" in msg and "N/(N+S)" in msg
     assert check(lambda m, o, dl: loop(m, o, dl, before_shift=False)).ok
@@ -162,7 +162,7 @@ def test_clip_verify_did_not_see_is_stated_as_an_assumption():
     # the verdict's own column reads the clipped comparison too: it once showed 0.79-0.89, the unclipped
     # oracle's
     # distance, next to "ok"; the unclipped figure is still the |g|/|g*| a reader can recompute from clip
-    assert all(r.reference == "float32 clipped to 0.1 (assumed)" for r in report.steps), str(report)
+    assert all(r.judged_against == "float32 clipped to 0.1 (assumed)" for r in report.steps), str(report)
     assert max(r.ref_error for r in report.steps) <= FLOAT32_RTOL, str(report)
 
 

@@ -44,7 +44,7 @@ def scaled_loop(scale, k=K):
 def test_a_misscale_of_five_hundredths_of_a_percent_fails():
     report = run(scaled_loop(1 + 5e-4))
     assert report.codes == {"misscaled"}, str(report)
-    assert all(r.scale == pytest.approx(1 / (1 + 5e-4), rel=FLOAT32_RTOL) for r in report.steps)
+    assert all(r.factor == pytest.approx(1 / (1 + 5e-4), rel=FLOAT32_RTOL) for r in report.steps)
     # a factor this close to 1 matches no count (no reduction d, no constant divisor): the generic fix
     f = next(f for f in report.findings if f.code == "misscaled")
     assert f.fix == accumlib.CODES["misscaled"].fix and "D =" not in f.message, str(report)
@@ -101,7 +101,7 @@ def test_a_clip_that_also_scales_up_is_misscaled():
 def test_a_loops_own_norm_setting_that_scales_some_steps_up_is_no_clip():
     # every step set to norm 0.5: some shrunk, some grown
     report = run(own_clip(lambda t: 0.5, scale_up=True))
-    assert any(r.scale > 1 for r in report.steps) and any(r.scale < 1 for r in report.steps), str(report)
+    assert any(r.factor > 1 for r in report.steps) and any(r.factor < 1 for r in report.steps), str(report)
     assert report.codes == {"misscaled"}, str(report)
 
 
@@ -319,7 +319,7 @@ def test_a_one_parameter_model_is_judged_and_its_unscaled_sum_named():
 
     assert check(loop(lambda n: n)).ok
     unscaled = check(loop(lambda n: 8))
-    assert unscaled.codes == {"unscaled-sum"} and [r.scale for r in unscaled.steps] == pytest.approx(
+    assert unscaled.codes == {"unscaled-sum"} and [r.factor for r in unscaled.steps] == pytest.approx(
         [4.0, 4.0]
     )
 
@@ -375,7 +375,7 @@ def test_eval_mode_batchnorm_after_a_training_epoch_is_exact():
     half = len(report.steps) // 2
     assert all(not r.codes for r in report.steps[half:]), str(report)
     # judged as any per-item model
-    assert all(r.reference == "float32" for r in report.steps[half:]), str(report)
+    assert all(r.judged_against == "float32" for r in report.steps[half:]), str(report)
 
 
 def test_verifys_collate_in_a_worker_is_refused():
@@ -444,7 +444,7 @@ def fp16_scaler_loop(init_scale):
 @pytest.mark.parametrize("f", [1e-5, 1e-6])
 def test_float16_gradscaler_replay_uses_the_loops_scale(f):
     report = run(fp16_scaler_loop(2.0**16), model=Cold(f))  # unscaled, these gradients underflow in float16
-    assert all(r.reference == "float16 replay" for r in report.steps), str(report)
+    assert all(r.judged_against == "float16 replay" for r in report.steps), str(report)
     assert all(not r.codes for r in report.steps[1:]), str(report)  # step 0: see the next test
 
 
@@ -562,8 +562,8 @@ def numbers(*, rel, w=1.0, resid=1e-7, m=4):
         fits=fits,
         weights=[w] * m,
         rel=rel,
-        scale=w,
-        scale_resid=resid,
+        factor=w,
+        factor_resid=resid,
         gg=w * w,
         gt=w,
         tt=1.0,

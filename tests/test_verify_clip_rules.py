@@ -65,7 +65,7 @@ def test_constant_divisor_is_misscaled_at_every_step_with_its_own_c():
     expected = [n / D for n in counts]
     assert [round(c, 3) for c in expected] == [0.934, 1.072, 1.241, 1.131]  # the measured factors
     for row, c in zip(report.steps, expected):
-        assert row.scale == pytest.approx(c, rel=FIT_RTOL), str(report)  # float32 fit: ~1e-6 off
+        assert row.factor == pytest.approx(c, rel=FIT_RTOL), str(report)  # float32 fit: ~1e-6 off
         assert row.clip == 1.0  # nothing clipped, nothing assumed
     text = str(report)
     assert "D = 320" in text and "divided by a constant" in text, text
@@ -120,7 +120,7 @@ def test_one_scaled_step_is_not_evidence_of_a_clip():
     report = digits_run(own_clip_loop(math.inf, scale=2.0), n=32)
     assert len(report.steps) == 1
     assert not report.ok and report.codes == {"misscaled"}, str(report)
-    assert report.steps[0].scale == pytest.approx(0.5, rel=FIT_RTOL)
+    assert report.steps[0].factor == pytest.approx(0.5, rel=FIT_RTOL)
     # the twin: the same window, right; and a clip verify did not see, over several steps, is assumed
     assert digits_run(own_clip_loop(math.inf), n=32).ok
     several = digits_run(own_clip_loop(0.1), n=128)
@@ -149,7 +149,7 @@ def test_a_step_scaled_up_refutes_the_clip_for_every_step():
     report = digits_run(loop, n=128)
     assert "clip-assumed" not in report.codes, str(report)
     assert [r.codes for r in report.steps] == [("misscaled",)] * 4, str(report)
-    assert all(r.scale > 1.4 for r in report.steps[2:]) and all(r.scale < 1 for r in report.steps[:2])
+    assert all(r.factor > 1.4 for r in report.steps[2:]) and all(r.factor < 1 for r in report.steps[:2])
 
 
 def torch_clip_loop(max_norm: float, *, scale: float):
@@ -173,7 +173,7 @@ def test_a_misscale_hidden_by_a_real_clip_is_named_as_hidden():
     report = digits_run(torch_clip_loop(0.1, scale=1.04), n=128)
     assert not report.ok and report.codes == {"misscaled"}, str(report)
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL  # the update itself is the correct one
-    assert all(r.scale == pytest.approx(1 / 1.04, rel=FIT_RTOL) for r in report.steps)
+    assert all(r.factor == pytest.approx(1 / 1.04, rel=FIT_RTOL) for r in report.steps)
     text = str(report)
     assert "masked by clipping at step(s) 0, 1, 2, 3" in text and "equals the correct one" in text, text
     # a clip that never acts hides nothing: misscaled, not masked

@@ -68,7 +68,7 @@ def run(item_losses, **loop_kw):
 def test_a_mean_over_outputs_where_the_loop_sums_is_named_as_a_possible_item_losses_mismatch():
     report = run(mean_over_outputs)
     assert not report.ok and report.codes == {"misscaled"}, str(report)
-    assert all(r.scale == pytest.approx(OUT, rel=FIT_RTOL) for r in report.steps)
+    assert all(r.factor == pytest.approx(OUT, rel=FIT_RTOL) for r in report.steps)
     text = str(report)
     assert "item_losses may reduce each item differently from the loop" in text, text
     assert (
@@ -86,7 +86,7 @@ def test_a_clipped_step_that_matches_while_c_is_one_half_says_both_things():
     report = run(sum_over_outputs, max_norm=0.05, divisor=2.0)
     assert not report.ok and report.codes == {"misscaled"}, str(report)
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL
-    assert all(r.scale == pytest.approx(0.5, rel=FIT_RTOL) for r in report.steps)
+    assert all(r.factor == pytest.approx(0.5, rel=FIT_RTOL) for r in report.steps)
     text = str(report)
     assert "masked by clipping" in text and "item_losses may reduce each item differently" in text, text
     exact = run(sum_over_outputs, max_norm=0.05)

@@ -124,7 +124,7 @@ def test_a_rescaling_gradient_hook_is_named_as_the_cause_not_the_reduction():
     assert "Tensor.register_hook" in text and f"test_verify_import_styles.py:{hook_line}" in text
     assert "item_losses, not the loop, is what to fix" not in text  # the old, wrong place to look
     assert "remove the gradient hook" in finding.fix
-    assert all(abs(s.scale - 0.5) < FLOAT32_RTOL for s in bad.steps)
+    assert all(abs(s.factor - 0.5) < FLOAT32_RTOL for s in bad.steps)
 
 
 def mul_loop(factor, seen):
@@ -150,7 +150,7 @@ def test_a_manual_rescale_of_grad_is_named_with_its_factor():
     assert bad.codes == {"misscaled"}
     text = next(f for f in bad.findings if f.code == "misscaled").message
     assert ".grad was multiplied by 0.25 after the window's last backward" in text
-    assert all(abs(s.scale - B) < B * FLOAT32_RTOL for s in bad.steps)
+    assert all(abs(s.factor - B) < B * FLOAT32_RTOL for s in bad.steps)
 
 
 def test_a_clip_at_the_step_is_not_taken_for_a_manual_rescale():

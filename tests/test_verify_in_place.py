@@ -53,9 +53,9 @@ def test_a_wrong_loop_is_named_in_place_with_the_recompute_oracles_figures():
     for a, b in zip(fast.steps, slow.steps):
         assert a.codes == b.codes
         # c = m: 4 micro-batches, then the 2-micro-batch tail; both oracles in float32
-        assert a.scale == pytest.approx(b.scale, rel=FLOAT32_RTOL)
+        assert a.factor == pytest.approx(b.factor, rel=FLOAT32_RTOL)
         assert a.rel_error == pytest.approx(b.rel_error, rel=FLOAT32_RTOL)
-    assert [round(r.scale) for r in fast.steps] == [4, 4, 4, 2]
+    assert [round(r.factor) for r in fast.steps] == [4, 4, 4, 2]
 
 
 # ---- the false-pass side: the engine's items are not item_losses' -----------------------------------

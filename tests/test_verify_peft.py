@@ -95,7 +95,7 @@ def test_prompt_learning_is_misscaled_by_the_virtual_tokens(name, k, tmp_path, r
     assert "misscaled" in report.codes and len(report.steps) == len(windows) == 3, str(report)
     for row, (n, s) in zip(report.steps, windows, strict=True):
         assert row.items == n
-        assert row.scale == pytest.approx(n / (n - s), rel=FLOAT32_RTOL), (
+        assert row.factor == pytest.approx(n / (n - s), rel=FLOAT32_RTOL), (
             row,
             n,
             s,

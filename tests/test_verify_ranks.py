@@ -167,7 +167,7 @@ def _run_cases(rank, world, out):
                 dict(
                     rel=_rel(gs[rank], truth),
                     rel_h=_rel(gs[rank], h),
-                    scale=float(gs[rank] @ truth / (truth @ truth)),
+                    factor=float(gs[rank] @ truth / (truth @ truth)),
                     spread=_rel(gs[1], gs[0]),
                     counts=[c for _, c in per_rank],
                     indices=[s[t][0] for s in every],
@@ -230,11 +230,11 @@ def test_per_rank_mean_is_named_and_is_what_the_loop_did(job):
 
 def test_loss_divided_by_ranks_on_top_of_ddp_is_misscaled_one_over_r(job):
     c = _case(job, "divided-by-ranks")
-    assert all(abs(s["scale"] - 0.5) < FLOAT32_RTOL and s["rel"] > 0.4 for s in c["steps"])
+    assert all(abs(s["factor"] - 0.5) < FLOAT32_RTOL and s["rel"] > 0.4 for s in c["steps"])
     assert not c["report"]["ok"]
     f = next(f for f in c["report"]["findings"] if f["code"] == "misscaled")
     assert "c = 1/R" in f["message"], f["message"]
-    assert all(abs(s["scale"] - 0.5) < FLOAT32_RTOL for s in c["report"]["steps"])
+    assert all(abs(s["factor"] - 0.5) < FLOAT32_RTOL for s in c["report"]["steps"])
 
 
 def test_ranks_that_never_sync_are_ranks_diverged(job):

@@ -94,8 +94,8 @@ def test_a_second_run_is_refused_by_name_and_the_first_report_is_unchanged():
     assert report.codes == alone.codes == {"unscaled-sum"}
     assert len(report.steps) == len(alone.steps) == 3
     for a, b in zip(report.steps, alone.steps):  # the same run in the same process: rounding apart at most
-        assert abs(a.scale - b.scale) <= FLOAT32_RTOL * abs(b.scale)
-        assert abs(a.scale - K) < 0.25 * K  # and it is the bug: about k
+        assert abs(a.factor - b.factor) <= FLOAT32_RTOL * abs(b.factor)
+        assert abs(a.factor - K) < 0.25 * K  # and it is the bug: about k
     assert run(wrong_loop()).codes == {"unscaled-sum"}  # the lock was released
 
 

@@ -193,7 +193,7 @@ def test_a_method_patched_on_the_instance_runs_in_the_copy_bound_to_the_copy(tmp
     user.compute_loss = types.MethodType(doubled, user)
     report = verify_trainer(user)
     assert not report.ok and "misscaled" in report.codes, str(report)
-    assert all(abs(r.scale - 2) <= FIT_RTOL for r in report.steps), [r.scale for r in report.steps]
+    assert all(abs(r.factor - 2) <= FIT_RTOL for r in report.steps), [r.factor for r in report.steps]
     assert len(selves) == sum(ONE_EPOCH) and all(s is not user and type(s) is Trainer for s in selves)
     assert user.compute_loss.__self__ is user  # the user's binding, untouched
 

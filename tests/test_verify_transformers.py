@@ -331,7 +331,7 @@ def test_gpt2_is_misscaled_by_the_label_count(judged):
     assert "shift" in finding.message.lower(), finding.message
     for row, (n, s) in zip(report.steps, windows.counts(), strict=True):
         assert row.items == n
-        assert row.scale == pytest.approx(n / (n + s), rel=FIT_RTOL), (row, n, s)
+        assert row.factor == pytest.approx(n / (n + s), rel=FIT_RTOL), (row, n, s)
 
 
 def test_gpt2_misscale_is_not_excused_by_the_trainers_default_clipping(judged):
@@ -368,7 +368,7 @@ def test_llama_rows_carry_scale_one(judged):
     """verify v2: an exact step's fitted scale is 1."""
     report, _ = judged("llama")
     for row in report.steps:
-        assert row.scale == pytest.approx(1.0, rel=FLOAT32_RTOL), row
+        assert row.factor == pytest.approx(1.0, rel=FLOAT32_RTOL), row
 
 
 def test_max_steps_judges_the_first_steps_and_ends_the_loop(tmp_path):

@@ -134,7 +134,7 @@ def test_sft_on_gpt2_is_misscaled_by_its_label_count(tmp_path, recorded):
     assert len(windows) == len(report.steps) == 2
     for row, (n, s) in zip(report.steps, windows, strict=True):
         assert row.items == n
-        assert row.scale == pytest.approx(n / (n + s), rel=SCALE_RTOL), (row, n, s)
+        assert row.factor == pytest.approx(n / (n + s), rel=SCALE_RTOL), (row, n, s)
         assert row.rel_error > 0.05
     (found,) = [f for f in report.findings if f.code == "misscaled"]
     assert "N/(N+S)" in found.message
@@ -154,7 +154,7 @@ def test_sft_on_gpt2_twins_that_count_right_are_exact(twin, tmp_path):
     }.get(twin, ({}, None))
     report = verify_trainer(sft(model, tmp_path, data, **kw))
     assert report.ok and "misscaled" not in report.codes, str(report)
-    assert all(r.scale == pytest.approx(1.0, rel=FLOAT32_RTOL) for r in report.steps)
+    assert all(r.factor == pytest.approx(1.0, rel=FLOAT32_RTOL) for r in report.steps)
 
 
 def test_dpo_is_refused_by_name_before_it_runs(tmp_path):

@@ -62,7 +62,7 @@ def test_a_count_taken_before_the_label_shift_is_a_misscale_by_n_over_n_plus_s()
 
     report, truth = run(shifted)
     assert not report.ok and report.codes & {"misscaled", "mean-of-means"}, report
-    assert all(0.7 < r.scale < 1.0 for r in report.steps)  # c = N / (N + S) below 1
+    assert all(0.7 < r.factor < 1.0 for r in report.steps)  # c = N / (N + S) below 1
 
 
 def test_a_loss_it_cannot_see_is_a_limit_never_a_pass():
@@ -189,7 +189,7 @@ def test_a_micro_batch_whose_items_are_all_masked_is_not_read_as_zeroed():
     assert_figures(report, truth)
     report, truth = run(first_masked(4), k=2)
     assert report.codes == {"misscaled"}, report
-    assert all(r.scale < 1 for r in report.steps)
+    assert all(r.factor < 1 for r in report.steps)
     assert_figures(report, truth)
 
 

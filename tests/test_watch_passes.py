@@ -273,7 +273,7 @@ def test_lightnings_prefetching_fetcher_ends_its_passes_at_their_tails():
     assert report.codes == {"tail-misscaled"}, report
     assert next(f for f in report.findings if f.code == "tail-misscaled").steps == (2, 5)
     # c = 3/4 exactly in arithmetic; float32 gradients put it within FIT_RTOL on any CPU
-    assert [r.scale for r in report.steps] == pytest.approx([1.0, 1.0, 0.75] * 2, rel=FIT_RTOL)
+    assert [r.factor for r in report.steps] == pytest.approx([1.0, 1.0, 0.75] * 2, rel=FIT_RTOL)
 
 
 def test_accum_steps_read_from_a_tied_run_is_the_longer_window():

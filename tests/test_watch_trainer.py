@@ -53,4 +53,4 @@ def test_gpt2_over_two_epochs_is_misscaled_by_n_over_n_plus_s_at_every_step(tmp_
     assert not report.ok and report.codes == {"misscaled"}, report
     assert [r.micro_batches for r in report.steps] == [4, 4, 3] * EPOCHS  # no early-step at the tails
     for row, (n, s) in zip(report.steps, counts, strict=True):
-        assert row.scale == pytest.approx(n / (n + s), rel=FIT_RTOL), (row, n, s)
+        assert row.factor == pytest.approx(n / (n + s), rel=FIT_RTOL), (row, n, s)

@@ -229,8 +229,8 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
         return out
     if all(f.resid <= fit_tol for f in n.fits):
         _name(n, out, m=m, k=k, tol=fit_tol)
-    elif n.scale_resid <= fit_tol:
-        _misscaled(n, out, n.scale, m=m, k=k, tol=fit_tol)
+    elif n.factor_resid <= fit_tol:
+        _misscaled(n, out, n.factor, m=m, k=k, tol=fit_tol)
     if not _explains(out):
         out.codes.append("unexplained")
         weights = (
@@ -271,14 +271,14 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
         out.detail = "some rank's .grad was not empty when the window began"
     elif n.per_rank_resid <= fit_tol:
         out.codes.append("per-rank-mean")
-        out.factor = n.per_rank_scale
-        extra = "" if near(n.per_rank_scale, 1.0, fit_tol) else f", times c = {n.per_rank_scale:.4f}"
+        out.factor = n.per_rank_factor
+        extra = "" if near(n.per_rank_factor, 1.0, fit_tol) else f", times c = {n.per_rank_factor:.4f}"
         out.detail = f"items per rank {n.rank_items}{extra}"
-    elif n.scale_resid <= fit_tol:
-        if m < k and near(n.scale, m / k, fit_tol):
+    elif n.factor_resid <= fit_tol:
+        if m < k and near(n.factor, m / k, fit_tol):
             out.codes.append("tail-misscaled")
             return
-        _misscaled(n, out, n.scale, m=m, k=k, tol=fit_tol)
+        _misscaled(n, out, n.factor, m=m, k=k, tol=fit_tol)
     else:
         out.codes.append("unexplained")
         cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan

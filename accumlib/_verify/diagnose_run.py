@@ -124,12 +124,12 @@ def step_rows(
         clip_to = clip_norms(s) or ([assumed] if assumed else [])
         ratio, rel = like_for_like(s, clip_to)
         replay = " replay" if s.precision != "float32" else ""
-        reference, ref_error = (
+        against, ref_error = (
             s.precision + replay + ("; BatchNorm: accumulated" if s.batchnorm else ""),
             s.rel,
         )
         if v.clip_assumed:  # judged against the truth clipped to the assumed norm: show that error
-            reference, ref_error = f"float32 clipped to {assumed:.3g} (assumed)", rel
+            against, ref_error = f"float32 clipped to {assumed:.3g} (assumed)", rel
         rows.append(
             StepRow(
                 step=t,
@@ -139,9 +139,11 @@ def step_rows(
                 norm_ratio=ratio,
                 rel_error=rel,
                 codes=("skipped by GradScaler",) if s.skipped else tuple(v.codes),
-                reference=reference,
-                scale=s.scale / s.scale if v.clip_assumed else s.scale,  # the clip took the factor: c is 1
-                clip=s.scale if v.clip_assumed else s.unclip,
+                judged_against=against,
+                factor=s.factor / s.factor
+                if v.clip_assumed
+                else s.factor,  # the clip took the factor: c is 1
+                clip=s.factor if v.clip_assumed else s.unclip,
                 ref_error=ref_error,
             )
         )

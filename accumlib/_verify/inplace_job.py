@@ -64,7 +64,7 @@ def measure_job(numbers: StepNumbers, ps: list[torch.Tensor], sums: list[torch.T
         all_reduce(h)
         g = gram([grads, h])
         if float(g[1, 1]) > 0:
-            _, numbers.per_rank_scale, numbers.per_rank_resid = fit(
+            _, numbers.per_rank_factor, numbers.per_rank_resid = fit(
                 float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
             )
         del h

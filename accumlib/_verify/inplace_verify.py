@@ -94,7 +94,7 @@ def take(numbers: StepNumbers, eng: InPlace, optimizer: torch.optim.Optimizer, r
         raise Fallback(f"step {t}: .grad changed after the last backward by no single factor")
     numbers.weights = [w * after for w in got.weights]
     numbers.leak, numbers.leak_coef = got.leak, got.leak_coef * after
-    numbers.rel, numbers.scale, numbers.scale_resid = got.rel, got.scale, got.scale_resid
+    numbers.rel, numbers.factor, numbers.factor_resid = got.rel, got.factor, got.factor_resid
     numbers.gg, numbers.gt, numbers.tt = got.gg, got.gt, got.tt
 
 

@@ -40,11 +40,11 @@ def against_sums(numbers: StepNumbers, grads: list[Any], sums: list[Any]) -> Non
     """The in-place engine's figures: G, what the optimizer holds (clips undone), against r = O / N,
     O the engine's sums (``inplace.py``, all-reduced across a job's ranks by ``inplace_job.py``)."""
     n, u = numbers.items, numbers.unclip
-    g = gram([grads, sums], scales=[1.0 / u, 1.0 / n])
+    g = gram([grads, sums], weights=[1.0 / u, 1.0 / n])
     gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
-    numbers.rel, scale, resid = fit(gg, gr, rr)
+    numbers.rel, factor, resid = fit(gg, gr, rr)
     if rr > 0:
-        numbers.scale, numbers.scale_resid = scale, resid
+        numbers.factor, numbers.factor_resid = factor, resid
     numbers.gg, numbers.gt, numbers.tt = gg * u * u, gr * u, rr
 
 
@@ -68,11 +68,11 @@ def measure(
     numbers.weights, numbers.leak_coef = o.weights()
     numbers.precision = str(autocast[1]).replace("torch.", "") if autocast else "float32"
     # G unclipped, r = O / N: the verdict's reference
-    g = gram([grads, o.O()], scales=[1.0 / u, 1.0 / n], scratch=o.scratch)
+    g = gram([grads, o.O()], weights=[1.0 / u, 1.0 / n], scratch=o.scratch)
     gg, gr, rr = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
-    numbers.rel, scale, resid = fit(gg, gr, rr)
+    numbers.rel, factor, resid = fit(gg, gr, rr)
     if rr > 0:
-        numbers.scale, numbers.scale_resid = scale, resid
+        numbers.factor, numbers.factor_resid = factor, resid
     numbers.batchnorm = batchnorm
     # a job: no second replay (each would need its own exchange); its reference is the figure
     if job:
@@ -82,7 +82,7 @@ def measure(
     elif batchnorm:
         o.keep_accumulation()
         o.redo([merged()], Replay())
-        t = gram([grads, o.O(), o.P], scales=[1.0 / u, 1.0 / n, 1.0 / n], scratch=o.scratch)
+        t = gram([grads, o.O(), o.P], weights=[1.0 / u, 1.0 / n, 1.0 / n], scratch=o.scratch)
         mm, pp, pm = float(t[1, 1]), float(t[2, 2]), float(t[1, 2])
         numbers.bn_gap = dist(pp, pm, mm, 1.0) / math.sqrt(mm) if mm > 0 else math.nan
         numbers.rel_merged = (
@@ -91,7 +91,7 @@ def measure(
     elif autocast is not None:  # the float32 figure the user reads
         o.redo(batches, Replay())
     if not job and (batchnorm or autocast is not None):
-        g = gram([grads, o.O()], scales=[1.0, 1.0 / n], scratch=o.scratch)
+        g = gram([grads, o.O()], weights=[1.0, 1.0 / n], scratch=o.scratch)
     else:
         g = (
             g

@@ -125,8 +125,8 @@ class Ranks:
         return t.tolist()
 
     # -- the buffer ---------------------------------------------------------------------------
-    def _flat(self, vec: Vec, like: list[torch.Tensor], scale: float = 1.0) -> torch.Tensor:
-        """``vec`` (None: zeros) copied into the buffer, times ``scale``; parameters in ``like`` order."""
+    def _flat(self, vec: Vec, like: list[torch.Tensor], weight: float = 1.0) -> torch.Tensor:
+        """``vec`` (None: zeros) copied into the buffer, times ``weight``; parameters in ``like`` order."""
         numel = sum(p.numel() for p in like)
         if self.buffer is None or self.buffer.numel() != numel or self.buffer.device != like[0].device:
             self.buffer = torch.empty(numel, dtype=torch.float32, device=like[0].device)
@@ -138,8 +138,8 @@ class Ranks:
                 part.zero_()
             else:
                 part.copy_(whole.detach().reshape(-1))
-                if scale != 1.0:
-                    part.mul_(scale)
+                if weight != 1.0:
+                    part.mul_(weight)
             at += p.numel()
         return self.buffer
 
@@ -192,7 +192,7 @@ class Ranks:
             gg, gh, hh = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
             if hh > 0 and gg > 0:
                 c = gh / hh
-                numbers.per_rank_scale = c
+                numbers.per_rank_factor = c
                 numbers.per_rank_resid = math.sqrt(max(gg - 2 * c * gh + c * c * hh, 0.0)) / math.sqrt(gg)
         dist.all_reduce(self._flat(sums, like))  # the job's sum, copied out (the buffer is reused below)
         job: Vec = []

@@ -94,8 +94,8 @@ class StepRow:
 
     ``norm_ratio`` and ``rel_error`` compare like with like: the gradient the optimizer saw with
     the float32 large-batch gradient, clipped as the loop clipped (recorded or assumed).
-    ``scale`` is the factor c of the best fit G ~= c g* (1 for a correct step; clipping undone),
-    ``reference`` names what the verdict was judged against (``ref_error``: how far off), and ``clip``
+    ``factor`` is c of the best fit G ~= c g* (1 for a correct step; clipping undone),
+    ``judged_against`` names what the verdict was judged against (``ref_error``: how far off), and ``clip``
     is the factor the loop's clip scaled the window's gradient by (1.0 when no clip acted).
     """
 
@@ -106,8 +106,8 @@ class StepRow:
     norm_ratio: float  # ||captured|| / ||true large-batch gradient||
     rel_error: float  # ||captured - true|| / ||true||
     codes: tuple[str, ...]
-    scale: float = math.nan
-    reference: str = "float32"
+    factor: float = math.nan
+    judged_against: str = "float32"
     clip: float = 1.0  # the coefficient the loop's clip applied (recorded, or assumed), 1.0 when none acted
     ref_error: float = math.nan  # ||G (clip undone) - reference|| / ||reference||: what the verdict read
 
@@ -229,8 +229,8 @@ class Report:
             + (
                 f"{s.norm_ratio:.4f}",
                 f"{s.rel_error:.2e}",
-                f"{s.scale:.4f}",
-                f"{s.reference} ({s.ref_error:.1e})",
+                f"{s.factor:.4f}",
+                f"{s.judged_against} ({s.ref_error:.1e})",
                 ", ".join(s.codes) or "ok",
             )
             for s in self.steps
@@ -248,7 +248,7 @@ class Report:
             return "NOT OK"
         return "OK, every judged step saw the true large-batch gradient" + (
             " (within the rounding of its reference)"
-            if any(s.reference != "float32" for s in self.steps)
+            if any(s.judged_against != "float32" for s in self.steps)
             else ""
         )
 

@@ -66,8 +66,8 @@ class StepNumbers:
     precision: str = "float32"  # the replay the verdict used: float32, or the loop's autocast dtype
     unclip: float = 1.0  # product of the recorded complete-window clip coefficients
     rel: float = math.nan  # ||G / unclip - r|| / ||r||, r the verdict's reference
-    scale: float = math.nan  # c fitted in G / unclip ~= c r
-    scale_resid: float = math.nan
+    factor: float = math.nan  # c fitted in G / unclip ~= c r
+    factor_resid: float = math.nan
     gg: float = 0.0  # |G|^2, G as the optimizer saw it
     gt: float = 0.0  # G . t, t the float32 truth the user reads (merged window under BatchNorm)
     tt: float = 0.0  # |t|^2
@@ -83,7 +83,7 @@ class StepNumbers:
     params_diverged: float = 0.0
     syncs: int = 0  # micro-batch boundaries at which .grad was the same on every rank (a gradient sync)
     # c in G ~= c H, H = (1/R) sum_r O_r / N_r: each rank divided by its own count
-    per_rank_scale: float = math.nan
+    per_rank_factor: float = math.nan
     per_rank_resid: float = math.nan  # ||G - c H|| / ||G||
     # every rank stepped here (False: some had ended its run; judged on this rank alone)
     all_ranks: bool = True

@@ -216,7 +216,7 @@ def judge(eng: InPlace, accum_steps: int | None, *, stopped: bool, passes: Passe
             t = idx[j]
             if t in eng.unjudged:
                 r = replace(r, codes=("not judged: " + ", ".join(eng.unjudged[t]),), rel_error=nan)
-                r = replace(r, norm_ratio=nan, scale=nan)
+                r = replace(r, norm_ratio=nan, factor=nan)
             rows[t] = replace(r, step=t)
         found = step_findings(sub, verdicts, k=k) + run_notes(
             sub, verdicts, assumed, dropout=(), stopped=False

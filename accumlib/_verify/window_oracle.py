@@ -43,10 +43,10 @@ SMALL = 1 << 20
 
 
 def gram(
-    vectors: Sequence[Vec], scales: Sequence[float] | None = None, scratch: torch.Tensor | None = None
+    vectors: Sequence[Vec], weights: Sequence[float] | None = None, scratch: torch.Tensor | None = None
 ) -> torch.Tensor:
     """All pairwise dot products of a few parameter-shaped vectors, in float64 (float32 products
-    are exact in float64, so a fit's residual keeps ~1e-8 relative precision); ``scales`` multiply
+    are exact in float64, so a fit's residual keeps ~1e-8 relative precision); ``weights`` multiply
     the vectors first."""
     n = len(vectors)
     like = next((t for v in vectors for t in v if t is not None), None)
@@ -55,13 +55,13 @@ def gram(
     out = torch.zeros(n, n, dtype=torch.float64, device=like.device)
     for i in range(len(vectors[0])):
         _gram_into(out, [v[i] for v in vectors], scratch)
-    return _scaled(out.cpu(), scales)
+    return _weighted(out.cpu(), weights)
 
 
-def _scaled(g: torch.Tensor, scales: Sequence[float] | None) -> torch.Tensor:
-    if scales is None:
+def _weighted(g: torch.Tensor, weights: Sequence[float] | None) -> torch.Tensor:
+    if weights is None:
         return g
-    sc = torch.tensor(list(scales), dtype=torch.float64)
+    sc = torch.tensor(list(weights), dtype=torch.float64)
     return g * sc[:, None] * sc[None, :]
 
 
@@ -269,7 +269,7 @@ class WindowOracle:
         if dots is not None and not math.isfinite(float(dots[0, 0])):
             self.finite = False
         if self.finite and dots is not None:
-            a, beta, resid = fit_group(_scaled(dots.cpu(), [1.0 / unclip, 1.0, 1.0]))
+            a, beta, resid = fit_group(_weighted(dots.cpu(), [1.0 / unclip, 1.0, 1.0]))
         else:
             a, beta, resid = math.nan, math.nan, math.nan
         self.fits.append(

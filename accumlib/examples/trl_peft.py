@@ -152,7 +152,7 @@ def factors(report: Any, s_sign: int) -> list[tuple[int, int, int, float, float]
     rows = []
     for r in report.steps:
         s = BATCH * r.micro_batches
-        rows.append((r.step, r.items, s, r.items / (r.items + s_sign * s), r.scale))
+        rows.append((r.step, r.items, s, r.items / (r.items + s_sign * s), r.factor))
     return rows
 
 

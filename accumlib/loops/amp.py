@@ -65,7 +65,7 @@ def amp(
     >>> from accumlib import get_task
     >>> from accumlib.harness import trace_loop
     >>> trace = trace_loop(amp, get_task("mlp-digits"))  # bfloat16 on CPU: judged against a bf16 replay
-    >>> trace.verdict, trace.report.steps[0].reference
+    >>> trace.verdict, trace.report.steps[0].judged_against
     ((), 'bfloat16 replay')
     """
     accum_steps = check_int("accum_steps", accum_steps, low=1)

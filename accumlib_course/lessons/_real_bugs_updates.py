@@ -108,7 +108,7 @@ def update_ratios(report: Any = None) -> UpdateRatios:
         for name, overrides in OPTIMIZERS.items():
             bug, fixed = _updates(None, overrides), _updates("ForCausalLM", overrides)
             ratios[name] = tuple(float(b.norm() / f.norm()) for b, f in zip(bug, fixed, strict=True))
-    c = tuple(r.scale for r in report.steps)
+    c = tuple(r.factor for r in report.steps)
     if any(len(r) != len(c) for r in ratios.values()):
         raise ValueError(
             f"report must hold one step per optimizer step of the lesson's Trainer "

@@ -47,7 +47,7 @@ class TrainerRun:
                 r.step,
                 r.micro_batches,
                 r.items,
-                f"{r.scale:.4f}",
+                f"{r.factor:.4f}",
                 f"{r.rel_error:.1e}",
                 ", ".join(r.codes) or "ok",
             )

@@ -219,7 +219,7 @@ def frameworks(keys: Any = tuple(RUNS)) -> FrameworkResult:
                 key,
                 bool(report.ok),
                 tuple(sorted(report.codes)),
-                tuple(s.scale for s in report.steps),
+                tuple(s.factor for s in report.steps),
                 tuple(s.micro_batches for s in report.steps),
                 time.perf_counter() - start,
             )

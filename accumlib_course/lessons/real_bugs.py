@@ -65,7 +65,7 @@ class LibraryRuns:
 
     def scales(self, name: str) -> list[float]:
         """c of every optimizer step of run ``name``."""
-        return [r.scale for r in self.reports[name].steps]
+        return [r.factor for r in self.reports[name].steps]
 
     def table(self) -> Table:
         """One row per run: library, c per step, codes, verdict."""

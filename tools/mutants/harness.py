@@ -81,7 +81,7 @@ MUTANTS = [
     Mutant(
         "the table says float32 for every row (an autocast loop's ok read as exact)",
         R,
-        'judged_against=", ".join(dict.fromkeys(s.reference for s in trace.comparisons)),',
+        'judged_against=", ".join(dict.fromkeys(s.judged_against for s in trace.comparisons)),',
         'judged_against="float32",',
     ),
     Mutant(

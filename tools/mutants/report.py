@@ -38,10 +38,7 @@ MUTANTS = [
         "        k: min(\n            c.rel_error",
     ),
     Mutant(
-        "a cell's verdict is 'ok' whatever verify's report says",
-        C,
-        "verdict_text(trace.verdict),",
-        '"ok",',
+        "a cell's verdict is 'ok' whatever verify's report says", C, "verdict_text(trace.verdict),", '"ok",'
     ),
     Mutant(
         "the amp loop's replay errors dropped (its ok read as exact)",

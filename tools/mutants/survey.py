@@ -57,7 +57,7 @@ MUTANTS = [
         'if report.codes & {"misscaled", "unscaled-sum"}:',
         'if "misscaled" in report.codes:',
     ),
-    Mutant("c rounded to 2 places", R, "round(s.scale, 6)", "round(s.scale, 2)"),
+    Mutant("c rounded to 2 places", R, "round(s.factor, 6)", "round(s.factor, 2)"),
     Mutant(
         "the cause of a misscale dropped",
         R,

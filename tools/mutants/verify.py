@@ -369,8 +369,8 @@ MUTANTS = [
     Mutant(
         "a recorded clip not undone before the comparison",
         ME,
-        "gram([grads, o.O()], scales=[1.0 / u, 1.0 / n], scratch=o.scratch)",
-        "gram([grads, o.O()], scales=[1.0, 1.0 / n], scratch=o.scratch)",
+        "gram([grads, o.O()], weights=[1.0 / u, 1.0 / n], scratch=o.scratch)",
+        "gram([grads, o.O()], weights=[1.0, 1.0 / n], scratch=o.scratch)",
     ),
     Mutant(
         "BatchNorm in eval mode treated as batch statistics",
@@ -495,7 +495,7 @@ MUTANTS = [
         "return min(1.0, max_norm / norm_value)",
     ),
     Mutant(
-        "Gram matrix scales not applied", OR, "    return _scaled(out.cpu(), scales)", "    return out.cpu()"
+        "Gram matrix weights not applied", OR, "    return _weighted(out.cpu(), weights)", "    return out.cpu()"
     ),
     Mutant(
         "the float32 redo adds to the autocast replay instead of replacing it",
