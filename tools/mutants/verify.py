@@ -495,7 +495,10 @@ MUTANTS = [
         "return min(1.0, max_norm / norm_value)",
     ),
     Mutant(
-        "Gram matrix weights not applied", OR, "    return _weighted(out.cpu(), weights)", "    return out.cpu()"
+        "Gram matrix weights not applied",
+        OR,
+        "    return _weighted(out.cpu(), weights)",
+        "    return out.cpu()",
     ),
     Mutant(
         "the float32 redo adds to the autocast replay instead of replacing it",
