@@ -132,9 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "selfcheck",
         help="the library's own check: every reference loop on every built-in task against the large batch",
-        description="Run every reference loop on every built-in task, compare each optimizer step with the "
-        "true large-batch gradient, and check the verdict each loop's contract promises (the CONTRACT at the "
-        "end of its file). Exit 0 when every verdict holds, 1 when one does not, 2 on bad usage.",
+        description="Run every reference loop on every built-in task under accumlib.verify, which compares "
+        "each optimizer step with the true large-batch gradient, and check that verify's codes are the "
+        "verdict each loop's contract promises (the CONTRACT at the end of its file). Exit 0 when every "
+        "verdict holds, 1 when one does not, 2 on bad usage.",
     )
     c.add_argument("--task", action="append", metavar="NAME", help="only this built-in task (repeatable)")
     c.add_argument("--loop", action="append", metavar="NAME", help="only this reference loop (repeatable)")
