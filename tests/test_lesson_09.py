@@ -190,7 +190,7 @@ def runs() -> real_bugs.LibraryRuns:
 
 def test_compute_gives_each_librarys_factor_per_step(runs):
     assert list(runs.reports) == list(real_bugs.RUNS)
-    acc, light = runs.scales("accelerate"), runs.scales("lightning")
+    acc, light = runs.factors("accelerate"), runs.factors("lightning")
     # the same loop, the same last window
     assert acc == pytest.approx(light, abs=FLOAT32_RTOL) and len(acc) == 4
     # only the short tail is off
@@ -219,13 +219,15 @@ def test_the_figure_draws_every_factor_and_says_it_in_words(runs):
     assert min(_style.font_sizes(fig)) >= _style.MIN_FONT_PT
     ax = fig.axes[0]
     drawn = [line.get_ydata() for line in ax.get_lines()][1:]  # the first is the true gradient at c = 1
-    assert [list(y) for y in drawn] == [runs.scales(n) for n in real_bugs.RUNS]
+    assert [list(y) for y in drawn] == [runs.factors(n) for n in real_bugs.RUNS]
     assert len({(ln.get_marker(), str(ln.get_linestyle())) for ln in ax.get_lines()[1:]}) == len(
         real_bugs.RUNS
     )
     text = real_bugs.alt(runs)
     for name in real_bugs.RUNS:
-        assert f"{real_bugs.RUNS[name].label}: c = {', '.join(f'{c:.3f}' for c in runs.scales(name))}" in text
+        assert (
+            f"{real_bugs.RUNS[name].label}: c = {', '.join(f'{c:.3f}' for c in runs.factors(name))}" in text
+        )
     assert "0.489" in text
 
 
@@ -239,8 +241,8 @@ def test_a_live_run_agrees_with_the_packaged_survey():
         row = next(r for r in survey.load(version="5.23.0").rows if r.model_type == model_type)
         assert set(row.codes) == codes
         if transformers.__version__ == "5.23.0":
-            assert row.scales == pytest.approx(
-                [r.factor for r in run.report.steps] if row.scales else [], abs=1e-5
+            assert row.factors == pytest.approx(
+                [r.factor for r in run.report.steps] if row.factors else [], abs=1e-5
             )
         assert ("NOT OK" in run.verdict) == bool(codes) and "<table>" in run._repr_html_()
 

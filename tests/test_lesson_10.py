@@ -189,7 +189,7 @@ def test_checkpointing_and_accumulation_cut_memory_and_keep_the_gradient():
 def test_each_framework_setting_gets_the_verdict_the_lesson_states():
     pytest.importorskip("trl")
     r = frameworks_part.frameworks()
-    assert r["trainer-default"].codes == ("misscaled",) and all(c < 1 for c in r["trainer-default"].scales)
+    assert r["trainer-default"].codes == ("misscaled",) and all(c < 1 for c in r["trainer-default"].factors)
     for key in (
         "trainer-loss-type",
         "trainer-average-tokens",
@@ -201,11 +201,11 @@ def test_each_framework_setting_gets_the_verdict_the_lesson_states():
     assert "unscaled-sum" in r["trainer-loss-func-mean"].codes
     assert all(
         abs(c - m) < OFF_BY_K_TOL * m
-        for c, m in zip(r["trainer-loss-func-mean"].scales, r["trainer-loss-func-mean"].micro_batches)
+        for c, m in zip(r["trainer-loss-func-mean"].factors, r["trainer-loss-func-mean"].micro_batches)
     )
     assert set(r["accelerate"].codes) == set(r["lightning-tail"].codes) == {"mean-of-means", "tail-misscaled"}
     assert "misscaled" in r["trl-sft"].codes and r["peft-prompt"].codes == ("misscaled",)
-    assert all(c > 1 for c in r["peft-prompt"].scales)
+    assert all(c > 1 for c in r["peft-prompt"].factors)
     with pytest.raises(ValueError, match="keys must be one of"):
         frameworks_part.frameworks("trainer")
 

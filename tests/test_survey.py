@@ -126,7 +126,7 @@ def test_a_subset_rerun_matches_the_committed_survey(task, tmp_path, capsys):
             was.params,
             was.cause,
         ), r
-        assert r.scales == pytest.approx(was.scales, abs=1e-5)
+        assert r.factors == pytest.approx(was.factors, abs=1e-5)
         if r.bugs:
             assert r.max_rel_error == pytest.approx(was.max_rel_error, rel=1e-4)
         else:
@@ -137,7 +137,7 @@ def test_gpt2s_factors_are_n_over_n_plus_s():
     """c = N/(N+S) with S the window's sequences (8, 8, 6) means N = c S / (1 - c) is a whole
     number of predicted tokens, at every step: no other factor near 0.9 passes that."""
     (gpt2,) = [r for r in committed("causal-lm").rows if r.model_type == "gpt2"]
-    for c, s in zip(gpt2.scales, S, strict=True):
+    for c, s in zip(gpt2.factors, S, strict=True):
         n = c * s / (1 - c)
         assert abs(n - round(n)) < 1e-3 and 2 * s <= round(n) <= 19 * s, (c, s, n)
 
@@ -148,7 +148,7 @@ def test_sequence_classifiers_step_m_times_the_gradient():
     s = committed("sequence-classification")
     for r in s.judged:
         if "unscaled-sum" in r.codes:
-            assert r.scales == pytest.approx([4.0, 4.0, 3.0], abs=1e-4), r
+            assert r.factors == pytest.approx([4.0, 4.0, 3.0], abs=1e-4), r
 
 
 def test_unknown_models_are_refused_by_name(capsys):

@@ -217,7 +217,7 @@ def _survey(task: str = "causal-lm") -> survey.Survey:
             steps=3,
             max_rel_error=0.123,
             codes=["misscaled"],
-            scales=[0.911111, 0.876923, 0.901639],
+            factors=[0.911111, 0.876923, 0.901639],
             cause="labels counted before the shift (c = N/(N+S))",
         ),
         survey.Row(
@@ -229,7 +229,7 @@ def _survey(task: str = "causal-lm") -> survey.Survey:
             steps=3,
             max_rel_error=0.25,
             codes=["unscaled-sum"],
-            scales=[4.0, 4.0, 4.0],
+            factors=[4.0, 4.0, 4.0],
         ),
         survey.Row(
             "phi",

@@ -30,7 +30,7 @@ class Row:
     steps: int = 0
     max_rel_error: float | None = None
     codes: list[str] = field(default_factory=list)
-    scales: list[float] = field(default_factory=list)  # c per step, when misscaled or an unscaled sum
+    factors: list[float] = field(default_factory=list)  # c per step, when misscaled or an unscaled sum
     cause: str = ""  # verify's named cause of a misscale
     seconds: float = 0.0
 
@@ -76,9 +76,9 @@ def _codes(r: Row) -> str:
 
 
 def _c(r: Row) -> str:
-    if not r.scales:
+    if not r.factors:
         return ""
-    lo, hi = min(r.scales), max(r.scales)
+    lo, hi = min(r.factors), max(r.factors)
     return f"{lo:.4f}" if hi - lo < 5e-5 else f"{lo:.4f} to {hi:.4f}"
 
 
@@ -99,8 +99,8 @@ def summary(s: Survey) -> str:
     for bugs, rows in sorted(groups.items(), key=lambda kv: (kv[0] == (), -len(kv[1]))):
         names = ", ".join(sorted({r.model_class for r in rows}))
         count = len({r.model_class for r in rows})
-        scales = sorted({x for r in rows for x in r.scales})
-        c = f"{scales[0]:.4f} to {scales[-1]:.4f}" if scales else ""
+        factors = sorted({x for r in rows for x in r.factors})
+        c = f"{factors[0]:.4f} to {factors[-1]:.4f}" if factors else ""
         worst = max((r.max_rel_error for r in rows if r.max_rel_error is not None), default=math.nan)
         label = ", ".join(bugs) if bugs else "exact"
         lines.append(f"| {label} | {count}: {_abbrev(names, 20 if bugs else 12)} | {c} | {worst:.1e} |")

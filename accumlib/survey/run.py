@@ -104,7 +104,7 @@ def survey_one(model_type: str, task: str = "causal-lm") -> Row:
         row.codes = sorted(report.codes)
         # a step scaled as a whole: its factor says by how much
         if report.codes & {"misscaled", "unscaled-sum"}:
-            row.scales = [round(s.factor, 6) for s in report.steps]
+            row.factors = [round(s.factor, 6) for s in report.steps]
         if "misscaled" in report.codes:
             message = next(f.message for f in report.findings if f.code == "misscaled")
             row.cause = "labels counted before the shift (c = N/(N+S))" if "shift" in message else ""

@@ -76,7 +76,7 @@ def _survey_says(model_type: str) -> str:
     row = next((r for r in table.rows if r.model_type == model_type), None)
     if row is None or row.status != "judged":
         return f"transformers {table.versions['transformers']}: {model_type} not judged"
-    c = f", c = {', '.join(f'{x:.4f}' for x in row.scales)}" if row.scales else ""
+    c = f", c = {', '.join(f'{x:.4f}' for x in row.factors)}" if row.factors else ""
     return f"transformers {table.versions['transformers']}: {', '.join(row.bugs) or 'exact'}{c}"
 
 

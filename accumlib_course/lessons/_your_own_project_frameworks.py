@@ -167,7 +167,7 @@ class Judged:
     key: str
     ok: bool
     codes: tuple[str, ...]
-    scales: tuple[float, ...]
+    factors: tuple[float, ...]
     micro_batches: tuple[int, ...]  # per step: how many micro-batches its window held
     seconds: float
 
@@ -189,7 +189,7 @@ class FrameworkResult:
                 RUNS[j.key].setting,
                 "ok" if j.ok else "wrong",
                 ", ".join(c for c in j.codes) or "-",
-                " ".join(f"{c:.3f}" for c in j.scales),
+                " ".join(f"{c:.3f}" for c in j.factors),
             )
             for j in self.judged
         ]

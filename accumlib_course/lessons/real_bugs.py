@@ -63,7 +63,7 @@ class LibraryRuns:
 
     reports: dict[str, Any]
 
-    def scales(self, name: str) -> list[float]:
+    def factors(self, name: str) -> list[float]:
         """c of every optimizer step of run ``name``."""
         return [r.factor for r in self.reports[name].steps]
 
@@ -72,7 +72,7 @@ class LibraryRuns:
         rows = [
             (
                 RUNS[n].label,
-                ", ".join(f"{c:.3f}" for c in self.scales(n)),
+                ", ".join(f"{c:.3f}" for c in self.factors(n)),
                 ", ".join(sorted(rep.codes)) or "-",
                 "ok" if rep.ok else "NOT OK",
             )
@@ -106,10 +106,10 @@ def plot(result: LibraryRuns) -> Figure:
         width=10.0, height=6.4, title="c per optimizer step, per library (c = 1: the true gradient)"
     )
     names = list(result.reports)
-    longest = max(len(result.scales(n)) for n in names)
+    longest = max(len(result.factors(n)) for n in names)
     ax.axhline(1.0, label="true gradient (c = 1)", **_style.ROLE["oracle"])
     for i, name in enumerate(names):
-        cs = result.scales(name)
+        cs = result.factors(name)
         # runs with equal c (Accelerate and Lightning) stay visible side by side
         dodge = (i - (len(names) - 1) / 2) * 0.06
         ax.plot(
@@ -136,7 +136,7 @@ def show(result: LibraryRuns) -> None:
 def alt(result: LibraryRuns) -> str:
     """The figure in words, from its numbers."""
     parts = [
-        f"{RUNS[n].label}: c = {', '.join(f'{c:.3f}' for c in result.scales(n))}" for n in result.reports
+        f"{RUNS[n].label}: c = {', '.join(f'{c:.3f}' for c in result.factors(n))}" for n in result.reports
     ]
     return (
         "Line chart of c, the fitted factor of the true gradient, at each optimizer step of each library's "
