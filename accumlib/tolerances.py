@@ -42,7 +42,8 @@ BF16_RTOL = 1e-1
 AUTOCAST_RTOL = 1e-2
 
 # naive accumulation scales each step by about its micro-batch count m; unequal
-# micro-batches (token counts, a smaller last batch) move the ratio by < 25% here.
+# micro-batches (token counts, a smaller last batch) move the ratio by < 25% here
+# (lesson 10's check of a never-divided loop by its norm ratio alone).
 OFF_BY_K_TOL = 0.25
 
 # verify fits each micro-batch's contribution to .grad as a_j * s_j + b_j * (.grad before).

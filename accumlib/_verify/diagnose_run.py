@@ -140,9 +140,8 @@ def step_rows(
                 rel_error=rel,
                 codes=("skipped by GradScaler",) if s.skipped else tuple(v.codes),
                 judged_against=against,
-                factor=s.factor / s.factor
-                if v.clip_assumed
-                else s.factor,  # the clip took the factor: c is 1
+                # an assumed clip took the factor: c is 1 (nan stays nan)
+                factor=s.factor / s.factor if v.clip_assumed else s.factor,
                 clip=s.factor if v.clip_assumed else s.unclip,
                 ref_error=ref_error,
             )

@@ -86,10 +86,10 @@ def take(numbers: StepNumbers, eng: InPlace, optimizer: torch.optim.Optimizer, r
     # clip or GradScaler explains: the recorder's ``rescaled``) belongs to every weight, as the recompute
     # oracle's fit at the step counts it; the engine keeps it apart
     after = numbers.rescaled
-    if rec.ranks is not None:
-        after = (
-            1.0  # a job reports no weights (each rank's are fitted to its own share); G meets the job's sum
-        )
+    if (
+        rec.ranks is not None
+    ):  # a job reports no weights (each rank's fit its own share): G meets the job's sum
+        after = 1.0
     elif not math.isfinite(after):
         raise Fallback(f"step {t}: .grad changed after the last backward by no single factor")
     numbers.weights = [w * after for w in got.weights]

@@ -101,7 +101,7 @@ class Contract:
         """The verdict promised on a task with these tags."""
         tags = set(tags)
         kind = next((k for k in KINDS if k in tags), "full-windows")
-        return tuple(getattr(self, kind.replace("-", "_")))
+        return getattr(self, kind.replace("-", "_"))
 
     def kwargs_for(self, task: Any) -> dict[str, Any]:
         """The keyword arguments this loop takes from ``task`` (its item counter, its merge)."""
