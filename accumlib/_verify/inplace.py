@@ -38,7 +38,7 @@ from .patches import capture_at_step, current_lr, lrs
 from .record import StopRun
 from .sites import user_site
 from .step_numbers import Clip, StepNumbers
-from .touched import PRINT, factors, hooked, prints, unexplained
+from .touched import PRINT, factors, head, hooked, prints, unexplained
 from .window_oracle import Fit, clipped
 
 LOW = (torch.float16, torch.bfloat16)
@@ -73,7 +73,8 @@ class InPlace:
     optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     params: dict[int, torch.Tensor] = field(default_factory=dict)  # every optimizer's parameters
     handles: list[Any] = field(default_factory=list)
-    sums: dict[int, torch.Tensor] = field(default_factory=dict)  # O, per parameter
+    sums: dict[int, torch.Tensor] = field(default_factory=dict)  # O, per parameter (read through ``sum_of``)
+    stale: set[int] = field(default_factory=set)  # the sums no backward of the open window has written yet
     pending: dict[int, LossCall] = field(default_factory=dict)  # id(node) -> call, not yet backwarded
     window: list[Backward] = field(default_factory=list)
     # .grad fingerprints after the last backward: which parameters, and their first entries in one tensor
@@ -159,19 +160,34 @@ class InPlace:
         return frozenset(o for k in b.reached for o in self.holders.get(k, ()))
 
     def _deposit(self, p: torch.Tensor) -> Any:
+        key = id(p)
+
         def seen(g: torch.Tensor) -> None:
             if self.ratio is None:
                 return None  # not a backward this engine watches (torch.autograd.grad, an evaluation)
-            buf = self.sums.get(id(p))
+            buf = self.sums.get(key)
             if buf is None or buf.shape != g.shape or buf.device != g.device:
-                buf = self.sums[id(p)] = torch.zeros_like(
-                    g, dtype=torch.float32 if g.dtype in LOW else g.dtype
-                )
-            buf.addcmul_(g.to(buf.dtype), self.ratio)  # one kernel, no temporary
-            self.reached.add(id(p))
+                buf = self.sums[key] = torch.empty_like(g, dtype=torch.float32 if g.dtype in LOW else g.dtype)
+                self.stale.add(key)
+            if g.dtype != buf.dtype:
+                g = g.to(buf.dtype)
+            if key in self.stale:  # the window's first deposit: O = r g, one kernel, no zeroing pass first
+                torch.mul(g, self.ratio, out=buf)
+                self.stale.discard(key)
+            else:
+                buf.addcmul_(g, self.ratio)  # one kernel, no temporary
+            self.reached.add(key)
             return None  # the run's gradient is left as it is
 
         return seen
+
+    def sum_of(self, p: torch.Tensor) -> torch.Tensor | None:
+        """O for parameter ``p`` in the open window: None where no backward of this run reached it."""
+        buf = self.sums.get(id(p))
+        if buf is not None and id(p) in self.stale:  # a buffer from an earlier window, unreached in this one
+            buf.zero_()
+            self.stale.discard(id(p))
+        return buf
 
     def _walk(self, roots: list[torch.Tensor]) -> tuple[list[LossCall], bool, bool]:
         """The loss calls each root reaches, whether it reaches a watched parameter other than through
@@ -245,14 +261,11 @@ class InPlace:
         to .grad since the previous backward (zeroed, rescaled) is read off its fingerprints."""
         if not self.window:
             self.last = {}  # a backward since the last step: no optimizer steps over that window again
-            for buf in self.sums.values():
-                buf.zero_()
+            self.stale = set(self.sums)  # O = 0: each buffer is overwritten by its first deposit (``sum_of``)
             # read at the step, for the stepping optimizer's parameters alone (no sync here)
-            self.opened = {
-                k: p.grad.detach().reshape(-1)[:PRINT].clone()
-                for k, p in self.params.items()
-                if p.grad is not None
-            }
+            keys, heads = prints(self.params)  # one copy for every parameter's fingerprint, split into views
+            sizes = [min(PRINT, self.params[k].numel()) for k in keys]
+            self.opened = dict(zip(keys, heads.split(sizes))) if heads is not None else {}
             return
         here.beta = self._prints_now()
 
@@ -280,7 +293,7 @@ class InPlace:
             return (before, None)
         if any(g is None for g in grads):
             return math.nan
-        return (before, torch.cat([g.detach().reshape(-1)[:PRINT] for g in grads]))  # type: ignore[union-attr]
+        return (before, torch.cat([head(g) for g in grads]))  # type: ignore[arg-type]
 
     def _upstream(self, call: LossCall, here: Backward) -> Any:
         def seen(grad_outputs: tuple[torch.Tensor, ...]) -> None:
@@ -386,9 +399,9 @@ class InPlace:
         if job and not self.exchange:
             pass  # verify's exchange stage makes this rank's figures the job's, then measures (``record.py``)
         elif job and not sharded(ps):  # every rank, at the same step: the job's window
-            measure_job(numbers, ps, [self.sums.get(id(p)) for p in ps])
+            measure_job(numbers, ps, [self.sum_of(p) for p in ps])
         elif numbers.items > 0 and numbers.finite:
-            against_sums(numbers, [p.grad for p in ps], [self.sums.get(id(p)) for p in ps])
+            against_sums(numbers, [p.grad for p in ps], [self.sum_of(p) for p in ps])
         self.finish(numbers)
 
     def finish(self, numbers: StepNumbers) -> None:

@@ -138,7 +138,7 @@ def same_oracle(eng: InPlace, rec: Recorder, items: int, batches: list[Any]) -> 
     for p, leaf, on in zip(rec.params, leaves, rec.trainable):
         leaf.requires_grad_(on)  # what the loop's forward differentiated
         if on:
-            pairs.append((leaf, eng.sums.get(id(p))))  # None: the run's backward never reached it
+            pairs.append((leaf, eng.sum_of(p)))  # None: the run's backward never reached it
     dots = torch.zeros(2, 2, dtype=torch.float64)  # <O,O>, <O,O'>, <O',O'>
     scratch = torch.empty(2, CHUNK, dtype=torch.float64, device=leaves[0].device)
 

@@ -387,7 +387,7 @@ class Recorder:
             except Fallback as why:
                 self.give_up(why.reason)
             if self.ranks is not None:  # this rank's figures become the job's, as the replayed ones do
-                sums = [self.engine.sums.get(id(p)) for p in self.params]
+                sums = [self.engine.sum_of(p) for p in self.params]
                 job = self.ranks.step(numbers, sums, self.params, self.grads(), self.params)
                 numbers.weights, numbers.leak_coef = [], 0.0  # fitted to this rank's share: not the job's
                 if job:

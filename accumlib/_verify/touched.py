@@ -37,7 +37,16 @@ _KNOWN_RATIO = 1e-4
 
 def fingerprint(g: torch.Tensor) -> torch.Tensor:
     """The first ``PRINT`` entries of a gradient, kept where they are (no device sync)."""
-    return g.detach().reshape(-1)[:PRINT].clone()
+    return head(g).clone()
+
+
+def head(g: torch.Tensor) -> torch.Tensor:
+    """The first ``PRINT`` entries of a gradient, flattened: a view, no copy. A contiguous plain tensor's
+    are its storage's next entries, taken in one op (every backward takes them for every parameter)."""
+    n = min(PRINT, g.numel())
+    if type(g) is torch.Tensor and not g.requires_grad and g.is_contiguous():
+        return g.as_strided((n,), (1,))
+    return g.detach().reshape(-1)[:n]
 
 
 def rescale(params: list[torch.nn.Parameter], prints: dict[int, torch.Tensor]) -> float:
@@ -94,7 +103,7 @@ def prints(params: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor | N
     keys = [k for k, p in params.items() if p.grad is not None]
     if not keys:
         return keys, None
-    return keys, torch.cat([params[k].grad.detach().reshape(-1)[:PRINT] for k in keys])  # type: ignore[union-attr]
+    return keys, torch.cat([head(params[k].grad) for k in keys])  # type: ignore[arg-type]
 
 
 def factors(prints: list[Any]) -> list[float]:
@@ -102,23 +111,25 @@ def factors(prints: list[Any]) -> list[float]:
     applied to zeros changes nothing); 0.0 zeroed or set to None; nan not one factor. One device sync."""
     pairs = [p for p in prints if isinstance(p, tuple)]
     flat = [t.reshape(-1) for b, n in pairs for t in (b, n if n is not None else b[:0])]
-    host = torch.cat([t.double() for t in flat]).cpu() if flat else torch.zeros(0, dtype=torch.float64)
-    parts = iter(host.split([t.numel() for t in flat]))
-    out = []
+    # a few entries per parameter: read once, then plain Python (faster than a tensor op per pair)
+    host = torch.cat([t.double() for t in flat]).tolist() if flat else []
+    at, out = 0, []
     for p in prints:
         if not isinstance(p, tuple):
             out.append(float(p))
             continue
-        b, n = next(parts), next(parts)
-        keep = b != 0
-        if not bool(keep.any()):
+        size, later = p[0].numel(), (p[1].numel() if p[1] is not None else 0)
+        b, n = host[at : at + size], host[at + size : at + size + later]
+        at += size + later
+        keep = [i for i, x in enumerate(b) if x != 0]
+        if not keep:
             out.append(1.0)
         elif p[1] is None:
             out.append(0.0)
         else:
-            r = n[keep] / b[keep]
-            same = bool(((r - r[0]).abs() <= SAME_RATIO * r[0].abs()).all())
-            out.append(float(r[0]) if same else math.nan)
+            r = [n[i] / b[i] for i in keep]
+            same = all(abs(x - r[0]) <= SAME_RATIO * abs(r[0]) for x in r)
+            out.append(r[0] if same else math.nan)
     return out
 
 

@@ -53,9 +53,36 @@ def gram(
     if like is None:
         return torch.zeros(n, n, dtype=torch.float64)
     out = torch.zeros(n, n, dtype=torch.float64, device=like.device)
+    group: list[int] = []  # small tensors, taken together: one product for many (a GPT has hundreds)
+    size = 0
     for i in range(len(vectors[0])):
-        _gram_into(out, [v[i] for v in vectors], scratch)
+        t = next((v[i] for v in vectors if v[i] is not None), None)
+        if t is None:
+            continue
+        if t.numel() > CHUNK // 4 or t.device != like.device:
+            _gram_into(out, [v[i] for v in vectors], scratch)
+            continue
+        if size + t.numel() > CHUNK:
+            _gram_joined(out, vectors, group)
+            group, size = [], 0
+        group.append(i)
+        size += t.numel()
+    if group:
+        _gram_joined(out, vectors, group)
     return _weighted(out.cpu(), weights)
+
+
+def _gram_joined(out: torch.Tensor, vectors: Sequence[Vec], at: list[int]) -> None:
+    """out += M @ M.T, row r of M being vector r's tensors at ``at`` end to end (None: zeros), in float64:
+    one concatenation and one product for all of them."""
+    shapes = [next(v[i] for v in vectors if v[i] is not None) for i in at]
+    flat = [
+        (v[i] if v[i] is not None else torch.zeros_like(s)).reshape(-1)
+        for v in vectors
+        for i, s in zip(at, shapes)
+    ]
+    m = torch.cat(flat).view(len(vectors), -1).double()
+    out += m @ m.T
 
 
 def _weighted(g: torch.Tensor, weights: Sequence[float] | None) -> torch.Tensor:
