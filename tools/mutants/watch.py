@@ -26,8 +26,14 @@ MUTANTS = [
     Mutant(
         "each deposit summed as it came, not scaled back to its items' gradient",
         IP,
-        "buf.addcmul_(g.to(buf.dtype), self.ratio)",
-        "buf.add_(g.to(buf.dtype))",
+        "buf.addcmul_(g, self.ratio)",
+        "buf.add_(g)",
+    ),
+    Mutant(
+        "a window's first deposit summed onto the last window's O, not written over it",
+        IP,
+        "self.stale = set(self.sums)",
+        "self.stale = set()",
     ),
     Mutant(
         "what .grad held as a window opened never read (a forgotten zero_grad passes)",
