@@ -5,6 +5,8 @@ first parameters, over the window's micro-batches), the broken loops first, each
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -341,3 +343,61 @@ def test_a_dead_weak_proxy_alive_when_the_block_opens_is_skipped():
     assert report.ok, report
     with pytest.raises(ReferenceError):
         isinstance(proxy, torch.optim.Optimizer)  # the proxy is dead, and still referenced here
+
+
+class _TwoHeads(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.a, self.b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3), torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, head: str) -> torch.Tensor:
+        return getattr(self, head)(torch.tanh(self.body(x)))
+
+
+@pytest.mark.parametrize("divide_by", ["items", "wrong"])
+def test_a_parameter_no_backward_of_a_window_reaches_holds_no_sum_from_the_last(divide_by):
+    """Window 0 trains head b, window 1 head a alone: b's sum from window 0 must not stand in window 1's
+    truth (the engine writes each window's first deposit over O and zeroes, at the step, only what no
+    backward reached). The twin divides window 1 by one item too many: named, never passed."""
+    model = _TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(3, 4, generator=g), torch.randint(3, (3,), generator=g)) for _ in range(4)]
+    heads = ["b", "b", "a", "a"]
+    starts, grads = [], []
+
+    def flat(params):
+        return torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+
+    with watch() as w:
+        for s in range(0, 4, 2):
+            starts.append(copy.deepcopy(model.state_dict()))
+            n = sum(len(y) for _, y in data[s : s + 2]) + (1 if divide_by == "wrong" and s else 0)
+            for (x, y), head in zip(data[s : s + 2], heads[s : s + 2]):
+                (F.cross_entropy(model(x, head), y, reduction="sum") / n).backward()
+            grads.append(flat(model.parameters()))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    errors = []
+    for s, state, G in zip(range(0, 4, 2), starts, grads):  # the test's own truth: the merged window's mean
+        start = _TwoHeads()
+        start.load_state_dict(state)
+        window = list(zip(data[s : s + 2], heads[s : s + 2]))
+        merged = sum(F.cross_entropy(start(x, h), y, reduction="sum") for (x, y), h in window)
+        (merged / sum(len(y) for (_, y), _ in window)).backward()
+        T = flat(start.parameters())
+        errors.append(float((G - T).norm() / T.norm()))
+    report = w.report
+    assert model.b.weight.grad is None and len(report.steps) == 2, report
+    if divide_by == "items":
+        assert max(errors) < FLOAT32_RTOL and report.ok and report.codes == set(), report
+        assert [r.rel_error for r in report.steps] == pytest.approx(errors, abs=FLOAT32_RTOL)
+    else:
+        assert errors[1] > 0.1 and not report.ok, report
+        assert report.steps[1].rel_error == pytest.approx(errors[1], rel=1e-4)
+    # O is one buffer per trainable parameter, no more: the engine's bytes are the parameters' bytes
+    held = sum(x.numel() * x.element_size() for x in w.engine.sums.values())
+    assert held == sum(p.numel() * p.element_size() for p in model.parameters())

@@ -148,12 +148,31 @@ class InPlace:
             sites.append(site)
 
     def _hook_params(self) -> None:
+        new = []
         for opt in list(self.optimizers):
             for p in _params(opt):
                 if id(p) not in self.params and p.requires_grad:
                     self.params[id(p)] = p
                     self.handles.append(p.register_hook(self._deposit(p)))
+                    new.append(p)
                 self.holders.setdefault(id(p), set()).add(id(opt))
+        if new:
+            self._allocate(new)
+
+    def _allocate(self, new: list[torch.Tensor]) -> None:
+        """O for parameters just hooked, before their first backward: one block per device and dtype,
+        split into views, rather than a buffer per tensor made amid a backward's own allocations (a heap
+        that holds the run's freed activations between them keeps growing)."""
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for p in new:
+            if type(p.data) is torch.Tensor and id(p) not in self.sums:  # a DTensor's O is made as it comes
+                dtype = torch.float32 if p.dtype in LOW else p.dtype
+                groups.setdefault((p.device, dtype), []).append(p)
+        for (device, dtype), ps in groups.items():
+            block = torch.empty(sum(p.numel() for p in ps), dtype=dtype, device=device)
+            for p, view in zip(ps, block.split([p.numel() for p in ps])):
+                self.sums[id(p)] = view.view(p.shape)
+                self.stale.add(id(p))
 
     def _owners(self, b: Backward) -> frozenset[int]:
         """The optimizers holding a parameter this backward reached: whose loss it was, as the run shows."""

@@ -37,7 +37,7 @@ from ..batches import checked_losses, to_device
 from ..tolerances import ROUNDING_FLOOR
 from .measure import dist
 from .step_numbers import StepNumbers
-from .window_oracle import CHUNK, Replay, exact, gram
+from .window_oracle import Replay, exact, gram, scratch_for
 
 if TYPE_CHECKING:
     from .inplace import InPlace
@@ -140,7 +140,7 @@ def same_oracle(eng: InPlace, rec: Recorder, items: int, batches: list[Any]) -> 
         if on:
             pairs.append((leaf, eng.sum_of(p)))  # None: the run's backward never reached it
     dots = torch.zeros(2, 2, dtype=torch.float64)  # <O,O>, <O,O'>, <O',O'>
-    scratch = torch.empty(2, CHUNK, dtype=torch.float64, device=leaves[0].device)
+    scratch = scratch_for(2, leaves[0].device)
 
     def into(buf: torch.Tensor | None) -> Any:
         def seen(leaf: torch.Tensor) -> None:

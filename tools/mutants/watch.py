@@ -36,6 +36,12 @@ MUTANTS = [
         "self.stale = set()",
     ),
     Mutant(
+        "a parameter no backward of the window reached read with the last window's O",
+        IP,
+        "            buf.zero_()\n            self.stale.discard(id(p))",
+        "            self.stale.discard(id(p))",
+    ),
+    Mutant(
         "what .grad held as a window opened never read (a forgotten zero_grad passes)",
         IP,
         "bool(torch.cat(mine).any()) if mine else False",
