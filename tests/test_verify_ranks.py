@@ -78,6 +78,20 @@ ONE_RANK = {
 }
 
 
+def _reversed_on_rank_one(params):
+    """Rank 1 lists the parameters last to first (groups built from a set, a config file): each rank's
+    in-place engine lays its sums out in its optimizer's order, so the two orders differ."""
+    ps = list(params)
+    return torch.optim.SGD(ps[::-1] if torch.distributed.get_rank() == 1 else ps, lr=0.1)
+
+
+# case -> (loop, optimizer): the ranks' optimizers list the parameters in other orders
+REORDERED = {
+    "rank-1-reversed-order": ("correct", _reversed_on_rank_one),
+    "rank-1-reversed-order-per-rank-mean": ("per-rank-mean", _reversed_on_rank_one),
+}
+
+
 class Logged(Dataset):
     """The task's dataset, first ITEMS items, logging every index read (the test's own record of the
     windows)."""
@@ -119,13 +133,15 @@ def _run_cases(rank, world, out):
     task = accumlib.get_task("lm-tokens")
     data = task.make_dataset()
     results = {}
-    loops = {**LOOPS, **ONE_RANK}
-    for name in CASES + tuple(ONE_RANK):
+    loops = {**LOOPS, **ONE_RANK, **{name: LOOPS[loop] for name, (loop, _) in REORDERED.items()}}
+    for name in CASES + tuple(ONE_RANK) + tuple(REORDERED):
         ds = Logged(data, ITEMS)
         seen = []  # per step on this rank: (indices drawn since the last step, parameters, gradient)
 
-        def record(opt, args, kwargs, seen=seen, ds=ds):  # bound now: this case's record
+        def record(opt, args, kwargs, seen=seen, ds=ds, name=name):  # bound now: this case's record
             ps = [p for g in opt.param_groups for p in g["params"]]
+            if name in REORDERED and rank == 1:  # the model's order, as the test's oracle lists them
+                ps = ps[::-1]
             whole = [
                 (p.full_tensor(), p.grad.full_tensor()) if hasattr(p, "full_tensor") else (p, p.grad)
                 for p in ps
@@ -150,6 +166,7 @@ def _run_cases(rank, world, out):
                 batch_size=task.batch_size,
                 collate_fn=task.collate_fn,
                 ranks="all",
+                optimizer=REORDERED[name][1] if name in REORDERED else None,
             )
         finally:
             hook.remove()
@@ -494,3 +511,23 @@ def _unexplained_as_the_test_measures(c):
     judged = c["report"]["steps"]
     for mine, theirs in zip(judged, c["steps"][-len(judged) :]):
         assert abs(mine["rel_error"] - theirs["rel"]) < FLOAT32_RTOL, (mine["rel_error"], theirs["rel"])
+
+
+def test_ranks_whose_optimizers_order_the_parameters_apart_are_judged_as_one_job(job):
+    """Each rank's in-place engine sums O in one block, in its optimizer's order; the job's sum adds the
+    blocks where they lie only where every rank's order is the same (here rank 1's is reversed: its
+    blocks are copied into the parameters' order first). Correct, and its per-rank-mean twin named."""
+    c = _case(job, "rank-1-reversed-order")
+    assert all(s["rel"] < FLOAT32_RTOL for s in c["steps"]) and c["steps"]
+    assert c["report"]["ok"] and c["report"]["oracle"] == "in-place", c["text"]
+    assert all(s["rel_error"] < FLOAT32_RTOL for s in c["report"]["steps"])
+    assert job[0]["rank-1-reversed-order"]["text"] == job[1]["rank-1-reversed-order"]["text"]
+    bug = _case(job, "rank-1-reversed-order-per-rank-mean")
+    assert all(
+        s["rel_h"] < FLOAT32_RTOL and s["rel"] > 1e-2 for s in bug["steps"]
+    )  # the test's own arithmetic
+    assert {f["code"] for f in bug["report"]["findings"]} - {"duplicate-items"} == {"per-rank-mean"}, bug[
+        "text"
+    ]
+    for mine, theirs in zip(bug["report"]["steps"], bug["steps"]):
+        assert abs(mine["rel_error"] - theirs["rel"]) < FLOAT32_RTOL

@@ -362,6 +362,9 @@ def test_a_parameter_no_backward_of_a_window_reaches_holds_no_sum_from_the_last(
     backward reached). The twin divides window 1 by one item too many: named, never passed."""
     model = _TwoHeads()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # another model's optimizer, alive beside (a notebook's): watch sees it, no backward of the run reaches it
+    other = torch.nn.Linear(64, 64)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(3, 4, generator=g), torch.randint(3, (3,), generator=g)) for _ in range(4)]
     heads = ["b", "b", "a", "a"]
@@ -398,6 +401,7 @@ def test_a_parameter_no_backward_of_a_window_reaches_holds_no_sum_from_the_last(
     else:
         assert errors[1] > 0.1 and not report.ok, report
         assert report.steps[1].rel_error == pytest.approx(errors[1], rel=1e-4)
-    # O is one buffer per trainable parameter, no more: the engine's bytes are the parameters' bytes
+    # O is one buffer per trainable parameter of the run's optimizer, no more (none for the other model's)
+    assert other_opt in list(w.engine.optimizers.values())
     held = sum(x.numel() * x.element_size() for x in w.engine.sums.values())
     assert held == sum(p.numel() * p.element_size() for p in model.parameters())

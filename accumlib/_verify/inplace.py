@@ -70,7 +70,8 @@ class InPlace:
     """Everything the run's hooks write; ``steps`` and ``problems`` are what the judge stage reads."""
 
     max_steps: int | None = None
-    optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    # every optimizer seen, in the order seen (a set's order follows ids: the ranks of a job differ in them)
+    optimizers: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     params: dict[int, torch.Tensor] = field(default_factory=dict)  # every optimizer's parameters
     handles: list[Any] = field(default_factory=list)
     sums: dict[int, torch.Tensor] = field(default_factory=dict)  # O, per parameter (read through ``sum_of``)
@@ -123,8 +124,8 @@ class InPlace:
 
     # -- record ------------------------------------------------------------------------------
     def saw_optimizer(self, opt: torch.optim.Optimizer) -> None:
-        if opt not in self.optimizers:
-            self.optimizers.add(opt)
+        if self.optimizers.get(id(opt)) is not opt:
+            self.optimizers[id(opt)] = opt
 
     def saw_loss(self, call: LossCall) -> None:
         if (
@@ -148,31 +149,31 @@ class InPlace:
             sites.append(site)
 
     def _hook_params(self) -> None:
-        new = []
-        for opt in list(self.optimizers):
+        for opt in list(self.optimizers.values()):
             for p in _params(opt):
                 if id(p) not in self.params and p.requires_grad:
                     self.params[id(p)] = p
                     self.handles.append(p.register_hook(self._deposit(p)))
-                    new.append(p)
                 self.holders.setdefault(id(p), set()).add(id(opt))
-        if new:
-            self._allocate(new)
 
-    def _allocate(self, new: list[torch.Tensor]) -> None:
-        """O for parameters just hooked, before their first backward: one block per device and dtype,
-        split into views, rather than a buffer per tensor made amid a backward's own allocations (a heap
-        that holds the run's freed activations between them keeps growing)."""
+    def _allocate(self, p: torch.Tensor) -> None:
+        """O for the parameters of the optimizer holding ``p``, at the first deposit into any of them: one
+        block per device and dtype, split into views (one all-reduce sums a job's, ``ranks.one_block``;
+        one allocation, not one per tensor amid a backward's own). Another model's optimizer, alive in
+        the same process but never reached by a watched backward, gets none."""
+        held = self.holders.get(id(p), set())
+        opt = next((o for o in self.optimizers.values() if id(o) in held), None)
+        new = [q for q in _params(opt) if id(q) in self.params] if opt is not None else [p]
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-        for p in new:
-            if type(p.data) is torch.Tensor and id(p) not in self.sums:  # a DTensor's O is made as it comes
-                dtype = torch.float32 if p.dtype in LOW else p.dtype
-                groups.setdefault((p.device, dtype), []).append(p)
-        for (device, dtype), ps in groups.items():
-            block = torch.empty(sum(p.numel() for p in ps), dtype=dtype, device=device)
-            for p, view in zip(ps, block.split([p.numel() for p in ps])):
-                self.sums[id(p)] = view.view(p.shape)
-                self.stale.add(id(p))
+        for q in new:
+            if type(q.data) is torch.Tensor and id(q) not in self.sums:  # a DTensor's O is made as it comes
+                dtype = torch.float32 if q.dtype in LOW else q.dtype
+                groups.setdefault((q.device, dtype), []).append(q)
+        for (device, dtype), qs in groups.items():
+            block = torch.empty(sum(q.numel() for q in qs), dtype=dtype, device=device)
+            for q, view in zip(qs, block.split([q.numel() for q in qs])):
+                self.sums[id(q)] = view.view(q.shape)
+                self.stale.add(id(q))
 
     def _owners(self, b: Backward) -> frozenset[int]:
         """The optimizers holding a parameter this backward reached: whose loss it was, as the run shows."""
@@ -185,6 +186,9 @@ class InPlace:
             if self.ratio is None:
                 return None  # not a backward this engine watches (torch.autograd.grad, an evaluation)
             buf = self.sums.get(key)
+            if buf is None:
+                self._allocate(p)
+                buf = self.sums.get(key)
             if buf is None or buf.shape != g.shape or buf.device != g.device:
                 buf = self.sums[key] = torch.empty_like(g, dtype=torch.float32 if g.dtype in LOW else g.dtype)
                 self.stale.add(key)
@@ -239,9 +243,9 @@ class InPlace:
         if not calls and not stray:
             return original(tensors, *args, **kwargs)  # no watched parameter is reached
         here = Backward(user_site() or "", calls, scale=self.scale)
-        here.lrs = {id(o): lrs(o) for o in list(self.optimizers)}
+        here.lrs = {id(o): lrs(o) for o in list(self.optimizers.values())}
         here.frozen = frozenset(
-            id(p) for o in list(self.optimizers) for p in _params(o) if not p.requires_grad
+            id(p) for o in list(self.optimizers.values()) for p in _params(o) if not p.requires_grad
         )
         self.sites["backward"] = here.site
         terms = sorted({f"{c.kind} at {c.site}" for c in calls})

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .measure import against_sums, fit
-from .ranks import checksums
+from .ranks import checksums, one_block
 from .step_numbers import StepNumbers
 from .window_oracle import gram
 
@@ -100,7 +100,13 @@ def buckets(tensors: list[torch.Tensor]) -> list[list[int]]:
 
 
 def all_reduce(tensors: list[torch.Tensor]) -> None:
-    """Sum every tensor over the ranks, in place, one all-reduce per bucket."""
+    """Sum every tensor over the ranks, in place: the in-place engine's O in one all-reduce where it lies
+    (one block, in the order every rank lists its parameters: ``ranks.one_block``), else one all-reduce
+    per bucket of copies."""
+    own = one_block(list(tensors))
+    if own is not None and own[1] == tuple(range(len(tensors))):  # laid out as listed: alike on every rank
+        dist.all_reduce(own[0])
+        return
     for run in buckets(tensors):
         flat = torch.cat([tensors[i].reshape(-1) for i in run])
         dist.all_reduce(flat)

@@ -168,6 +168,8 @@ class Ranks:
             norms=[f.norm2 for f in numbers.fits],
             fallback=self.fallback,
             same=checksums([*grads, *params]),  # G and the parameters, each a few numbers
+            # O's parameters in the order they lie in the in-place engine's one block (None: not one block)
+            block=None if (own := one_block(sums)) is None else own[1],
         )
         every = self.gather(mine)
         if any(e is None for e in every):
@@ -194,13 +196,17 @@ class Ranks:
                 c = gh / hh
                 numbers.per_rank_factor = c
                 numbers.per_rank_resid = math.sqrt(max(gg - 2 * c * gh + c * c * hh, 0.0)) / math.sqrt(gg)
-        dist.all_reduce(self._flat(sums, like))  # the job's sum, copied out (the buffer is reused below)
-        job: Vec = []
-        for t, part, p in zip(sums, self._views(like), like):
-            if t is not None:
-                job.append(t.copy_(part))
-            else:  # a parameter this rank's window never reached: its share of the job's sum, if it trains
-                job.append(part.clone() if p.requires_grad else None)
+        if own is not None and all(e["block"] == own[1] for e in every):
+            dist.all_reduce(own[0])  # every rank's O is one block, laid out alike: summed where it lies
+            job: Vec = list(sums)
+        else:
+            dist.all_reduce(self._flat(sums, like))  # the job's sum, copied out (the buffer is reused below)
+            job = []
+            for t, part, p in zip(sums, self._views(like), like):
+                if t is not None:
+                    job.append(t.copy_(part))
+                else:  # a parameter this rank's window never reached: its share of the job's sum, if trained
+                    job.append(part.clone() if p.requires_grad else None)
         if every[0]["same"] is None or any(e["same"] != every[0]["same"] for e in every):
             # some rank holds other bits (or shards, or a nan): how far each is from rank 0's, measured
             numbers.diverged = self._spread(grads, like)
@@ -274,6 +280,30 @@ class Ranks:
         return self.gather(local)
 
 
+def one_block(tensors: Vec) -> tuple[torch.Tensor, tuple[int, ...]] | None:
+    """The one flat tensor that ``tensors`` are views of, end to end and nothing else besides (the
+    in-place engine's O), and their order in it: an all-reduce of it sums them all, with no copy, where
+    every rank's order is the same. None otherwise.
+
+    >>> block = torch.zeros(5); a, b = block.split([2, 3])
+    >>> one_block([b, a])[1], one_block([a]), one_block([a, torch.zeros(3)])
+    ((1, 0), None, None)
+    """
+    if not tensors or any(t is None or t._base is None for t in tensors):
+        return None
+    base = tensors[0]._base  # type: ignore[union-attr]
+    if base.dim() != 1 or not base.is_contiguous() or any(t._base is not base for t in tensors):  # type: ignore[union-attr]
+        return None
+    order = tuple(sorted(range(len(tensors)), key=lambda i: tensors[i].storage_offset()))  # type: ignore[union-attr]
+    at = base.storage_offset()
+    for i in order:
+        t = tensors[i]
+        if t.storage_offset() != at or not t.is_contiguous():  # type: ignore[union-attr]
+            return None
+        at += t.numel()  # type: ignore[union-attr]
+    return (base, order) if at == base.storage_offset() + base.numel() else None
+
+
 def checksums(tensors: Vec) -> list[float] | None:
     """Per tensor its first entries, its sum and its sum of squares, as this rank computes them: equal on
     every rank that holds the same bits (two P-sized broadcasts spared on every step of a job whose ranks
@@ -288,4 +318,4 @@ def checksums(tensors: Vec) -> list[float] | None:
     return sums.tolist() + [t is None for t in tensors]
 
 
-__all__ = ["Ranks", "checksums", "full", "in_group", "sharded"]
+__all__ = ["Ranks", "checksums", "full", "in_group", "one_block", "sharded"]

@@ -876,6 +876,13 @@ MUTANTS = [
         tests=RANKS,
     ),
     Mutant(
+        "the ranks' in-place sums added where they lie without comparing the orders they lie in",
+        RK,
+        'if own is not None and all(e["block"] == own[1] for e in every):',
+        "if own is not None:",
+        tests=RANKS,
+    ),
+    Mutant(
         "ranks taken as holding the same gradient and parameters without comparing their checksums",
         RK,
         'if every[0]["same"] is None or any(e["same"] != every[0]["same"] for e in every):',
