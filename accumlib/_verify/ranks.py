@@ -20,7 +20,10 @@ What flows at each step (R ranks, P parameters):
     the in-place engine's buffers: a rank may judge in place while another replays);
   - rank 0's G, then rank 0's parameters, broadcast and compared on every rank, only where the gathered
     round shows some rank's G or parameters differ from rank 0's (a few sums of each, ``_checksums``).
-At most 4 P floats per rank per step, through one P-sized float32 buffer: the only memory added.
+At most 4 P floats per rank per step. Judged in place, each rank's O_r is one block (``InPlace._allocate``)
+and, where every rank lays it out alike (the order travels in the gathered round), the all-reduce sums
+the blocks where they lie; otherwise, and for H and the broadcasts, through one P-sized float32 buffer:
+the only memory a job adds.
 
 Every collective runs inside the optimizer-step hook, where every rank of a well-formed job is at
 the same time. A gathered round comes first and says whether every rank is still stepping: a rank
@@ -88,7 +91,7 @@ class Ranks:
     rank: int
     world: int
     group: Any  # gloo, for the gathered numbers (the default group may be NCCL)
-    buffer: torch.Tensor | None = None  # the one P-sized float32 buffer
+    buffer: torch.Tensor | None = None  # the one P-sized float32 buffer (none where O is summed in place)
     fallback: str = ""  # why this rank's in-place engine cannot vouch for its run (said at the next exchange)
     # (pass, dataset indices) of each micro-batch drawn
     drawn: list[tuple[int, list[int]]] = field(default_factory=list)
