@@ -369,7 +369,8 @@ class InPlace:
         if job and sharded(ps):  # FSDP2: each rank holds a shard of G and of O
             self.problem("multi-rank", f"world size {world()}, sharded parameters")
         # a hook on a gradient inside the graph changes G and the engine's sum alike: never judged through
-        for at in [*self.grad_hooks, *existing(), *hooked(ps)]:
+        hooks = hooked(ps)
+        for at in [*self.grad_hooks, *existing(), *hooks]:
             self.problem("grad-hook", at)
         w = self.window
         betas = factors([b.beta for b in w] + [self._prints_now(own)])  # one sync for the window
@@ -384,20 +385,25 @@ class InPlace:
         numbers.lrs = [b.lrs[id(opt)] for b in w if id(opt) in b.lrs]  # none before the optimizer was known
         # requires_grad changed inside the window, for any of this optimizer's parameters (frozen ones too)
         numbers.frozen_changed = len({b.frozen & {id(p) for p in _params(opt)} for b in w}) > 1
-        ratios = [torch.stack([r.double() for r in b.ratios]) if b.ratios else None for b in w]
+        # every backward's m / u and |.grad|^2, read in one sync
+        read = _read([*(r.double() for b in w for r in b.ratios), *(b.norm2 for b in w)])
+        ratios, at = [], 0
+        for b in w:
+            ratios.append(read[at : at + len(b.ratios)] if b.ratios else None)
+            at += len(b.ratios)
+        norms = read[at:]
         items = [int(sum(c.items for c in b.calls)) for b in w]
         numbers.items = sum(items)
         numbers.loss_sum = float(sum(c.loss_sum() for b in w for c in b.calls))
         spread = [float(s) for b in w for s in b.spread]
         for r in ratios:
-            if r is not None and r.numel() > 1 and float((r - r[0]).abs().max() / r[0].abs()) > SAME_U:
+            if r is not None and len(r) > 1 and _apart(r):
                 self.problem("unseen-loss", self.sites["backward"])
         if any(s > SAME_U for s in spread):
             self.problem("unseen-loss", self.sites["backward"])
         fits = []
-        norms = _read([b.norm2 for b in w])
         for b, r, n, norm2 in zip(w, ratios, items, norms):
-            a = 1.0 / (float(r[0]) * b.scale) if r is not None and float(r[0]) != 0 else math.nan
+            a = 1.0 / (r[0] * b.scale) if r is not None and r[0] != 0 else math.nan
             exact = math.isfinite(b.beta) and math.isfinite(a)
             fits.append(Fit(len(b.calls), n, 0, a, b.beta, 0.0 if exact else math.nan, norm2))
         numbers.fits = fits
@@ -417,7 +423,7 @@ class InPlace:
         complete = [c for c in numbers.clips if c.seen >= len(w)]
         numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
         numbers.rescaled = unexplained(betas[-1], numbers.unclip, self.scale)
-        numbers.grad_hooks = hooked(ps)
+        numbers.grad_hooks = hooks
         numbers.batchnorm = self.batchnorm
         if job and not self.exchange:
             pass  # verify's exchange stage makes this rank's figures the job's, then measures (``record.py``)
@@ -451,6 +457,13 @@ class InPlace:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+
+def _apart(r: list[float]) -> bool:
+    """The loss calls of one backward weigh their items unequally: max |r_i - r_0| / |r_0| > SAME_U (nan: not
+    read as apart, as a nan never compares greater)."""
+    d = max(abs(x - r[0]) for x in r)
+    return d > SAME_U * abs(r[0]) if r[0] != 0 else d > 0
 
 
 def _read(values: list[Any]) -> list[float]:
