@@ -17,8 +17,9 @@ in float64 (``measure.dist``). Each micro-batch's weight is exact too: w_j = N u
 the factors .grad was multiplied by since (S: GradScaler's scale), where the copying engine fits
 them. Buffers: O, one per trainable parameter of the stepping optimizer, views of one block made at
 the first deposit (1x the parameters' bytes; a window's first deposit writes it, so it is never zeroed
-first); the rest is a few numbers per micro-batch. What this cannot see is said: a backward that reaches the parameters
-other than through a loss call it knows, two loss terms, BatchNorm's per-micro-batch statistics.
+first); the rest is a few numbers per micro-batch. What this cannot see is said: a backward that
+reaches the parameters other than through a loss call it knows, two loss terms, BatchNorm's
+per-micro-batch statistics.
 """
 
 from __future__ import annotations
