@@ -165,10 +165,12 @@ class InPlace:
         the same process but never reached by a watched backward, gets none."""
         held = self.holders.get(id(p), set())
         opt = next((o for o in self.optimizers.values() if id(o) in held), None)
-        new = [q for q in _params(opt) if id(q) in self.params] if opt is not None else [p]
+        if opt is None:  # its optimizer is gone: the deposit makes this parameter's O alone
+            return
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-        for q in new:
-            if type(q.data) is torch.Tensor and id(q) not in self.sums:  # a DTensor's O is made as it comes
+        for q in _params(opt):
+            # a DTensor's O is made as its deposits come
+            if id(q) in self.params and type(q.data) is torch.Tensor and id(q) not in self.sums:
                 dtype = torch.float32 if q.dtype in LOW else q.dtype
                 groups.setdefault((q.device, dtype), []).append(q)
         for (device, dtype), qs in groups.items():

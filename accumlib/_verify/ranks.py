@@ -162,6 +162,9 @@ class Ranks:
         compare); None where some rank had ended its run (nothing more flows; the step is judged on this
         rank alone). Where a rank's in-place engine cannot vouch for its run (``fallback``), every rank
         raises ``Fallback`` together, before any other collective."""
+        # the in-place engine's O as one block, and its parameters' order in it: summed where it lies below,
+        # where every rank's order is this one
+        own = one_block(sums)
         mine = dict(  # a rank with no window here hands in a step's defaults (no item, finite, no leak)
             items=numbers.items,
             loss=numbers.loss_sum,
@@ -171,8 +174,7 @@ class Ranks:
             norms=[f.norm2 for f in numbers.fits],
             fallback=self.fallback,
             same=checksums([*grads, *params]),  # G and the parameters, each a few numbers
-            # O's parameters in the order they lie in the in-place engine's one block (None: not one block)
-            block=None if (own := one_block(sums)) is None else own[1],
+            block=None if own is None else own[1],
         )
         every = self.gather(mine)
         if any(e is None for e in every):
