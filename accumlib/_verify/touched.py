@@ -51,15 +51,22 @@ def head(g: torch.Tensor) -> torch.Tensor:
 
 def rescale(params: list[torch.nn.Parameter], prints: dict[int, torch.Tensor]) -> float:
     """The one factor every parameter's ``.grad`` was multiplied by since its fingerprint (1.0 when
-    untouched; nan when the entries disagree: not one factor)."""
-    ratios = []
+    untouched; nan when the entries disagree: not one factor). Read in one sync, compared in plain
+    Python (a few entries per parameter: a tensor op per parameter would cost more)."""
+    before, now = [], []
     for p in params:
-        before, g = prints.get(id(p)), p.grad
-        if before is None or type(g) is not torch.Tensor:
+        b, g = prints.get(id(p)), p.grad
+        if b is None or type(g) is not torch.Tensor:
             continue
-        keep = before != 0
-        ratios.append(g.detach().reshape(-1)[: before.numel()][keep].double() / before[keep].double())
-    r = torch.cat(ratios).tolist() if ratios else []
+        before.append(b.reshape(-1))
+        now.append(g.detach().reshape(-1)[: b.numel()])
+        if now[-1].numel() != b.numel():  # .grad replaced by a smaller tensor: no factor relates the two
+            return math.nan
+    if not before:
+        return 1.0
+    n = sum(b.numel() for b in before)
+    host = torch.cat([t.double() for t in (*before, *now)]).tolist()
+    r = [y / x for x, y in zip(host[:n], host[n:]) if x != 0]
     if not r:
         return 1.0
     return r[0] if all(abs(x - r[0]) <= SAME_RATIO * abs(r[0]) for x in r) else math.nan
