@@ -63,7 +63,9 @@ class Backward:
     lrs: dict[int, tuple[float, ...]] = field(default_factory=dict)
     reached: frozenset[int] = frozenset()  # the parameters it deposited into
     frozen: frozenset[int] = frozenset()  # the optimizers' parameters with requires_grad off as it ran
-    # |fingerprint of .grad|^2 after it, on the device: equal on every rank of a job exactly where a sync ran
+    # the fingerprint of .grad after it, on the device, whose |.|^2 the step reads (``capture``): equal on
+    # every rank of a job exactly where a sync ran. Kept as it is: a tensor made right after a backward takes
+    # a block freed amid the backward's own and pins the allocator's hole below it for the window
     norm2: Any = math.nan
 
 
@@ -274,13 +276,16 @@ class InPlace:
                 h.remove()
             for c in calls:
                 self.pending.pop(id(c.node), None)
+                # the graph is spent: a node kept past its backward keeps every node of it (small blocks
+                # made amid the forward's activations, which then pin the allocator's holes)
+                c.node = None
             here.reached = frozenset(self.reached)
             self.window.append(here)
             # only what this backward reached: another model's optimizer (alive in a notebook) is not ours
             # in the optimizers' order, not a set's: every rank of a job sums the same entries alike
             self.after = prints({k: p for k, p in self.params.items() if k in self.reached})
             if self.after[1] is not None:
-                here.norm2 = self.after[1].double().square().sum()
+                here.norm2 = self.after[1]
             self.reached = set()
 
     def _open(self, here: Backward) -> None:
@@ -390,7 +395,8 @@ class InPlace:
         # requires_grad changed inside the window, for any of this optimizer's parameters (frozen ones too)
         numbers.frozen_changed = len({b.frozen & {id(p) for p in _params(opt)} for b in w}) > 1
         # every backward's m / u and |.grad|^2, read in one sync
-        read = _read([*(r.double() for b in w for r in b.ratios), *(b.norm2 for b in w)])
+        sq = [b.norm2.double().square().sum() if isinstance(b.norm2, torch.Tensor) else b.norm2 for b in w]
+        read = _read([*(r.double() for b in w for r in b.ratios), *sq])
         ratios, at = [], 0
         for b in w:
             ratios.append(read[at : at + len(b.ratios)] if b.ratios else None)

@@ -96,6 +96,7 @@ class Recorder:
     ranks: Ranks | None = None  # a multi-rank job: the exchange stage makes each step's oracle the job's
     # per parameter id: the first few entries of .grad right after its latest backward (``rescale``)
     prints: dict[int, torch.Tensor] = field(default_factory=dict)
+    kept: dict[int, torch.Tensor] = field(default_factory=dict)  # each parameter's fingerprint, reused
     # the in-place engine, whose figures judge each step (``inplace_verify.py``); None: the oracle replays
     engine: Any = None
     groups: list[tuple[int, int]] = field(default_factory=list)  # in place: (micro-batches, rows) per group
@@ -284,7 +285,7 @@ class Recorder:
         # what .grad holds after this backward (touched.py): a factor applied before the step shows as the
         # ratio. Not in a job: its .grad is averaged across ranks after this
         if self.ranks is None and type(g) is torch.Tensor:
-            self.prints[id(p)] = fingerprint(g)
+            self.prints[id(p)] = self.kept[id(p)] = fingerprint(g, self.kept.get(id(p)))
 
     def on_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         ids = self.identify(args, kwargs)
