@@ -531,3 +531,22 @@ def test_ranks_whose_optimizers_order_the_parameters_apart_are_judged_as_one_job
     ]
     for mine, theirs in zip(bug["report"]["steps"], bug["steps"]):
         assert abs(mine["rel_error"] - theirs["rel"]) < FLOAT32_RTOL
+
+
+def test_the_ranks_checksums_tell_apart_gradients_one_last_bit_apart():
+    """A job's ranks compare their G and parameters by checksums before measuring any spread: two tensors
+    one float32 ulp apart in one entry, where a float32 sum and sum of squares round the difference away,
+    must read apart (else the spread is taken as 0 and a job whose ranks diverged reads as one); equal bits
+    read equal; a tensor of an odd number of 4-byte entries (no whole 64-bit words) is still compared."""
+    from accumlib._verify.ranks import checksums
+
+    a = torch.full((4096,), 1.0e4)
+    b = a.clone()
+    b[100] = torch.nextafter(b[100], torch.tensor(2.0e4))  # one ulp: 1e4 + 2**-10
+    # a float32 sum and sum of squares (the checksums before) cannot see it: both come out equal
+    assert a.sum() == b.sum() and torch.dot(a, a) == torch.dot(b, b)
+    assert checksums([a]) != checksums([b])
+    assert checksums([a, None]) == checksums([a.clone(), None]) != checksums([a, a])
+    odd = torch.arange(5.0)
+    assert checksums([odd]) == checksums([odd.clone()])
+    assert checksums([odd]) != checksums([odd + 1])

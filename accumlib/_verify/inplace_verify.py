@@ -141,19 +141,19 @@ def same_oracle(eng: InPlace, rec: Recorder, items: int, batches: list[Any]) -> 
             pairs.append((leaf, eng.sum_of(p)))  # None: the run's backward never reached it
     dots = torch.zeros(2, 2, dtype=torch.float64)  # <O,O>, <O,O'>, <O',O'>
     scratch = scratch_for(2, leaves[0].device)
+    reached: set[int] = set()  # the leaves whose <O,O> came with their replayed gradient
 
     def into(buf: torch.Tensor | None) -> Any:
         def seen(leaf: torch.Tensor) -> None:
             g = gram([[buf], [leaf.grad]], scratch=scratch)
-            g[0, 0] = 0.0  # <O,O> is taken once per parameter, below, whatever the replay reaches
-            dots.add_(g)
+            if id(leaf) in reached:  # <O,O> once per parameter, however many batches the replay runs
+                g[0, 0] = 0.0
+            dots.add_(g)  # <O,O> from the same pass as <O,O'> and <O',O'>: O read once, not twice
+            reached.add(id(leaf))
             leaf.grad = None
 
         return seen
 
-    for _, buf in pairs:  # a parameter the replay never reaches still has its <O,O>
-        if buf is not None:
-            dots[0, 0] += float(gram([[buf]], scratch=scratch[:1])[0, 0])
     handles = [leaf.register_post_accumulate_grad_hook(into(buf)) for leaf, buf in pairs]
     eng.paused, replayed = True, 0
     try:
@@ -172,6 +172,9 @@ def same_oracle(eng: InPlace, rec: Recorder, items: int, batches: list[Any]) -> 
             h.remove()
         for leaf, _ in pairs:
             leaf.grad = None
+    for leaf, buf in pairs:  # a parameter the replay never reached still has its <O,O>
+        if buf is not None and id(leaf) not in reached:
+            dots[0, 0] += float(gram([[buf]], scratch=scratch[:1])[0, 0])
     oo, oq, qq = float(dots[0, 0]), float(dots[0, 1]), float(dots[1, 1])
     gap = dist(oo, oq, qq, 1.0) / math.sqrt(oo) if oo > 0 else (0.0 if qq == 0 else math.inf)
     if replayed != items or not gap <= ROUNDING_FLOOR:

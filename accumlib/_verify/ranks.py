@@ -310,17 +310,34 @@ def one_block(tensors: Vec) -> tuple[torch.Tensor, tuple[int, ...]] | None:
 
 
 def checksums(tensors: Vec) -> list[float] | None:
-    """Per tensor its first entries, its sum and its sum of squares, as this rank computes them: equal on
-    every rank that holds the same bits (two P-sized broadcasts spared on every step of a job whose ranks
-    agree; a rank that differs anywhere changes its sums, and the spread is then measured). None where a
-    tensor is a shard (FSDP2's DTensor: each rank holds another part)."""
+    """Per tensor its first entries and the sum of its bits read as 64-bit integers (wrapping), as this
+    rank holds them: equal on every rank that holds the same bits, apart wherever one word differs (two
+    P-sized broadcasts spared on every step of a job whose ranks agree; a rank that differs anywhere
+    changes its sum, and the spread is then measured). One exact pass per tensor, where a float sum and
+    sum of squares took two and could round a small difference away; a tensor whose bytes are no whole
+    number of 64-bit words (an odd length) gives those two instead. None where a tensor is a shard
+    (FSDP2's DTensor: each rank holds another part)."""
     if any(hasattr(t, "full_tensor") for t in tensors):
         return None
     flat = [t.detach().reshape(-1) for t in tensors if t is not None]
     if not flat:
         return []
-    sums = torch.cat([torch.stack([f.sum(), torch.dot(f, f)]) for f in flat] + [f[:4] for f in flat])
-    return sums.tolist() + [t is None for t in tensors]
+    whole = [_words(f) for f in flat]
+    ints = [w.sum() for w in whole if w is not None]
+    floats = [torch.stack([f.sum(), torch.dot(f, f)]) for f, w in zip(flat, whole) if w is None]
+    out = torch.stack(ints).tolist() if ints else []  # Python ints: exact, whatever their size
+    out += torch.cat(floats).tolist() if floats else []
+    return out + torch.cat([f[:4] for f in flat]).tolist() + [t is None for t in tensors]
+
+
+def _words(f: torch.Tensor) -> torch.Tensor | None:
+    """``f``'s bytes as int64 words where its length makes whole ones (the same on every rank: shapes
+    agree), a view where its offset allows, else of a copy; None where it does not."""
+    if (f.numel() * f.element_size()) % 8:
+        return None
+    if (f.storage_offset() * f.element_size()) % 8:
+        f = f.clone()
+    return f.view(torch.int64)
 
 
 __all__ = ["Ranks", "checksums", "full", "in_group", "one_block", "sharded"]
