@@ -227,7 +227,8 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
             f"(N_j + S_j, S_j sequences) and the window divided by their sum (rel err {n.rel:.1e})"
         )
         return out
-    if all(f.resid <= fit_tol for f in n.fits):
+    reproduce = all(f.resid <= fit_tol for f in n.fits) and _one_factor_measured(n, fit_tol)
+    if reproduce:
         _name(n, out, m=m, k=k, tol=fit_tol)
     elif n.factor_resid <= fit_tol:
         _misscaled(n, out, n.factor, m=m, k=k, tol=fit_tol)
@@ -238,18 +239,40 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
         )
         worst = max((f.resid for f in n.fits), default=math.nan)
         cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
-        fitted = (
-            "they reproduce the gradient, but match no known bug's weights"
-            if worst <= fit_tol
-            else "no weighting of the window's micro-batches reproduces the gradient"
-        )
+        if reproduce:
+            fitted = (
+                f"they reproduce the gradient, but match no known bug's weights (fit residual {worst:.2e})"
+            )
+        elif worst <= fit_tol:  # exact weights of one factor, which the measured gradient does not follow
+            fitted = (
+                "the weights read from each backward are one factor, but G is no such multiple of g* "
+                f"(fitted c = {n.factor:.4f}, residual {n.factor_resid:.2e}): "
+                ".grad changed where no weight saw it, "
+                "such as entries written through .data or masked after the backward"
+            )
+        else:
+            fitted = "no weighting of the window's micro-batches reproduces the gradient"
+            fitted += f" (fit residual {worst:.2e})"
         out.detail = (
-            f"{weights}; {fitted} (fit residual {worst:.2e}); "
+            f"{weights}; {fitted}; "
             f"|G|/|g*| = {math.sqrt(n.gg / n.tt) if n.tt > 0 else math.nan:.4f}, cosine {cos:.6f}. "
             "Is item_losses the loss the loop minimizes (same reduction, masking, label shift, no extra "
             "terms)?"
         ).lstrip("; ")
     return out
+
+
+def _one_factor_measured(n: StepNumbers, tol: float) -> bool:
+    """Weights that say one factor c for every micro-batch (no leak) must meet the measurement: G = c g*,
+    the fitted factor c and its residual. The in-place engine reads each weight from the loss's own
+    backward and .grad's fingerprints (its fits' residuals are 0 by construction), so a change of .grad
+    no weight saw (rows masked through ``.data`` after the backward, where the fingerprints lie outside
+    them) shows only here: weights of 1 beside a gradient 0.95 away from g* are unexplained, not
+    "misscaled by c = 1". Other weights are not one factor of g*, and stay as fitted."""
+    w = n.weights
+    if n.leak or not w or not all(near(x, w[0], SAME_FACTOR_RTOL) for x in w):
+        return True
+    return n.factor_resid <= tol and near(n.factor, w[0], tol)
 
 
 def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> None:
