@@ -60,6 +60,13 @@ MUTANTS = [
         "    if False:",
         tests=("tests/test_run_ranks.py",),
     ),
+    # ---- the step rules the engine's exact weights feed (diagnose.py) ---------------------------------
+    Mutant(
+        "weights of one factor taken as the gradient's without meeting the measured factor",
+        "accumlib/_verify/diagnose.py",
+        "    return n.factor_resid <= tol and (near(n.factor, w[0], tol) or near(n.factor, w[0] * after, tol))",
+        "    return True",
+    ),
     # ---- the run-level rules (diagnose_run.py) ---------------------------------------------------------
     Mutant(
         "a clip of the loop's own judged by the micro-batches' weights alone, not the rescale it made",
