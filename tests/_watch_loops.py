@@ -90,14 +90,17 @@ def run(loop, k: int = 4, n: int = 10, truth_losses=None, **watch_kw):
     return w.report, truth
 
 
-def per_window_sum(model, opt, batches, k):
-    """Correct: each window's tokens counted first, every token weighed 1/N (accumlib.ragged)."""
+def per_window_sum(model, opt, batches, k, before_step=None):
+    """Correct: each window's tokens counted first, every token weighed 1/N (accumlib.ragged).
+    ``before_step(model)``: what a variant does to .grad between the window's last backward and the step."""
     batches = list(batches)
     for s in range(0, len(batches), k):
         window = batches[s : s + k]
         n = sum(int((y != PAD).sum()) for _, y in window)
         for x, y in window:
             (F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=PAD, reduction="sum") / n).backward()
+        if before_step is not None:
+            before_step(model)
         opt.step()
         opt.zero_grad()
 

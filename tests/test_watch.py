@@ -412,24 +412,14 @@ def _written_through_data(mask_rows: bool):
     rows 1: of every matrix zeroed (the fingerprints, a matrix's first entries, lie outside them), or
     every entry halved (which the fingerprints do see)."""
 
-    def loop(model, opt, batches, k):
-        batches = list(batches)
-        for s in range(0, len(batches), k):
-            window = batches[s : s + k]
-            n = sum(int((y != PAD).sum()) for _, y in window)
-            for x, y in window:
-                (
-                    F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=PAD, reduction="sum") / n
-                ).backward()
-            for p in model.parameters():
-                if mask_rows and p.grad.dim() == 2:
-                    p.grad.data[1:] = 0
-                elif not mask_rows:
-                    p.grad.data.mul_(0.5)
-            opt.step()
-            opt.zero_grad()
+    def change(model):
+        for p in model.parameters():
+            if mask_rows and p.grad.dim() == 2:
+                p.grad.data[1:] = 0
+            elif not mask_rows:
+                p.grad.data.mul_(0.5)
 
-    return loop
+    return lambda model, opt, batches, k: per_window_sum(model, opt, batches, k, before_step=change)
 
 
 def test_rows_of_grad_masked_through_data_are_unexplained_not_a_misscale_by_one():
