@@ -57,6 +57,13 @@ TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	$(PY) -m pytest -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
+# Each test's seconds from one whole run (as make test runs it), into tests/durations.json, the table make
+# test's two workers start the longest units first by (tests/_schedule.py); prints the slowest 20 tests, the
+# table docs/development.md shows. Rerun it when a test file's time changes a lot.
+durations: $(STAMP)
+	ACCUMLIB_DURATIONS=$(abspath $(VENV))/test-seconds.json $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) tools/durations.py $(VENV)/test-seconds.json
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import _schedule
 import pytest
 import torch
 import torch.nn.functional as F
@@ -81,3 +82,9 @@ def exact(report: accumlib.Report, *, notes: bool = False) -> bool:
     """OK with no finding at all (``notes``: or only notes and costs), every step within float32 rounding
     of the truth."""
     return report.ok and (notes or not report.codes) and within_rounding(report)
+
+
+# make test's two workers: the balanced scheduler, and `make durations`' record (tests/_schedule.py)
+pytest_xdist_make_scheduler = _schedule.make_scheduler
+pytest_runtest_logreport = _schedule.record_report
+pytest_sessionfinish = _schedule.write_record

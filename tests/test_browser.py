@@ -105,10 +105,11 @@ def _require_chromium() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab(tmp_path_factory):
-    """One JupyterLab for the module, serving a copy of notebooks/ (running a notebook in the
-    UI rewrites it; the repository's copies stay untouched) plus a scratch/ folder."""
+    """One JupyterLab per test process, serving a copy of notebooks/ (running a notebook in the
+    UI rewrites it; the repository's copies stay untouched) plus a scratch/ folder. Session-scoped: make
+    test's workers take this file's tests one by one (tests/conftest.py), and each reuses its server."""
     _require_chromium()
     root = tmp_path_factory.mktemp("lab-root")
     _copy_notebooks(root / "notebooks")
