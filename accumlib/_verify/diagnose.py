@@ -23,10 +23,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..tolerances import AUTOCAST_RTOL, COEF_RTOL, FIT_RTOL, FLOAT32_RTOL, SAME_FACTOR_RTOL, SCALED_CLIP_RATIO
 from .rounding import counted_before_shift, run_tol
 from .step_numbers import Clip, StepNumbers
+
+# What the fits of an ``unexplained`` step found, as its detail words it: per-micro-batch weights that
+# reproduce G but are no known bug's, weights of one factor that G does not follow (.grad changed where no
+# weight saw it), no weighting of the micro-batches that reproduces G, and (a job) no per-rank or common
+# factor that does
+Fit = Literal["micro-batch-weights", "weights-unmet", "no-weights", "no-rank-factor"]
 
 
 @dataclass
@@ -39,6 +46,7 @@ class StepVerdict:
     clip_assumed: bool = False  # ok against the truth clipped at the run's assumed max_norm (``infer_clip``)
     masked: bool = False  # misscaled, but a recorded clip made the update equal the correct one
     window_scale: bool = False  # late-step: c = m/k, each micro-batch divided by k over m > k of them
+    fit: Fit | None = None  # unexplained: what the fits found (the detail's words, as data)
 
 
 def step_tol(precision: str) -> float:
@@ -240,10 +248,12 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
         worst = max((f.resid for f in n.fits), default=math.nan)
         cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
         if reproduce:
+            out.fit = "micro-batch-weights"
             fitted = (
                 f"they reproduce the gradient, but match no known bug's weights (fit residual {worst:.2e})"
             )
         elif worst <= fit_tol:  # exact weights of one factor, which the measured gradient does not follow
+            out.fit = "weights-unmet"
             fitted = (
                 "the weights read from each backward are one factor, but G is no such multiple of g* "
                 f"(fitted c = {n.factor:.4f}, residual {n.factor_resid:.2e}): "
@@ -251,6 +261,7 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
                 "such as entries written through .data or masked after the backward"
             )
         else:
+            out.fit = "no-weights"
             fitted = "no weighting of the window's micro-batches reproduces the gradient"
             fitted += f" (fit residual {worst:.2e})"
         out.detail = (
@@ -307,6 +318,7 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
         _misscaled(n, out, n.factor, m=m, k=k, tol=fit_tol)
     else:
         out.codes.append("unexplained")
+        out.fit = "no-rank-factor"
         cos = n.gt / math.sqrt(n.gg * n.tt) if n.gg > 0 and n.tt > 0 else math.nan
         out.detail = (
             f"window items per rank {n.rank_items}; |G|/|g*| = "
@@ -392,4 +404,4 @@ def compensated_clip(c: Clip, g_norm: float) -> bool:
     return ratio > SCALED_CLIP_RATIO and c.max_norm > c.total_norm / math.sqrt(ratio)
 
 
-__all__ = ["CAUSES", "StepVerdict", "causes", "compensated_clip", "diagnose", "near", "step_tol"]
+__all__ = ["CAUSES", "Fit", "StepVerdict", "causes", "compensated_clip", "diagnose", "near", "step_tol"]

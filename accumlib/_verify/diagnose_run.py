@@ -144,6 +144,8 @@ def step_rows(
                 factor=s.factor / s.factor if v.clip_assumed else s.factor,
                 clip=s.factor if v.clip_assumed else s.unclip,
                 ref_error=ref_error,
+                fit=v.fit,
+                items_per_rank=tuple(s.rank_items),
             )
         )
     return rows

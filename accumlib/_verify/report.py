@@ -15,10 +15,13 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..text import text_table
 from .codes import CODES, PASSING
+
+if TYPE_CHECKING:
+    from .diagnose import Fit
 
 
 def _finite(v: Any) -> Any:
@@ -96,7 +99,11 @@ class StepRow:
     the float32 large-batch gradient, clipped as the loop clipped (recorded or assumed).
     ``factor`` is c of the best fit G ~= c g* (1 for a correct step; clipping undone),
     ``judged_against`` names what the verdict was judged against (``ref_error``: how far off), and ``clip``
-    is the factor the loop's clip scaled the window's gradient by (1.0 when no clip acted).
+    is the factor the loop's clip scaled the window's gradient by (1.0 when no clip acted). An
+    ``unexplained`` step says as data what its finding's detail says in words: ``fit``, what the fits of
+    G found (``diagnose.Fit``: ``micro-batch-weights`` reproduce it but are no known bug's,
+    ``weights-unmet``, ``no-weights``, ``no-rank-factor`` in a job), and a job's every step its
+    ``items_per_rank`` (each rank's window item count N_r).
     """
 
     step: int
@@ -110,6 +117,8 @@ class StepRow:
     judged_against: str = "float32"
     clip: float = 1.0  # the coefficient the loop's clip applied (recorded, or assumed), 1.0 when none acted
     ref_error: float = math.nan  # ||G (clip undone) - reference|| / ||reference||: what the verdict read
+    fit: Fit | None = None  # unexplained: what the fits of G found (None at any other step)
+    items_per_rank: tuple[int, ...] = ()  # a job's N_r, rank by rank (empty for one process)
 
     @property
     def cosine(self) -> float:
