@@ -11,6 +11,7 @@ its grader words a report that holds the numbers such a run gave.
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 
 import pytest
 
@@ -253,13 +254,16 @@ def test_lesson_8_micro_batch_means_divided_by_k_are_said_as_unequal_weights():
         "first check that item_losses computes the loop's own loss",
         (0, 1),
     )
-    rows = [
+    rows = [  # the fit and each rank's items are the rows' data, as verify's own rows hold them
         StepRow(
             0, 4, 642, 0.05, 0.9939333790291347, 0.0451548188399093, ("unexplained",), 0.9929323021419042
         ),
         StepRow(
             1, 4, 759, 0.05, 0.9063169236359121, 0.1184318578096767, ("unexplained",), 0.9036921305623061
         ),
+    ]
+    rows = [
+        replace(r, fit="no-rank-factor", items_per_rank=n) for r, n in zip(rows, [(305, 337), (330, 429)])
     ]
     grade = distributed.EXERCISE.grade(Report(rows, [found], 4, 1401, 1401))
     assert grade.codes == ("unexplained",) and grade.where == ("every step (steps 0-1)",)
@@ -268,29 +272,71 @@ def test_lesson_8_micro_batch_means_divided_by_k_are_said_as_unequal_weights():
     assert "did not all weigh the same" in message
     assert grade.stages == distributed.EXERCISE.hints["unexplained"] and len(grade.stages) == 3
     assert "micro-batch" in grade.stages[0] and "item_losses" not in " ".join(grade.stages)
+    # the finding's words are not read: other words grade the same; rows of one process say no ranks
+    worded = replace(found, message="the gradient is off", fix="see the table")
+    assert distributed.EXERCISE.grade(Report(rows, [worded], 4, 1401, 1401)).messages == grade.messages
+    alone = [replace(r, items_per_rank=()) for r in rows]
+    said = plain(distributed.EXERCISE.grade(Report(alone, [found], 4, 1401, 1401)), "(759 items in 4 micro")
+    assert "on the ranks" not in said
 
 
-def test_lesson_3_micro_batches_weighted_against_their_item_counts_are_said_so():
-    grade = ragged_windows.EXERCISE.check(
-        cell(
-            """
-            import torch.nn.functional as F
+WEIGHTED = """
+import torch.nn.functional as F
 
-            def train_fn(model, optimizer, loader):
-                k = 4
-                sizes = [len(y) for _, y in loader]
-                for i, (x, y) in enumerate(loader):
-                    n_window = sum(sizes[i - i % k : i - i % k + k])
-                    # one item too many per micro-batch
-                    (F.cross_entropy(model(x), y, reduction="sum") / (n_window + len(y))).backward()
-                    if (i + 1) % k == 0 or i + 1 == len(loader):
-                        optimizer.step()
-                        optimizer.zero_grad()
-            """
-        )
+def train_fn(model, optimizer, loader):
+    k = 4
+    sizes = [len(y) for _, y in loader]
+    for i, (x, y) in enumerate(loader):
+        n_window = sum(sizes[i - i % k : i - i % k + k])
+        # one item too many per micro-batch
+        (F.cross_entropy(model(x), y, reduction="sum") / (n_window + len(y))).backward()
+        if (i + 1) % k == 0 or i + 1 == len(loader):
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+@pytest.fixture(scope="module")
+def weighted():
+    """Lesson 3's grade of a loop that weighs its micro-batches against their item counts (one run)."""
+    return ragged_windows.EXERCISE.check(cell(WEIGHTED))
+
+
+def test_lesson_3_micro_batches_weighted_against_their_item_counts_are_said_so(weighted):
+    assert not weighted.ok and "unexplained" in weighted.codes, weighted
+    plain(weighted, "weighted the micro-batches differently from their item counts")
+
+
+def test_the_unexplained_grade_reads_the_rows_fit_never_the_findings_words(weighted):
+    """Issue 46: the course grades from verify's codes and data, never from its prose. verify says the fit
+    twice, in the finding's words and as its rows' ``fit``; the grade follows the data. The same report
+    with the finding worded as another fit grades the same; its twin, whose rows say that other fit, does
+    not."""
+    report = weighted.report
+    (found,) = [f for f in report.findings if f.code == "unexplained"]
+    fits = {r.fit for r in report.steps if r.step in found.steps}
+    assert fits == {"micro-batch-weights"} and "they reproduce the gradient" in found.message, found
+    assert {r.fit for r in report.steps if r.step not in found.steps} == {None}
+    grade = ragged_windows.EXERCISE.grade(report)
+    said = plain(grade, "weighted the micro-batches differently from their item counts")
+
+    # the words of the other fits (what the grader once matched), where the data still says weights
+    decoy = replace(
+        found,
+        message="no weighting of the window's micro-batches reproduces the gradient; "
+        "no per-rank or common factor reproduces the gradient",
+        fix="other words",
     )
-    assert not grade.ok and "unexplained" in grade.codes, grade
-    plain(grade, "weighted the micro-batches differently from their item counts")
+    reworded = replace(report, findings=[decoy if f is found else f for f in report.findings])
+    assert ragged_windows.EXERCISE.grade(reworded).messages == grade.messages
+
+    # the negative twin: the words verify wrote, beside rows whose fit says no weighting reproduces G
+    rows = [replace(r, fit="no-weights") if r.fit else r for r in report.steps]
+    other = plain(ragged_windows.EXERCISE.grade(replace(report, steps=rows)), "No weight per micro-batch")
+    assert other != said and "weighted the micro-batches differently" not in other
+    assert other.split(". ")[:2] == said.split(". ")[:2]  # the step, its size and angle: the same numbers
+    unmet = [replace(r, fit="weights-unmet") if r.fit else r for r in report.steps]
+    assert plain(ragged_windows.EXERCISE.grade(replace(report, steps=unmet))).endswith("% off")  # no fit said
 
 
 # --- lessons 1-3: a window longer than asked (verify's late-step), one step per epoch -----------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,18 +228,17 @@ def clip_checks(watch: Watch, n_steps: int | None) -> list[Check]:
     return []
 
 
-# what verify's ``unexplained`` detail says reproduces the step (or not), and what that tells of the loop
-_FITS = {
-    "they reproduce the gradient": "one weight per micro-batch reproduces your update, but not weights "
-    "that follow the micro-batches' item counts: your loop weighted the micro-batches differently from "
-    "their item counts, where the large batch weighs every item the same",
-    "no weighting of the window's micro-batches reproduces": "no weight per micro-batch reproduces it "
-    "either, so the difference is inside the micro-batches: the loss your loop backpropagated is not the "
-    "one the model it was handed gives these items (its forward pass or its loss changed), whatever it was "
-    "divided by",
-    "no per-rank or common factor reproduces": "neither one factor for the whole job nor one per rank "
-    "reproduces it: the items of one rank's window did not all weigh the same, where the large "
-    "batch weighs every item 1/N",
+# what verify's fits of an ``unexplained`` step found (``StepRow.fit``), and what that tells of the loop;
+# of the fits the finding's steps found, the first in this order is said (``weights-unmet`` says nothing)
+_FITS: dict[str, str] = {
+    "micro-batch-weights": "one weight per micro-batch reproduces your update, but not weights that follow "
+    "the micro-batches' item counts: your loop weighted the micro-batches differently from their item "
+    "counts, where the large batch weighs every item the same",
+    "no-weights": "no weight per micro-batch reproduces it either, so the difference is inside the "
+    "micro-batches: the loss your loop backpropagated is not the one the model it was handed gives these "
+    "items (its forward pass or its loss changed), whatever it was divided by",
+    "no-rank-factor": "neither one factor for the whole job nor one per rank reproduces it: the items of "
+    "one rank's window did not all weigh the same, where the large batch weighs every item 1/N",
 }
 
 
@@ -248,6 +246,8 @@ def unexplained_check(finding: Any, rows: Any, n_steps: int | None, replaced: An
     """verify's ``unexplained``, in what the learner's loop did: at the step furthest off, the update's size
     against the true gradient's (|G|/|g*|), the angle between them (from the row's rel err), what the best
     rescaling of the loss would still leave, and what verify's fits say reproduces the update (or not).
+    Read from the finding's steps and its rows (their numbers, ``fit`` and ``items_per_rank``), never from
+    the finding's words.
     The steps are the Grade's to say (``where``)."""
     steps = tuple(getattr(finding, "steps", ()) or ())
     at = [r for r in rows if r.step in steps and math.isfinite(r.rel_error) and r.norm_ratio > 0]
@@ -261,10 +261,8 @@ def unexplained_check(finding: Any, rows: Any, n_steps: int | None, replaced: An
     cos = max(-1.0, min(1.0, (ratio * ratio + 1 - rel * rel) / (2 * ratio)))
     angle = math.degrees(math.acos(cos))
     best = math.sin(math.radians(angle))  # |a G - g*| / |g*| at the best factor a
-    message = getattr(finding, "message", "")
-    ranks = re.search(rf"items per rank \[([\d, ]+)\]; \|G\|/\|g\*\| = {ratio:.4f}\b", message)
-    if ranks:
-        *n, last = ranks[1].split(", ")
+    if worst.fit == "no-rank-factor" and len(worst.items_per_rank) > 1:
+        *n, last = map(str, worst.items_per_rank)
         held = f"{worst.items} items, {', '.join(n)} and {last} on the ranks, {worst.micro_batches} "
         held += "micro-batches on each"
     else:
@@ -276,10 +274,10 @@ def unexplained_check(finding: Any, rows: Any, n_steps: int | None, replaced: An
         f"({held}). Dividing the loss by another number changes only the size, so none makes it right: the "
         f"best one still leaves it {best:.0%} off"
     )
-    for seen, words in _FITS.items():
-        if seen in message:
-            text += ". " + words[0].upper() + words[1:]
-            break
+    found = {r.fit for r in rows if r.step in steps}
+    words = next((w for fit, w in _FITS.items() if fit in found), "")
+    if words:
+        text += ". " + words[0].upper() + words[1:]
     return Check("unexplained", text, steps)
 
 
