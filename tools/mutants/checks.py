@@ -11,13 +11,19 @@ from mutate import Mutant
 TESTS = ["tests/test_checks.py", "accumlib/checks.py"]
 PYTEST_ARGS = ["--doctest-modules"]
 
-K = "accumlib/checks.py"
 MUTANTS = [
     Mutant(
         "True taken as the integer 1 (max_steps=True judges one step)",
-        K,
-        "    if isinstance(value, bool) or not isinstance(value, numbers.Integral):\n",
-        "    if not isinstance(value, numbers.Integral):\n",
+        "drop-clause",
+        "isinstance(value, bool) or not isinstance(value, numbers.Integral)",
+        "isinstance(value, bool)",
+        killers=("tests/test_checks.py::test_an_integer_refuses_bools_floats_strings_and_none",),
     ),
-    Mutant("a model with nothing to train accepted", K, "    if not params:\n", "    if False:\n"),
+    Mutant(
+        "a model with nothing to train accepted",
+        "replace",
+        "not params",
+        "False",
+        killers=("tests/test_checks.py::test_a_model_must_be_a_module_with_a_trainable_real_parameter",),
+    ),
 ]
