@@ -17,14 +17,14 @@ the verifier with its table of finding codes, the built-in tasks and the one dev
 
 Everything else lives in named submodules, imported on first use: ``accumlib.data`` and
 ``accumlib.models`` (offline data, tiny models), ``accumlib.harness`` and ``accumlib.reference``
-(the reference table), ``accumlib.memory``, ``accumlib.distributed`` (DDP), ``accumlib.hf`` and
-``accumlib.lightning`` (framework runs under verify), ``accumlib.examples`` (frameworks' own loops),
-``accumlib.survey``, and the building blocks code beside the core reuses: ``accumlib.checks``
-(argument checks), ``accumlib.text`` (tables), ``accumlib.batches`` (windows, devices, item losses)
-and ``accumlib.observe``. Modules starting with ``_`` are private.
+(the reference table), ``accumlib.distributed`` (DDP), ``accumlib.hf`` and ``accumlib.lightning``
+(framework runs under verify), and the building blocks code beside the core reuses:
+``accumlib.checks`` (argument checks), ``accumlib.text`` (tables), ``accumlib.batches`` (windows,
+devices, item losses) and ``accumlib.observe``. Modules starting with ``_`` are private.
 
-The course (lessons, the gallery of user-style loops, the report) is ``accumlib_course``, beside the
-core in the repository: it imports only the core's public modules, and the core never imports it.
+The course (lessons, the gallery of user-style loops, the report; frameworks' own loops, the survey of
+Transformers, notebook 8's DDP experiment, activation memory) is ``accumlib_course``, beside the core in
+the repository: it imports only the core's public modules, and the core never imports it.
 """
 
 from __future__ import annotations
@@ -35,18 +35,21 @@ from typing import Any
 from ._verify import CODES, Finding, Report, VerifyError, verify, watch
 from .checks import resolve_device
 from .compare import Comparison, compare
-from .loops import ALL as _ALL
-from .loops import LOOPS
+from .loops import LOOPS, amp, grad_divided, large_batch, naive, normalized, ragged
 from .oracle import grads_of, true_gradient
 from .tasks import TASKS, Task, get_task
 
 __version__ = "0.1.0"
 
-globals().update(_ALL)  # every registered loop, by name: the registry is the one list
-
 __all__ = [
     "LOOPS",
-    *_ALL,
+    # the reference loops, each by name (tests/test_loops.py: every loop of accumlib.loops.ALL is here)
+    "naive",
+    "normalized",
+    "ragged",
+    "amp",
+    "large_batch",
+    "grad_divided",
     "true_gradient",
     "grads_of",
     "compare",
@@ -73,17 +76,14 @@ _SUBMODULES = frozenset(
         "batches",
         "checks",
         "distributed",
-        "examples",
         "harness",
         "hf",
         "lightning",
         "loops",
-        "memory",
         "models",
         "observe",
         "oracle",
         "reference",
-        "survey",
         "text",
         "tasks",
         "tolerances",

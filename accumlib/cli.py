@@ -3,13 +3,16 @@
     accumlib verify FILE.py:FUNCTION ...   your own loop against the large batch
     accumlib selfcheck                     the library's own check: every reference loop, every task
     accumlib run -- SCRIPT.py [ARGS...]    an unmodified training script, judged as it runs
-    accumlib ddp --world-size 2 ...        DDP accumulation on local processes
-    accumlib survey transformers           every causal-LM class of transformers under its Trainer
 
 Exit status: 0 when every verdict holds (the loop is correct), 1 when one does not (a bug),
 2 on bad usage; ``verify FILE.py:FUNCTION`` also exits 3 when the loop itself raised and 4 when
 verify could not judge it (``accumlib._verify.report.EXIT_STATUS``). One command, one meaning: ``verify``
 judges the user's loop, ``selfcheck`` the library's own reference loops.
+
+The course's commands live beside it, in ``accumlib_course`` (a clone's dev install):
+``python -m accumlib_course.distributed`` (notebook 8's DDP experiment; ``accumlib ddp`` before) and
+``python -m accumlib_course.survey transformers`` (every Transformers model class under its Trainer;
+``accumlib survey`` before).
 """
 
 from __future__ import annotations
@@ -50,32 +53,6 @@ def _selfcheck(args: argparse.Namespace) -> int:
         print(f"Reference loops against the true large-batch gradient (device: {device})\n")
         print(table)
     return 0 if table.ok else 1
-
-
-def _survey(args: argparse.Namespace) -> int:
-    try:
-        from . import survey
-
-        types = survey.resolve(args.models.split(",") if args.models else None, args.task)
-    except ImportError as err:
-        print(f"accumlib survey: error: {err}; pip install accumlib[hf]", file=sys.stderr)
-        return 2
-    except ValueError as err:
-        print(f"accumlib survey: error: --{err}", file=sys.stderr)
-        return 2
-
-    def progress(row: survey.Row) -> None:  # one line per class on stderr, so stdout stays the table
-        said = ", ".join(row.codes) or "ok" if row.status == "judged" else row.reason
-        print(
-            f"{row.model_type:<28} {row.status:<8} {row.seconds:6.2f} s  {said}", file=sys.stderr, flush=True
-        )
-
-    result = survey.run(types, args.task, progress=progress)
-    if args.out:
-        for path in survey.write(result, args.out):
-            print(f"wrote {path}", file=sys.stderr)
-    print(result.to_json() if args.json else result.to_markdown())
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,40 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_cli.add_arguments(r)
     r.set_defaults(func=run_cli.run)
-    from .distributed import cli as ddp_cli  # starts no process and no process group
-
-    d = sub.add_parser(
-        "ddp",
-        help="DDP accumulation on local processes: error vs the large batch, all-reduce counts, "
-        "per-rank counts",
-        description=ddp_cli.DESCRIPTION,
-    )
-    ddp_cli.add_arguments(d)
-    d.set_defaults(func=ddp_cli.run)
-    s = sub.add_parser(
-        "survey",
-        help="which causal-LM classes of transformers accumulate exactly under its own Trainer",
-        description="Build every causal-LM class (or, with --task sequence-classification, every sequence "
-        "classifier) of the installed transformers tiny from its config (offline), train one "
-        "Trainer epoch with gradient_accumulation_steps=4 on variable-length data ending in a ragged window, "
-        "and judge every optimizer step with accumlib.hf.verify_trainer. Prints a markdown table (or JSON); "
-        "--out DIR also writes DIR/transformers-VERSION[-TASK].md and .json. Exit 0 when the survey ran, "
-        "2 on bad usage.",
-    )
-    s.add_argument("library", choices=["transformers"], help="the library to survey")
-    s.add_argument(
-        "--task",
-        choices=["causal-lm", "sequence-classification"],
-        default="causal-lm",
-        help="which classes: causal LMs (default; surveys/transformers-VERSION.md) or sequence classifiers "
-        "(surveys/transformers-VERSION-sequence-classification.md)",
-    )
-    s.add_argument(
-        "--models", metavar="A,B", help="only these model types or classes, comma-separated (e.g. gpt2,llama)"
-    )
-    s.add_argument("--out", metavar="DIR", help="also write DIR/transformers-VERSION[-TASK].md and .json")
-    s.add_argument("--json", action="store_true", help="print the results as JSON")
-    s.set_defaults(func=_survey)
     return parser
 
 

@@ -72,7 +72,7 @@ class Case:
         """The run to measure, as a zero-argument call; what the loop alone needs is built here, outside
         it."""
         import accumlib
-        from accumlib.examples.ddp_loops import LOOPS
+        from accumlib_course.examples.ddp_loops import LOOPS
 
         fn = LOOPS["correct"](self.task)
         if mode == "verify":
@@ -161,7 +161,7 @@ class Traffic:
     def __enter__(self) -> Traffic:
         import torch.distributed as dist
 
-        from accumlib.distributed.comm import count_allreduce
+        from accumlib_course.distributed.comm import count_allreduce
 
         for name in COUNTED:
             if not hasattr(dist, name):

@@ -146,6 +146,7 @@ def measure_here(spec: dict) -> dict:
     """Measure ``spec['mode']`` ('alone', 'verify' or 'recompute') of one loop in this process: peak above
     the baseline, wall time per run; or, for 'pairs', the loop alone and verify in turn (``pairs``)."""
     import accumlib
+    import accumlib_course.memory
 
     scale = Scale(**{**spec["scale"], "widths": tuple(spec["scale"]["widths"])})
     fn, _ = LOOPS[spec["loop"]]
@@ -186,7 +187,7 @@ def measure_here(spec: dict) -> dict:
         x, y = dataset[: scale.batch_size]
         out["param_count"] = sum(p.numel() for p in model.parameters())
         out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-        out["activation_bytes"] = accumlib.memory.activation_bytes(model, (x, y), item_losses)
+        out["activation_bytes"] = accumlib_course.memory.activation_bytes(model, (x, y), item_losses)
     return out
 
 

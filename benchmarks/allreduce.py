@@ -22,7 +22,8 @@ def run(quick: bool = False) -> dict:
     try:
         import torch.distributed as dist
 
-        from accumlib.distributed import COMM_VARIANTS, RunSpec, run_specs, shard_loader
+        from accumlib.distributed import shard_loader
+        from accumlib_course.distributed import COMM_VARIANTS, RunSpec, run_specs
     except ImportError as err:
         return {"not_available": f"accumlib.distributed cannot be imported ({err})"}
     if not dist.is_available():

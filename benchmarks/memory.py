@@ -13,6 +13,7 @@ import torch
 from _render import fmt_bytes, md_table
 
 import accumlib
+import accumlib_course.memory
 from accumlib import data as _data
 
 NAME = "memory"
@@ -49,7 +50,7 @@ def run(quick: bool = False) -> dict:
         task = accumlib.get_task(task_name)
         model = task.make_model(0)
         full = next(iter(task.loader(batch_size=effective, dataset=dataset)))
-        full_bytes = accumlib.memory.activation_bytes(model, full, task.item_losses)
+        full_bytes = accumlib_course.memory.activation_bytes(model, full, task.item_losses)
         full_peak = _cuda_peak(model, full, task) if cuda else None
         for k in ks:
             micro = list(
@@ -57,7 +58,7 @@ def run(quick: bool = False) -> dict:
                     batch_size=effective // k, dataset=torch.utils.data.Subset(dataset, range(effective))
                 )
             )
-            per_micro = [accumlib.memory.activation_bytes(model, b, task.item_losses) for b in micro]
+            per_micro = [accumlib_course.memory.activation_bytes(model, b, task.item_losses) for b in micro]
             ratio = max(per_micro) / full_bytes  # the peak is set by the largest micro-batch
             row = {
                 "model": model_name,
@@ -89,7 +90,7 @@ def run(quick: bool = False) -> dict:
         ],
     }
     note = (
-        "activation bytes: tensors autograd saves for backward (accumlib.memory.activation_bytes), "
+        "activation bytes: tensors autograd saves for backward (accumlib_course.memory.activation_bytes), "
         "parameters excluded; ratio = largest micro-batch / full batch"
     )
     if cuda:
@@ -108,7 +109,7 @@ def _cuda_peak(model: torch.nn.Module, batch: Any, task: Any) -> int:
     b = accumlib.batches.to_device(batch, "cuda")
     task.item_losses(m, b).sum().backward()  # allocates .grad once, outside the measurement
     m.zero_grad(set_to_none=False)
-    return accumlib.memory.cuda_peak_bytes(lambda: task.item_losses(m, b).sum().backward())
+    return accumlib_course.memory.cuda_peak_bytes(lambda: task.item_losses(m, b).sum().backward())
 
 
 def lines(res: dict, short: bool = False) -> list[str]:

@@ -1,5 +1,5 @@
 """Section 10, verify across ranks: ``accumlib.verify(..., ranks="all")`` on 2 gloo ranks (CPU) against the
-same correct DDP loop alone (``accumlib.examples.ddp_loops.LOOPS["correct"]``), same data, same ranks.
+same correct DDP loop alone (``accumlib_course.examples.ddp_loops.LOOPS["correct"]``), same data, same ranks.
 
 Two models: an MLP of 11.3M float32 parameters (45.2 MB; built like verify_scale's) and the lm-tokens
 task's tiny causal LM (16.8K parameters: time and traffic only, its memory is below the noise). Three
@@ -78,10 +78,10 @@ def _launch(plan: dict, out: str) -> list[dict]:
 
 
 def _activation_bytes(scale: Scale) -> int:
-    import accumlib
+    import accumlib_course.memory
 
     model, data = build(scale)
-    return accumlib.memory.activation_bytes(model, data[: scale.batch_size], item_losses)
+    return accumlib_course.memory.activation_bytes(model, data[: scale.batch_size], item_losses)
 
 
 # --- the section ------------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def note(scale: Scale, rows: list[dict], quick: bool) -> str:
     mlp = rows[0]
     return (
         f"{WORLD} gloo ranks on loopback, 1 thread each, the correct DDP loop of "
-        "accumlib.examples.ddp_loops; MLP "
+        "accumlib_course.examples.ddp_loops; MLP "
         f"{'-'.join(map(str, (scale.in_features, *scale.widths, scale.classes)))} ({mlp['param_count']:,} "
         f"parameters, {_mb(mlp['param_bytes'])}), k = {scale.k}, micro-batches of {scale.batch_size}, "
         f"{scale.steps} optimizer steps per rank (equal counts: no per-rank-mean all-reduce); lm-tokens: its "

@@ -41,9 +41,9 @@ def run(quick: bool = False) -> dict:
     try:
         from transformers import PrinterCallback, Trainer, TrainingArguments
 
-        from accumlib.examples.data import collate, token_sequences
         from accumlib.hf import verify_trainer
-        from accumlib.survey import tiny_model
+        from accumlib_course.examples.data import collate, token_sequences
+        from accumlib_course.survey import tiny_model
     except ImportError as err:
         return {
             "not_available": f"transformers / accumlib.hf cannot be imported ({err}): pip install "

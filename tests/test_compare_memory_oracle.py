@@ -8,9 +8,9 @@ import torch
 
 from accumlib import TASKS, compare, get_task, grads_of, true_gradient
 from accumlib.cli import main
-from accumlib.memory import activation_bytes
 from accumlib.reference import check_reference_loops
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL, OFF_BY_K_TOL
+from accumlib_course.memory import activation_bytes
 
 
 def test_compare_by_hand():

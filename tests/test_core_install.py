@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "accumlib" / "examples" / "scripts" / "train_gpt_shape.py"
+SCRIPT = ROOT / "accumlib_course" / "examples" / "scripts" / "train_gpt_shape.py"  # the README's
 # what the course and the notebooks need, and the core must not
 NOT_CORE = ("matplotlib", "sklearn", "numpy", "tqdm", "jupyterlab", "notebook", "ipywidgets", "IPython")
 

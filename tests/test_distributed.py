@@ -18,17 +18,9 @@ import torch.distributed as dist
 from torch.multiprocessing import ProcessRaisedException
 
 from accumlib import get_task
-from accumlib.distributed import (
-    FLOAT32_RTOL,
-    VARIANTS,
-    RunSpec,
-    ddp_accumulate,
-    ddp_experiment,
-    free_port,
-    launch,
-    run_specs,
-)
-from accumlib.distributed.experiment import PER_RANK_MIN_ERROR
+from accumlib.distributed import ddp_accumulate, free_port, launch
+from accumlib_course.distributed import FLOAT32_RTOL, VARIANTS, RunSpec, ddp_experiment, run_specs
+from accumlib_course.distributed.experiment import PER_RANK_MIN_ERROR
 
 WORLD = 2
 # One spawned run: ~10 s on an idle 2-core machine (torch + DDP's torch._dynamo import in each
@@ -247,7 +239,7 @@ def _loop_with_its_defaults(rank, seen):
     """ddp_accumulate as a user calls it: only accum_steps given."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from accumlib.distributed import count_allreduce
+    from accumlib_course.distributed import count_allreduce
 
     model = DDP(_linear())
     counter = count_allreduce(model)
@@ -292,7 +284,7 @@ def _refusals(rank, seen):
 
 def _spread_of_a_drifted_rank(rank, seen):
     """run_one's parameter spread when rank 1's first parameter is off by 1 from the start of the loop."""
-    from accumlib.distributed import experiment
+    from accumlib_course.distributed import experiment
 
     loop = experiment.ddp_accumulate
 

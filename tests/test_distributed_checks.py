@@ -19,22 +19,20 @@ import pytest
 import torch
 
 from accumlib import get_task
-from accumlib.distributed import (
+from accumlib.distributed import check_port, launch, shard_loader
+from accumlib.tolerances import FLOAT32_RTOL
+from accumlib_course.distributed import (
     COMM_VARIANTS,
     VARIANTS,
     DDPReport,
     RunResult,
     RunSpec,
-    check_port,
     count_allreduce,
     ddp_experiment,
-    launch,
     run_specs,
-    shard_loader,
 )
-from accumlib.distributed.cli import main as ddp_main
-from accumlib.distributed.experiment import PER_RANK_MIN_ERROR
-from accumlib.tolerances import FLOAT32_RTOL
+from accumlib_course.distributed.cli import main as ddp_main
+from accumlib_course.distributed.experiment import PER_RANK_MIN_ERROR
 
 # the module (the package's name `launch` is the function)
 launch_module = importlib.import_module("accumlib.distributed.launch")
@@ -154,7 +152,7 @@ def test_the_command_line_timeout_reaches_the_launcher(capsys):
 
 @pytest.mark.parametrize("verdict", ["ok", "FAILED"])
 def test_the_command_line_passes_its_settings_and_exits_by_the_verdict(verdict, monkeypatch, capsys):
-    import accumlib.distributed
+    import accumlib_course.distributed
 
     asked = {}
 
@@ -164,7 +162,7 @@ def test_the_command_line_passes_its_settings_and_exits_by_the_verdict(verdict, 
             report() if verdict == "ok" else report(**{"no_sync": dict(rel_errors=[[0.0, 0.5], [0.0, 0.0]])})
         )
 
-    monkeypatch.setattr(accumlib.distributed, "ddp_experiment", experiment)
+    monkeypatch.setattr(accumlib_course.distributed, "ddp_experiment", experiment)
     status = ddp_main(
         [
             "--world-size",

@@ -63,7 +63,7 @@ def test_gallery_runs_without_warnings():
 
 def test_every_issue_code_is_triggered_by_some_loop():
     # a multi-rank job's codes: run in tests/test_verify_ranks.py
-    from accumlib.examples.ddp_loops import BUGS
+    from accumlib_course.examples.ddp_loops import BUGS
 
     triggered = set().union(*(g.expected_codes for g in GALLERY.values()), *BUGS.values())
     assert ISSUE_CODES <= triggered

@@ -26,8 +26,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 import accumlib  # noqa: E402
-from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
+from accumlib_course.examples.data import collate, token_sequences  # noqa: E402
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the hf and test extras")
 from transformers import (  # noqa: E402
@@ -42,7 +42,7 @@ from transformers import (  # noqa: E402
 )
 
 from accumlib.hf import causal_lm_losses, verify_trainer  # noqa: E402
-from accumlib.survey import tiny_model  # noqa: E402
+from accumlib_course.survey import tiny_model  # noqa: E402
 
 K, B = 4, 2  # 22 sequences in micro-batches of 2: windows of 4, 4 and 3 micro-batches
 # A float32 gradient's fitted scale lands within ~1e-6 of the factor applied (measured residual 2e-7);
@@ -454,7 +454,7 @@ def test_bad_arguments_are_refused_by_name(tmp_path, kwargs, error, message):
 
 @pytest.fixture
 def fresh_accelerate():
-    from accumlib.examples.accelerate_clm import reset_accelerate
+    from accumlib_course.examples.accelerate_clm import reset_accelerate
 
     reset_accelerate()
     yield
@@ -465,7 +465,7 @@ def test_accelerate_run_clm_loop_weighs_micro_batches_not_tokens(fresh_accelerat
     """Accelerate's accumulate() divides each micro-batch's mean token loss by k: every window is a
     mean of means (micro-batches hold different token counts), and the ragged last window of 3
     micro-batches is still divided by 4."""
-    from accumlib.examples import accelerate_clm as ex
+    from accumlib_course.examples import accelerate_clm as ex
 
     report = accumlib.verify(ex.train, **ex.verify_args())
     assert report.codes == {"mean-of-means", "tail-misscaled"}, str(report)
@@ -478,7 +478,7 @@ def test_accelerate_run_clm_loop_weighs_micro_batches_not_tokens(fresh_accelerat
 
 
 def test_accelerate_loop_counting_its_tokens_is_exact(fresh_accelerate):
-    from accumlib.examples import accelerate_clm as ex
+    from accumlib_course.examples import accelerate_clm as ex
 
     report = accumlib.verify(ex.train_counted, **ex.verify_args())
     assert report.ok and not report.codes, str(report)
@@ -489,9 +489,9 @@ def test_accelerate_loop_counting_its_tokens_is_exact(fresh_accelerate):
 
 
 def test_accumlib_imports_without_the_frameworks():
-    """accumlib.hf, accumlib.lightning and accumlib.survey import their frameworks only when called."""
+    """accumlib.hf, accumlib.lightning and accumlib_course.survey import their frameworks only when called."""
     code = (
-        "import sys, accumlib, accumlib.hf, accumlib.lightning, accumlib.survey; "
+        "import sys, accumlib, accumlib.hf, accumlib.lightning, accumlib_course.survey; "
         "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in "
         "sys.modules))"
     )

@@ -15,15 +15,15 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
+from accumlib_course.examples.data import collate, token_sequences  # noqa: E402
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the hf and test extras")
 from transformers import LlamaConfig, LlamaForSequenceClassification  # noqa: E402
 from transformers.trainer_pt_utils import LabelSmoother  # noqa: E402
 
 from accumlib.hf import causal_lm_losses, default_item_losses, sequence_classification_losses  # noqa: E402
-from accumlib.hf.tiny import tiny_llama  # noqa: E402
+from accumlib_course.examples.hf_tiny import tiny_llama  # noqa: E402
 
 N = 6  # sequences per batch
 # float32 losses averaged in a different order than transformers' own reduction: ~1e-7 apart

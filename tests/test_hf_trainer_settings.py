@@ -22,14 +22,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from conftest import exact, within_rounding  # noqa: E402
 
-from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
+from accumlib_course.examples.data import collate, token_sequences  # noqa: E402
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the hf and test extras")
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from accumlib.hf import causal_lm_losses, verify_trainer  # noqa: E402
-from accumlib.hf.tiny import tiny_llama  # noqa: E402
+from accumlib_course.examples.hf_tiny import tiny_llama  # noqa: E402
 
 K, B = 4, 2
 ONE_EPOCH = [4, 4, 3]  # micro-batches per optimizer step over the 22 sequences

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from accumlib.distributed import FLOAT32_RTOL
-from accumlib.distributed.experiment import COMM_VARIANTS, PER_RANK_MIN_ERROR
 from accumlib_course import _style
+from accumlib_course.distributed import FLOAT32_RTOL
+from accumlib_course.distributed.experiment import COMM_VARIANTS, PER_RANK_MIN_ERROR
 from accumlib_course.lessons import distributed as lesson
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "08_distributed.ipynb"

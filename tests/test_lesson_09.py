@@ -23,9 +23,11 @@ pytest.importorskip("transformers", reason="lesson 9 runs the transformers Train
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
-from accumlib import survey  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
-from accumlib_course import _style
+from accumlib_course import (
+    _style,
+    survey,  # noqa: E402
+)
 from accumlib_course.lessons import real_bugs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -288,7 +290,9 @@ def test_the_survey_cell_runs_from_a_copy_of_notebooks_outside_the_repository(tm
         if c["cell_type"] == "code" and "survey.load(" in "".join(c["source"])
     )
     script = (
-        "import transformers\nfrom accumlib import survey\n" + cell + "\nprint('tasks', sorted(surveys))\n"
+        "import transformers\nfrom accumlib_course import survey\n"
+        + cell
+        + "\nprint('tasks', sorted(surveys))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script],

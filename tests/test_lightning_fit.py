@@ -21,8 +21,8 @@ import accumlib
 from accumlib.tolerances import FLOAT32_RTOL
 
 pl = pytest.importorskip("lightning.pytorch", reason="lightning is in the notebooks and test extras")
-from accumlib.examples.lightning_digits import Digits, item_losses  # noqa: E402
 from accumlib.lightning import verify_fit  # noqa: E402
+from accumlib_course.examples.lightning_digits import Digits, item_losses  # noqa: E402
 
 K = 4
 

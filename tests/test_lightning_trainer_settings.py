@@ -14,8 +14,8 @@ import torch
 import accumlib
 
 pl = pytest.importorskip("lightning.pytorch", reason="lightning is in the notebooks and test extras")
-from accumlib.examples.lightning_digits import Digits, item_losses  # noqa: E402
 from accumlib.lightning import verify_fit  # noqa: E402
+from accumlib_course.examples.lightning_digits import Digits, item_losses  # noqa: E402
 
 K = 4
 

@@ -1,4 +1,4 @@
-"""Lesson 10's plain loops (accumlib/examples/plain/): copyable PyTorch, graded by accumlib.verify.
+"""Lesson 10's plain loops (accumlib_course/examples/plain/): copyable PyTorch, graded by accumlib.verify.
 
 Each loop must get OK with no finding on its built-in task, and a twin made by one edit of its source
 (the mistake a user makes when copying it) must get the finding that names that edit: a test that
@@ -22,7 +22,7 @@ import torch
 
 import accumlib
 from accumlib.distributed import launch
-from accumlib.examples.plain import amp, ddp, fixed_size, tokens
+from accumlib_course.examples.plain import amp, ddp, fixed_size, tokens
 
 PLAIN = Path(accumlib.__file__).parent / "examples" / "plain"
 LAUNCH_TIMEOUT_S = 240  # 2 verify runs per rank on a loaded 2-core machine; one run takes 5-20 s
@@ -201,5 +201,7 @@ def test_the_readme_shows_each_plain_loop_as_its_file_verbatim():
     section = readme[readme.index("## Loops to copy: plain PyTorch") :]
     section = section[: section.index("\n## ")]  # up to the next section (now `accumlib run`'s)
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    files = [root / "accumlib/examples/plain" / f"{n}.py" for n in ("fixed_size", "tokens", "amp", "ddp")]
+    files = [
+        root / "accumlib_course/examples/plain" / f"{n}.py" for n in ("fixed_size", "tokens", "amp", "ddp")
+    ]
     assert blocks == [f.read_text() for f in files]

@@ -163,7 +163,7 @@ def test_framework_examples_print_what_the_readme_shows(nth, monkeypatch):
 
 
 def test_survey_summaries_in_the_readme_are_the_committed_surveys():
-    from accumlib import survey
+    from accumlib_course import survey
 
     section = _section("## Verify a framework's own loop")
     surveys = Path(__file__).resolve().parents[1] / "surveys"

@@ -94,8 +94,8 @@ CLAIMS: dict[str, Callable[[str], int]] = {
     r"lessons 1, 2, 3, 10, with (\d+) minutes of slack": lambda _: _slack(NINETY),
     r"a half day:\s+1, 2, 3, 4, 7, 8, 9, (\d+)": lambda _: _route(HALF_DAY)[-1],
     r"a half day:\s+[\d, ]+, with (\d+) minutes of slack": lambda _: _slack(HALF_DAY),
-    r"(\w+) complete loops, one file each in `accumlib/examples/plain/`": lambda _: len(
-        [p for p in (REPO / "accumlib/examples/plain").glob("*.py") if p.name != "__init__.py"]
+    r"(\w+) complete loops, one file each in `accumlib_course/examples/plain/`": lambda _: len(
+        [p for p in (REPO / "accumlib_course/examples/plain").glob("*.py") if p.name != "__init__.py"]
     ),
 }
 

@@ -1,5 +1,5 @@
-"""The script the package ships for ``accumlib run`` (accumlib/examples/scripts/train_gpt_shape.py) is the
-README's, byte for byte: lesson 7 runs the file, tests/test_run_cli.py runs the README's text and compares
+"""The script the course ships for ``accumlib run`` (accumlib_course/examples/scripts/train_gpt_shape.py) is
+the README's, byte for byte: lesson 7 runs the file, tests/test_run_cli.py runs the README's text and compares
 its report with the README's, so the two must be one script. The file is kept as the README shows it (ruff
 leaves it alone: pyproject's extend-exclude), and pytest does not import it (addopts' --ignore): importing
 a script runs it.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import _docs
 
-import accumlib.examples
+import accumlib_course.examples
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = Path(accumlib.examples.__file__).parent / "scripts" / "train_gpt_shape.py"
+SCRIPT = Path(accumlib_course.examples.__file__).parent / "scripts" / "train_gpt_shape.py"
 HEADING = "## Judge a training script as it is: `accumlib run`"
 SCALE = "        loss = loss / accum  # scale the loss for accumulation\n"
 

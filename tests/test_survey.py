@@ -1,9 +1,9 @@
-"""accumlib survey transformers: the committed tables (surveys/) and a subset re-run in CI.
+"""python -m accumlib_course.survey transformers: the committed tables (surveys/) and a subset re-run in CI.
 
-The committed JSON also ships inside the package (accumlib/survey/tables/), where ``survey.load`` reads
+The committed JSON also ships inside the package (accumlib_course/survey/tables/), where ``survey.load`` reads
 it by transformers version. The subset runs the command itself
-(`accumlib survey transformers --models ... --out ... --json`) on four causal-LM classes, one per
-outcome the full survey found (GPT-2: labels counted before the shift; Llama and Qwen2: exact; BART's
+(`python -m accumlib_course.survey transformers --models ... --out ... --json`) on four causal-LM classes, one
+per outcome the full survey found (GPT-2: labels counted before the shift; Llama and Qwen2: exact; BART's
 causal LM: a mean loss the Trainer never divides), and on one sequence classifier, and checks each row
 against the committed JSON.
 """
@@ -20,9 +20,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 
-from accumlib import survey  # noqa: E402
 from accumlib.cli import main  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
+from accumlib_course import survey  # noqa: E402
 
 pytest.importorskip("transformers", reason="transformers is in the hf and test extras")
 
@@ -195,7 +195,7 @@ def test_the_packaged_tables_are_the_committed_ones():
     committed = {p.name: p.read_bytes() for p in SURVEYS.glob("transformers-*.json")}
     shipped = {p.name: p.read_bytes() for p in packaged.glob("transformers-*.json")}
     assert shipped == committed, (
-        "copy surveys/transformers-*.json to accumlib/survey/tables/ after `make survey`"
+        "copy surveys/transformers-*.json to accumlib_course/survey/tables/ after `make survey`"
     )
     for task in survey.TASKS:
         for v in survey.versions(task):
@@ -223,7 +223,7 @@ def test_load_refuses_an_installed_version_without_a_table(monkeypatch):
     import importlib
 
     monkeypatch.setattr(
-        importlib.import_module("accumlib.survey.run"), "installed_version", lambda dist: "9.9.9"
+        importlib.import_module("accumlib_course.survey.run"), "installed_version", lambda dist: "9.9.9"
     )
     with pytest.raises(
         survey.NoTable, match=r"transformers 9\.9\.9.*accumlib holds one for transformers 5\.23\.0"

@@ -22,10 +22,10 @@ import torch  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutput  # noqa: E402
 from transformers.models.auto import modeling_auto  # noqa: E402
 
-from accumlib import survey  # noqa: E402
-from accumlib.survey.models import LOSS_RTOL  # noqa: E402
+from accumlib_course import survey  # noqa: E402
+from accumlib_course.survey.models import LOSS_RTOL  # noqa: E402
 
-run_module = importlib.import_module("accumlib.survey.run")  # survey.run is the function of that name
+run_module = importlib.import_module("accumlib_course.survey.run")  # survey.run is the function of that name
 
 
 # --- names ----------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _accelerate_ending(model, optimizer, loader):
 
 
 def _ddp_ending(name, task):
-    from accumlib.examples.ddp_loops import LOOPS
+    from accumlib_course.examples.ddp_loops import LOOPS
 
     loop = LOOPS[name](task)
 

@@ -18,14 +18,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _trainers import recording, windows_of  # noqa: E402
 
-from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
+from accumlib_course.examples.data import collate, token_sequences  # noqa: E402
 
 peft = pytest.importorskip("peft", reason="peft is in the test extra")
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from accumlib.hf import causal_lm_losses, verify_trainer, virtual_tokens  # noqa: E402
-from accumlib.hf.tiny import tiny_llama  # noqa: E402
+from accumlib_course.examples.hf_tiny import tiny_llama  # noqa: E402
 
 B, V = 2, 5  # micro-batches of 2 sequences; 5 virtual tokens
 ADAPTERS = {

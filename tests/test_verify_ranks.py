@@ -49,11 +49,12 @@ CASES = (
 
 
 def _on_rank_one(change):
-    """The correct DDP loop of ``accumlib.examples.ddp_loops``, its item losses ``change(losses, model)`` on
-    rank 1 alone: a wrong job that only one rank's in-place engine can tell it cannot judge."""
+    """The correct DDP loop of ``accumlib_course.examples.ddp_loops``, its item losses
+    ``change(losses, model)`` on rank 1 alone: a wrong job that only one rank's in-place engine can tell it
+    cannot judge."""
 
     def bind(task):
-        from accumlib.examples.ddp_loops import _train
+        from accumlib_course.examples.ddp_loops import _train
 
         def losses(model, batch):
             out = task.item_losses(model, batch)
@@ -128,7 +129,7 @@ def _rel(a, b):
 def _run_cases(rank, world, out):
     import torch.distributed as dist
 
-    from accumlib.examples.ddp_loops import LOOPS
+    from accumlib_course.examples.ddp_loops import LOOPS
 
     task = accumlib.get_task("lm-tokens")
     data = task.make_dataset()
@@ -215,7 +216,7 @@ def test_every_rank_gets_the_same_report(job):
 
 
 def test_every_example_loop_gets_exactly_the_codes_it_is_listed_with(job):
-    from accumlib.examples.ddp_loops import BUGS
+    from accumlib_course.examples.ddp_loops import BUGS
 
     assert set(BUGS) == set(CASES)
     for name in CASES:  # 63 items: the sampler pads one (drop_last=False), a note beside any bug
@@ -363,7 +364,7 @@ def test_ranks_that_step_a_different_number_of_times_end_with_uneven_steps(job):
 
 JOB_FILE = """
 import accumlib
-from accumlib.examples.ddp_loops import LOOPS
+from accumlib_course.examples.ddp_loops import LOOPS
 task = accumlib.get_task("lm-tokens")
 wrong = LOOPS["per-rank-mean"](task)
 """

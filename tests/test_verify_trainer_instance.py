@@ -29,14 +29,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
-from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.tolerances import FIT_RTOL, FLOAT32_RTOL  # noqa: E402
+from accumlib_course.examples.data import collate, token_sequences  # noqa: E402
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the hf and test extras")
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from accumlib.hf import causal_lm_losses, verify_trainer  # noqa: E402
-from accumlib.hf.tiny import tiny_gpt2, tiny_llama  # noqa: E402
+from accumlib_course.examples.hf_tiny import tiny_gpt2, tiny_llama  # noqa: E402
 
 K, B = 4, 2
 ONE_EPOCH = [4, 4, 3]

@@ -45,10 +45,10 @@ pytest.importorskip("transformers", reason="transformers is in the hf and test e
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from accumlib.distributed import launch  # noqa: E402
-from accumlib.examples.data import collate, token_sequences  # noqa: E402
 from accumlib.hf import causal_lm_losses, verify_trainer  # noqa: E402
-from accumlib.hf.tiny import tiny_llama  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
+from accumlib_course.examples.data import collate, token_sequences  # noqa: E402
+from accumlib_course.examples.hf_tiny import tiny_llama  # noqa: E402
 
 LAUNCH_TIMEOUT_S = 240  # 3 verify_trainer runs per rank; each takes a few seconds on 2 loaded cores
 # float32 gradients of ~100 token losses against a float64 oracle: the rounding floor is ~1e-7 (FLOAT32_RTOL)

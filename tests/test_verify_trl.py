@@ -27,7 +27,13 @@ from peft import LoraConfig  # noqa: E402
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 from accumlib.hf import verify_trainer  # noqa: E402
-from accumlib.hf.tiny import tiny_gpt2, tiny_llama, tiny_prompt_completions, tiny_texts, tiny_tokenizer  # noqa: E402
+from accumlib_course.examples.hf_tiny import (  # noqa: E402
+    tiny_gpt2,
+    tiny_llama,
+    tiny_prompt_completions,
+    tiny_texts,
+    tiny_tokenizer,
+)
 
 # 14 texts in micro-batches of 2, k = 4: windows of 4 and 3 micro-batches (the last one short)
 K, B = 4, 2
@@ -212,7 +218,7 @@ def test_a_forward_patched_on_the_instance_never_reaches_the_users_model():
     texts = [torch.tensor(t) for t in tiny_tokenizer()(tiny_texts(n=6)["text"]).input_ids]
 
     def collate(seqs):
-        from accumlib.examples.data import collate as pad
+        from accumlib_course.examples.data import collate as pad
 
         return pad(seqs)
 

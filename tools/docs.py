@@ -36,7 +36,7 @@ API = [
     "accumlib.compare",
     "accumlib.harness",
     "accumlib.reference",
-    "accumlib.memory",
+    "accumlib_course.memory",
     "accumlib.checks",
     "accumlib.text",
     "accumlib.batches",

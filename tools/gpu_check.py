@@ -53,9 +53,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the copied tree, with or without PYTHONPATH=.
 import accumlib  # noqa: E402
-from accumlib.memory import activation_bytes, cuda_peak_bytes  # noqa: E402
 from accumlib.tasks import classification_losses, token_losses  # noqa: E402
 from accumlib.tolerances import BF16_RTOL, FLOAT32_RTOL  # noqa: E402
+from accumlib_course.memory import activation_bytes, cuda_peak_bytes  # noqa: E402
 
 NO_CUDA, SKIPPED = 3, 4
 OPTIONAL = ("numpy", "sklearn", "matplotlib", "tqdm", "ipywidgets")  # what a check may need beyond torch

@@ -28,6 +28,11 @@ class Code:
     # (tools/codes_table.py writes it, tests/test_readme.py checks it is the table's own)
     meaning: str = ""
 
+    @property
+    def passing(self) -> bool:
+        """A finding of this code leaves a verdict ok: a note or a cost, not a bug (``PASSING``)."""
+        return self.kind in PASSING
+
 
 CODES: dict[str, Code] = {
     "unscaled-sum": Code(

@@ -1,46 +1,22 @@
 """Gradient accumulation under DistributedDataParallel, checked against the large batch.
 
 ``ddp_accumulate`` is the reference loop (no_sync over all but the last micro-batch of a
-window, item counts all-reduced before normalizing); ``launch`` runs an importable
-function on N local processes; ``count_allreduce`` measures what DDP sends;
-``ddp_experiment`` runs the comparisons ``accumlib ddp`` and notebook 8 show.
+window, item counts all-reduced before normalizing) and ``shard_loader`` a rank's loader for it;
+``launch`` runs an importable function on N local processes (what ``accumlib verify --world-size``
+starts its ranks with), ``init_from_env`` joins torchrun's process group.
 
 Importing this module starts no process and initializes no process group.
 """
 
-from .comm import CommCounter, count_allreduce
-from .experiment import (
-    COMM_VARIANTS,
-    FLOAT32_RTOL,
-    VARIANTS,
-    DDPReport,
-    RunResult,
-    RunSpec,
-    ddp_experiment,
-    run_specs,
-    shard_loader,
-    worker,
-)
 from .launch import check_port, default_backend, free_port, init_from_env, launch
-from .loop import ddp_accumulate
+from .loop import ddp_accumulate, shard_loader
 
 __all__ = [
-    "COMM_VARIANTS",
-    "FLOAT32_RTOL",
-    "VARIANTS",
-    "CommCounter",
-    "DDPReport",
-    "RunResult",
-    "RunSpec",
     "check_port",
-    "count_allreduce",
     "default_backend",
     "ddp_accumulate",
-    "ddp_experiment",
     "free_port",
     "init_from_env",
     "launch",
-    "run_specs",
     "shard_loader",
-    "worker",
 ]

@@ -90,7 +90,7 @@ def _check_importable(fn: Callable[..., Any]) -> None:
     if module in (None, "__main__") or "<locals>" in qualname or "<lambda>" in qualname:
         raise ValueError(
             "fn must be a module-level function importable by spawned processes, e.g. "
-            f"accumlib.distributed.experiment.worker (got {module}.{qualname}; functions defined in a "
+            f"mypackage.train.worker (got {module}.{qualname}; functions defined in a "
             "notebook, a script's __main__, a lambda or a closure cannot be imported by the children)"
         )
 
@@ -143,7 +143,8 @@ def _loopback(host: str) -> bool:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Ranks must not outlive the launcher: a SIGKILLed ``accumlib ddp`` once left 64 rank processes behind.
+    """Ranks must not outlive the launcher: a SIGKILLed launcher (then ``accumlib ddp``) once left 64 rank
+    processes behind.
 
     torch's spawn asks the kernel for SIGINT on the parent's death, which a rank busy in C++
     (importing torch, waiting in a gloo collective) does not act on; SIGKILL cannot be ignored.
@@ -234,7 +235,7 @@ def launch(
     when a rank fails, ``TimeoutError`` after ``timeout`` seconds; no child outlives the call.
 
     >>> from accumlib.distributed import launch, free_port   # doctest: +SKIP
-    >>> launch(accumlib.distributed.experiment.worker, (spec, out), world_size=2)  # doctest: +SKIP
+    >>> launch(mypackage.train.worker, (spec, out), world_size=2)  # doctest: +SKIP
     """
     world_size = check_int("world_size", world_size, low=1)
     if world_size > (most := max_world_size()):

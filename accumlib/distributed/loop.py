@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
 
 from ..batches import (
     Batch,
@@ -42,6 +43,7 @@ from ..batches import (
 )
 from ..batches import count_items as _rows
 from ..checks import check_choice, check_device, check_int
+from ..tasks import Task
 
 NO_SYNC = ("forward+backward", "backward", "never")
 
@@ -129,3 +131,15 @@ def ddp_accumulate(
     loss_sums = torch.stack(sums).to(where)
     dist.all_reduce(loss_sums)  # one all-reduce per epoch turns per-rank sums into each window's global mean
     return [float(s) / c for s, c in zip(loss_sums.cpu(), counts)]
+
+
+def shard_loader(
+    task: Task, rank: int, world_size: int, batch_size: int | None = None, dataset=None
+) -> DataLoader:
+    """This rank's loader: DistributedSampler's interleaved shard (padded so every rank gets as many
+    items)."""
+    dataset = task.make_dataset() if dataset is None else dataset
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
+    return DataLoader(
+        dataset, batch_size=batch_size or task.batch_size, sampler=sampler, collate_fn=task.collate_fn
+    )

@@ -20,8 +20,6 @@ arrives), and dropout, NEFTune noise and MoE router jitter off (random, so no gr
 compared exactly). Under torchrun or ``accelerate launch`` (DDP), call it on every rank: the job is
 judged as a whole and every rank gets the same report. Needs ``pip install accumlib[hf]``
 (transformers, accelerate).
-
-``accumlib.hf.tiny`` builds tiny tokenizers and datasets offline, for tests and notebooks.
 """
 
 from .losses import causal_lm_losses, default_item_losses, sequence_classification_losses, virtual_tokens

@@ -149,8 +149,9 @@ def default_item_losses(model: torch.nn.Module, label_smoothing: float = 0.0) ->
     classification (by the model's class, as transformers' auto classes list them; a PEFT model by
     the class it wraps); anything else has no default, and the error says to pass ``item_losses``.
 
-    >>> from accumlib.survey import tiny_model
-    >>> default_item_losses(tiny_model("gpt2")).__name__
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> tiny = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=16, vocab_size=64))
+    >>> default_item_losses(tiny).__name__
     'causal_lm_losses'
     >>> default_item_losses(torch.nn.Linear(2, 1))  # doctest: +ELLIPSIS
     Traceback (most recent call last):

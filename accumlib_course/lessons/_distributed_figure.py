@@ -11,8 +11,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from accumlib.distributed.experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult
 from accumlib.text import Table
+from accumlib_course.distributed.experiment import COMM_VARIANTS, FLOAT32_RTOL, RunResult
 
 from .. import _style
 

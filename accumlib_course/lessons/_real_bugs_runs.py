@@ -31,7 +31,7 @@ def make_trainer(model: Any, compute_loss_func: Any = None, **overrides: Any) ->
     (``overrides``: TrainingArguments; lesson 10 builds its Trainers here too)."""
     import transformers
 
-    from accumlib.examples.data import collate, token_sequences
+    from accumlib_course.examples.data import collate, token_sequences
 
     args = (
         dict(
@@ -59,7 +59,7 @@ def make_trainer(model: Any, compute_loss_func: Any = None, **overrides: Any) ->
 
 def _accelerate() -> Any:
     import accumlib
-    from accumlib.examples import accelerate_clm, accelerate_digits
+    from accumlib_course.examples import accelerate_clm, accelerate_digits
 
     task = accumlib.get_task("mlp-digits")
     accelerate_clm.reset_accelerate()  # Accelerate keeps one process-wide state
@@ -78,7 +78,7 @@ def _accelerate() -> Any:
 
 def _accelerate_clm() -> Any:
     import accumlib
-    from accumlib.examples import accelerate_clm
+    from accumlib_course.examples import accelerate_clm
 
     accelerate_clm.reset_accelerate()
     try:
@@ -91,8 +91,8 @@ def _lightning() -> Any:
     import torch
 
     import accumlib
-    from accumlib.examples import lightning_digits
     from accumlib.lightning import verify_fit
+    from accumlib_course.examples import lightning_digits
 
     loader = torch.utils.data.DataLoader(accumlib.data.digits(110), batch_size=8)
     return verify_fit(
@@ -102,7 +102,7 @@ def _lightning() -> Any:
 
 def _gpt2(loss_type: str | None) -> Any:
     from accumlib.hf import verify_trainer
-    from accumlib.survey import tiny_model
+    from accumlib_course.survey import tiny_model
 
     model = tiny_model("gpt2")
     if loss_type is not None:
@@ -123,7 +123,7 @@ RUNS: dict[str, Run] = {
 def run(name: str) -> Any:
     """verify's report of run ``name`` (made once per process: every run is seeded)."""
     check_choice("name", name, tuple(RUNS))
-    from accumlib.survey.run import quiet
+    from accumlib_course.survey.run import quiet
 
     with quiet(), long_lived_objects_frozen():
         return RUNS[name].make()

@@ -60,7 +60,7 @@ def _updates(loss_type: str | None, overrides: dict[str, Any]) -> list[Any]:
     import torch
     import transformers
 
-    from accumlib.survey import tiny_model
+    from accumlib_course.survey import tiny_model
 
     from ._real_bugs_runs import make_trainer
 
@@ -101,7 +101,7 @@ def update_ratios(report: Any = None) -> UpdateRatios:
         report = run("trainer-gpt2")
     if not hasattr(report, "steps") or not hasattr(report, "codes"):
         raise TypeError(f"report must be an accumlib.Report (got {type(report).__name__})")
-    from accumlib.survey.run import quiet
+    from accumlib_course.survey.run import quiet
 
     ratios: dict[str, tuple[float, ...]] = {}
     with quiet():

@@ -1,6 +1,6 @@
 """Lesson 9's widget and exercise: the Transformers Trainer on a tiny causal LM, under verify_trainer.
 
-``trainer_run(model_type)`` builds the class tiny from its config (``accumlib.survey.tiny_model``),
+``trainer_run(model_type)`` builds the class tiny from its config (``accumlib_course.survey.tiny_model``),
 runs the Trainer's own loop under ``accumlib.hf.verify_trainer`` (22 sequences, micro-batches of 2,
 k = 4: about a second) and sets the packaged survey's row beside it. ``widget()`` offers it for a
 handful of classes, one per outcome the survey found. ``EXERCISE`` grades a Trainer configuration.
@@ -67,7 +67,7 @@ class TrainerRun:
 
 
 def _survey_says(model_type: str) -> str:
-    from accumlib import survey
+    from accumlib_course import survey
 
     try:
         table = survey.load("causal-lm")
@@ -87,8 +87,8 @@ def trainer_run(model_type: str = "gpt2") -> TrainerRun:
     """
     check_choice("model_type", model_type, MODEL_TYPES)
     from accumlib.hf import verify_trainer
-    from accumlib.survey import TASKS, own_item_losses, tiny_model
-    from accumlib.survey.run import quiet
+    from accumlib_course.survey import TASKS, own_item_losses, tiny_model
+    from accumlib_course.survey.run import quiet
 
     from ._real_bugs_runs import make_trainer
 
@@ -161,7 +161,7 @@ def widget(report: Any = None, value: str = "gpt2") -> TrainerWidget:
         raise TypeError(f"report must be an accumlib.Report (got {type(report).__name__})")
     initial = None
     if report is not None:
-        from accumlib.survey.models import model_mapping
+        from accumlib_course.survey.models import model_mapping
 
         initial = TrainerRun(value, model_mapping("causal-lm")[value], report, _survey_says(value))
     return TrainerWidget(initial, value)
@@ -181,10 +181,10 @@ def _grade_trainer(train_fn: Callable[..., Any]) -> Any:
     Trainer, and run that Trainer under verify_trainer (nothing is trained: verify works on a copy)."""
     import transformers
 
-    from accumlib.examples.data import collate, token_sequences
     from accumlib.hf import verify_trainer
-    from accumlib.survey import tiny_model
-    from accumlib.survey.run import quiet
+    from accumlib_course.examples.data import collate, token_sequences
+    from accumlib_course.survey import tiny_model
+    from accumlib_course.survey.run import quiet
 
     with quiet(), tempfile.TemporaryDirectory(prefix="accumlib-ex9-") as out:
         model = tiny_model("gpt2")

@@ -10,7 +10,7 @@ cut into k micro-batches b_j, with N the window's tokens:
 1. One process, the cost of k. A window cut as (32/k) x k runs k forwards and backwards, then one clip
    and one AdamW step; timed as the best of ``repeats`` windows after a warm-up. Each backward frees
    its micro-batch's graph, so the window's activation peak is one micro-batch's: what autograd saves
-   for backward (``accumlib.memory.activation_bytes``, exact on any device), about 1/k of the large
+   for backward (``accumlib_course.memory.activation_bytes``, exact on any device), about 1/k of the large
    batch's. The gradient is one full copy of the parameters whatever k: accumulation trades activation
    memory for per-micro-batch overhead (k smaller matrix products, k passes through Python).
 2. Two gloo ranks, the cost of ``no_sync``. DDP over the GPT, k = 4 micro-batches of 8 sentences per
@@ -42,8 +42,8 @@ from matplotlib.ticker import NullLocator
 
 from accumlib.checks import check_choice, check_float, check_int, check_ints
 from accumlib.data import IGNORE_INDEX, TextLines
-from accumlib.memory import activation_bytes
 from accumlib.text import Table
+from accumlib_course.memory import activation_bytes
 
 from .. import _style
 from ._your_own_project_gpt import PRESETS, WINDOW, adamw, gpt_for, micro_batches, token_loss_sum
@@ -198,7 +198,7 @@ def _rank_worker(rank: int, world_size: int, preset_name: str, repeats: int, see
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from accumlib.distributed.comm import count_allreduce
+    from accumlib_course.distributed.comm import count_allreduce
 
     per_window = WINDOW * world_size
     lines = TextLines(per_window * (repeats + 1), seed)

@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from accumlib.checks import check_choice
-from accumlib.survey.run import quiet  # the libraries' advice (config warnings, logging) is not the lesson
 from accumlib.text import Table
+from accumlib_course.survey.run import (
+    quiet,
+)  # the libraries' advice (config warnings, logging) is not the lesson
 
 from ._common import long_lived_objects_frozen
 from ._real_bugs_runs import make_trainer
@@ -50,7 +52,7 @@ def shifted_mean(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = N
 
 
 def _gpt2(loss_type: str | None = None) -> Any:
-    from accumlib.survey import tiny_model
+    from accumlib_course.survey import tiny_model
 
     model = tiny_model("gpt2")
     if loss_type:
@@ -67,7 +69,7 @@ def _hf(trainer: Any) -> Any:
 
 def _accelerate(counted: bool) -> Any:
     import accumlib
-    from accumlib.examples import accelerate_clm
+    from accumlib_course.examples import accelerate_clm
 
     accelerate_clm.reset_accelerate()  # Accelerate keeps one process-wide state
     try:
@@ -84,8 +86,8 @@ def _lightning(n_digits: int) -> Any:
     import logging
 
     import accumlib
-    from accumlib.examples import lightning_digits
     from accumlib.lightning import verify_fit
+    from accumlib_course.examples import lightning_digits
 
     loader = torch.utils.data.DataLoader(accumlib.data.digits(n_digits), batch_size=8)
     logger = logging.getLogger("lightning.pytorch")
@@ -105,7 +107,7 @@ def _lightning(n_digits: int) -> Any:
 
 
 def _trl_peft(which: str) -> Any:
-    from accumlib.examples import trl_peft
+    from accumlib_course.examples import trl_peft
 
     with quiet():  # TRL's config warns of renamed arguments while it is built
         trainer = trl_peft.sft_gpt2() if which == "sft" else trl_peft.prompt_tuning()

@@ -3,7 +3,7 @@
 Both cut the activation memory of one large batch. Accumulation runs k smaller forwards, each
 saving a k-th of the activations; checkpointing keeps only each block's input and recomputes the
 block during backward (one extra forward). Both give the large batch's gradient (float32 rounding
-apart); they combine. Memory is what autograd saves for backward (``accumlib.memory.activation_bytes``,
+apart); they combine. Memory is what autograd saves for backward (``accumlib_course.memory.activation_bytes``,
 exact on any device); time is the best of a few forward+backward passes over the same items on the CPU.
 """
 
@@ -19,8 +19,8 @@ from torch.utils.checkpoint import checkpoint
 
 from accumlib.checks import check_int
 from accumlib.compare import compare
-from accumlib.memory import activation_bytes
 from accumlib.text import Table
+from accumlib_course.memory import activation_bytes
 
 
 class DeepMLP(nn.Module):

@@ -1,6 +1,6 @@
 """Lesson 10, part: the loops to copy, each graded by ``accumlib.verify`` on a built-in task.
 
-The loops live in ``accumlib/examples/plain/``, one file per common case, each importing torch alone
+The loops live in ``accumlib_course/examples/plain/``, one file per common case, each importing torch alone
 so that it can be pasted into a project: fixed-size items, a token-counted causal LM, AMP with a
 ``GradScaler`` and clipping, DDP with ``no_sync`` and a global count. ``grade_plain`` runs one of the
 first three under verify, as a learner would run their own loop; the DDP loop needs a process group,
@@ -16,7 +16,7 @@ from typing import Any
 
 from accumlib import Report, get_task, verify
 from accumlib.checks import check_choice, resolve_device
-from accumlib.examples.plain import amp, ddp, fixed_size, tokens
+from accumlib_course.examples.plain import amp, ddp, fixed_size, tokens
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from accumlib.checks import check_choice, check_float, check_int, check_ints
-from accumlib.distributed.experiment import COMM_VARIANTS, RunResult, RunSpec, run_specs, shard_loader
 from accumlib.distributed.launch import max_world_size
 from accumlib.tasks import TASKS, get_task
+from accumlib_course.distributed.experiment import COMM_VARIANTS, RunResult, RunSpec, run_specs, shard_loader
 
 from .. import _style
 from . import _distributed_exercise

@@ -28,8 +28,8 @@ from accumlib import get_task, naive, normalized, resolve_device
 from accumlib.checks import check_int
 from accumlib.data import N_DIGITS, digits_subset
 from accumlib.harness import trace_loop
-from accumlib.memory import activation_bytes
 from accumlib.text import Table, fmt_error
+from accumlib_course.memory import activation_bytes
 
 from .. import _style
 from ._common import gallery_rows, gallery_table  # noqa: F401 (the notebooks read them here)

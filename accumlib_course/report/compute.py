@@ -12,7 +12,7 @@ from accumlib import ragged
 from accumlib.batches import expected_steps
 from accumlib.harness import trace_loop, verdict_text
 from accumlib.loops import CONTRACTS, LOOPS
-from accumlib.memory import activation_bytes
+from accumlib_course.memory import activation_bytes
 
 from ._compute_result import Cell, Findings, ReportResult
 from .params import DEFAULTS, LR, PRECISIONS, check_parameters, cnn_task

@@ -75,7 +75,7 @@ def _time_limit(seconds: int) -> Iterator[None]:
 
 def survey_one(model_type: str, task: str = "causal-lm") -> Row:
     """Build ``model_type``'s ``task`` class tiny, find its item loss, and verify one Trainer epoch."""
-    from ..hf import verify_trainer
+    from accumlib.hf import verify_trainer
 
     row = Row(model_type, model_mapping(task)[model_type], "skipped")
     start = time.perf_counter()

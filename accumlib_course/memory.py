@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .batches import Batch, ItemLosses, to_device
+from accumlib.batches import Batch, ItemLosses, to_device
 
 
 def activation_bytes(

@@ -17,7 +17,7 @@ describes: draw the window first, count its tokens N, backward ``sum / N`` (time
 ``accelerator.backward`` divides out again), so ``g = (1/N) sum_i grad l_i`` in every window.
 
     >>> import accumlib
-    >>> from accumlib.examples import accelerate_clm as ex
+    >>> from accumlib_course.examples import accelerate_clm as ex
     >>> report = accumlib.verify(ex.train, **ex.verify_args())      # doctest: +SKIP
     >>> sorted(report.codes)                                        # doctest: +SKIP
     ['mean-of-means', 'tail-misscaled']
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..batches import windows
-from .data import IGNORE_INDEX, collate, token_sequences
+from accumlib.batches import windows
+from accumlib_course.examples.data import IGNORE_INDEX, collate, token_sequences
 
 K = 4  # gradient_accumulation_steps
 BATCH = 2  # per_device_train_batch_size: 22 sequences make windows of 4, 4 and 3 micro-batches

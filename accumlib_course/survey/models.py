@@ -12,8 +12,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..batches import ItemLosses
-from ..checks import check_choice
+from accumlib.batches import ItemLosses
+from accumlib.checks import check_choice
+
 from ..examples.data import IGNORE_INDEX, classify_collate, collate, labelled_sequences, token_sequences
 
 VOCAB = 64
@@ -120,7 +121,7 @@ class NotTiny(ValueError):
 
 
 def shifted_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    from ..hf import causal_lm_losses
+    from accumlib.hf import causal_lm_losses
 
     return causal_lm_losses(model, batch)
 
@@ -136,7 +137,7 @@ def unshifted_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
 
 
 def per_sequence_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    from ..hf import sequence_classification_losses
+    from accumlib.hf import sequence_classification_losses
 
     return sequence_classification_losses(model, batch)
 

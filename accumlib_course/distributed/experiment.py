@@ -1,4 +1,4 @@
-"""The distributed comparisons behind ``accumlib ddp``, notebook 8 and the tests.
+"""The distributed comparisons behind ``python -m accumlib_course.distributed``, notebook 8 and the tests.
 
 One spawned run (or one torchrun job) trains a fresh model per ``RunSpec`` with
 ``ddp_accumulate`` and, at every optimizer step on every rank, records:
@@ -22,16 +22,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
 
-from ..batches import Recording, to_device
-from ..checks import check_choice, check_int
-from ..compare import compare
-from ..oracle import grads_of, true_gradient
-from ..tasks import Task, get_task
+from accumlib.batches import Recording, to_device
+from accumlib.checks import check_choice, check_int
+from accumlib.compare import compare
+from accumlib.distributed import ddp_accumulate, launch, shard_loader
+from accumlib.oracle import grads_of, true_gradient
+from accumlib.tasks import Task, get_task
+
 from .comm import count_allreduce
-from .launch import launch
-from .loop import ddp_accumulate
 
 # What each variant passes to ddp_accumulate: the reference, then the three public mistakes.
 VARIANTS = {
@@ -45,7 +44,7 @@ COMM_VARIANTS = ("no_sync", "every micro-batch", "no_sync on backward only")
 # float32 against a float64 oracle: each rank sums its items' gradients in float32, the
 # all-reduce adds R partial sums (~1e-7 measured); the one tolerance, with its reason, is
 # accumlib.tolerances.FLOAT32_RTOL, 100x below the per-rank-count error (> 1e-2).
-from ..tolerances import FLOAT32_RTOL  # noqa: E402
+from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
 
 # The per-rank-count mistake must sit far above rounding: 10x FLOAT32_RTOL. On lm-tokens
 # (4 to 40 tokens per sequence) we measure 1e-2 to 1e-1 depending on k.
@@ -109,18 +108,6 @@ class RunResult:
         d = dict(d)
         d["spec"] = RunSpec(**d["spec"])
         return cls(**d)
-
-
-def shard_loader(
-    task: Task, rank: int, world_size: int, batch_size: int | None = None, dataset=None
-) -> DataLoader:
-    """This rank's loader: DistributedSampler's interleaved shard (padded so every rank gets as many
-    items)."""
-    dataset = task.make_dataset() if dataset is None else dataset
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
-    return DataLoader(
-        dataset, batch_size=batch_size or task.batch_size, sampler=sampler, collate_fn=task.collate_fn
-    )
 
 
 def _against_oracle(
@@ -257,7 +244,8 @@ def run_specs(
 
 @dataclass
 class DDPReport:
-    """The figures ``accumlib ddp`` prints: one result per variant at one ``accum_steps``."""
+    """The figures ``python -m accumlib_course.distributed`` prints: one result per variant at one
+    ``accum_steps``."""
 
     world_size: int
     accum_steps: int

@@ -1,10 +1,10 @@
-"""``accumlib ddp`` (also ``python -m accumlib.distributed``, the form torchrun starts).
+"""``python -m accumlib_course.distributed``: notebook 8's DDP experiment from a shell (``accumlib ddp``
+before it moved beside the core; torchrun starts the same module).
 
-    torchrun --nproc-per-node 2 -m accumlib.distributed --accum-steps 4
+    python -m accumlib_course.distributed --world-size 2 --accum-steps 4
+    torchrun --nproc-per-node 2 -m accumlib_course.distributed --accum-steps 4
 
-It lives beside the experiment it runs, so the package's command line imports it and the
-library never calls its own command line. Exit 0 when every step matched, 1 when one did not,
-2 on bad usage.
+Exit 0 when every step matched, 1 when one did not, 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ DESCRIPTION = (
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import ddp_experiment, init_from_env
+    from accumlib.distributed import init_from_env
+
+    from . import ddp_experiment
 
     try:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun: join its group
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
         )
     except ValueError as err:
-        print(f"accumlib ddp: error: {err}", file=sys.stderr)
+        print(f"python -m accumlib_course.distributed: error: {err}", file=sys.stderr)
         return 2
     import torch.distributed as dist
 
@@ -66,5 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(prog="accumlib ddp", description=DESCRIPTION))
+    parser = add_arguments(
+        argparse.ArgumentParser(prog="python -m accumlib_course.distributed", description=DESCRIPTION)
+    )
     return run(parser.parse_args(argv))

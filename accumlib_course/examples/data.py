@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..checks import check_int
+from accumlib.checks import check_int
 
 PAD = 0  # token id 0 is padding; sequences draw ids from 1..vocab-1
 IGNORE_INDEX = -100  # the label transformers' losses skip

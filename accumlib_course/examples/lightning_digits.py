@@ -7,7 +7,7 @@ k = 4, the last window holds 2 micro-batches (8 + 6 digits) and gets (1/4)(mean_
 about half the true gradient, and its two micro-batches weighted alike.
 
     >>> import torch, accumlib
-    >>> from accumlib.examples.lightning_digits import Digits, item_losses
+    >>> from accumlib_course.examples.lightning_digits import Digits, item_losses
     >>> from accumlib.lightning import verify_fit
     >>> loader = torch.utils.data.DataLoader(accumlib.data.digits(110), batch_size=8)
     >>> report = verify_fit(Digits(), loader, item_losses=item_losses,
@@ -23,13 +23,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..tasks import get_task
+from accumlib.tasks import get_task
 
 try:
     import lightning.pytorch as pl
 except ImportError as err:  # pragma: no cover - lightning is in the notebooks and test extras
     raise ImportError(
-        "accumlib.examples.lightning_digits needs lightning: pip install accumlib[notebooks]"
+        "accumlib_course.examples.lightning_digits needs lightning: pip install accumlib[notebooks]"
     ) from err
 
 

@@ -13,7 +13,7 @@ micro-batches holds S = 2m sequences:
   its micro-batch means (each pair's loss from the trainer's own ``compute_loss``).
 
     >>> from accumlib.hf import verify_trainer
-    >>> from accumlib.examples import trl_peft
+    >>> from accumlib_course.examples import trl_peft
     >>> sorted(verify_trainer(trl_peft.sft_gpt2()).codes)          # doctest: +SKIP
     ['dropout', 'misscaled']
 """
@@ -114,7 +114,7 @@ def sft_gpt2(n_texts: int = 14) -> Any:
     import datasets
     import trl
 
-    from ..hf.tiny import tiny_gpt2, tiny_texts, tiny_tokenizer
+    from .hf_tiny import tiny_gpt2, tiny_texts, tiny_tokenizer
 
     args = trl.SFTConfig(**_run_args(), bf16=False, gradient_checkpointing=False)
     with quiet():
@@ -132,8 +132,8 @@ def prompt_tuning(n_sequences: int = 22) -> Any:
     import peft
     from transformers import Trainer, TrainingArguments
 
-    from ..hf.tiny import tiny_llama
     from .data import collate, token_sequences
+    from .hf_tiny import tiny_llama
 
     model = peft.get_peft_model(
         tiny_llama(), peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=V)
@@ -159,7 +159,7 @@ def factors(report: Any, s_sign: int) -> list[tuple[int, int, int, float, float]
 def preference_pairs(n: int = 11, seed: int = 0) -> dict[str, list[str]]:
     """``n`` seeded (prompt, chosen, rejected) triples of 1 to 6 words; completions start with a space, so
     prompt + completion splits into the same words."""
-    from ..hf.tiny import WORDS
+    from .hf_tiny import WORDS
 
     rng = random.Random(seed)
     words = lambda: " ".join(f"w{rng.randrange(WORDS)}" for _ in range(rng.randint(1, 6)))  # noqa: E731
@@ -176,7 +176,7 @@ def dpo(n_pairs: int = 11) -> Any:
     import trl
     from transformers import PrinterCallback
 
-    from ..hf.tiny import tiny_llama, tiny_tokenizer
+    from .hf_tiny import tiny_llama, tiny_tokenizer
 
     args = trl.DPOConfig(**_run_args(), bf16=False, gradient_checkpointing=False)
     with quiet():

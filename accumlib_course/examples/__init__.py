@@ -1,7 +1,7 @@
 """Real frameworks' own training loops, small enough to run in a test, each verified there.
 
 - ``data``: variable-length token sequences and their padding collate (labels -100 on padding),
-  the data every example below and ``accumlib.survey`` train on;
+  the data every example below and ``accumlib_course.survey`` train on;
 - ``accelerate_digits``: Accelerate's documented ``accumulate`` loop on the digits MLP;
 - ``accelerate_clm``: the loop of transformers' ``run_clm_no_trainer.py`` (Accelerate's
   ``accumulate``) on a tiny Llama, and the same loop counting its tokens per window;

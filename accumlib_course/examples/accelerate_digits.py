@@ -7,7 +7,7 @@ every k-th micro-batch and at the end of the loader. On 110 digits in micro-batc
 about half the true gradient, its two micro-batches weighted alike.
 
     >>> import accumlib
-    >>> from accumlib.examples import accelerate_digits as ex
+    >>> from accumlib_course.examples import accelerate_digits as ex
     >>> task = accumlib.get_task("mlp-digits")
     >>> report = accumlib.verify(ex.train, model=task.make_model(0), dataset=accumlib.data.digits(110),
     ...                          item_losses=task.item_losses, accum_steps=4, batch_size=8)  # doctest: +SKIP
