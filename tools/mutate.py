@@ -655,10 +655,13 @@ def render(record: dict) -> str:
     lines = [
         "# Mutation score",
         "",
-        "Written by `tools/mutate.py` from `tools/mutation.json` (each group's latest whole run). "
-        "A mutant is",
-        "killed when the tests that cover its module fail; *equivalent* mutants (argued in their catalogue,",
-        "`tools/mutants/`) leave the score, which is killed / non-equivalent.",
+        "Written by `tools/mutate.py` (`make mutation`) from `tools/mutation.json` (each group's latest whole",
+        "run). A mutant is an operator on the syntax tree (a changed comparison, a dropped factor, a swapped",
+        "argument, a replaced expression) applied to the one node of `accumlib/` or `accumlib_course/` whose",
+        "code its catalogue (`tools/mutants/`) names, wherever that code lies. It is killed when the tests",
+        "it names as its killers, or else the tests that cover its module, fail; *equivalent* mutants (argued",
+        "in their catalogue) leave the score, which is killed / non-equivalent. The file shown is where the",
+        "node lay in the group's latest whole run.",
         "",
         "| module | mutants | killed | timeout | survived | equivalent | score |",
         "|---|---|---|---|---|---|---|",

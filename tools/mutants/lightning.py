@@ -170,6 +170,9 @@ MUTANTS = [
         "not (devices in (1, '1') or (isinstance(devices, (list, tuple)) and len(devices) == 1)) or "
         "trainer_kwargs.get('num_nodes', 1) != 1",
         "trainer_kwargs.get('num_nodes', 1) != 1",
+        killers=(
+            "tests/test_lightning_trainer_settings.py::test_more_than_one_process_or_device_is_refused",
+        ),
     ),
     Mutant(
         "devices='1' refused (only the integer 1 accepted)",

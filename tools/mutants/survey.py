@@ -313,7 +313,7 @@ MUTANTS = [
     Mutant(
         "every code counted as a bug, passing ones too",
         "replace",
-        "[c for c in self.codes if CODES[c].kind not in PASSING]",
+        "[c for c in self.codes if not CODES[c].passing]",
         "list(self.codes)",
         killers=("tests/test_survey_rows.py::test_the_summary_groups_classes_by_outcome_worst_first",),
     ),
@@ -359,12 +359,8 @@ MUTANTS = [
     Mutant(
         "NoTable does not list the versions accumlib holds",
         "replace",
-        'f"version: no {TASKS[task].title} survey ships for transformers {version}; accumlib holds one '
-        "for transformers {', '.join(have) or '(none)'} (survey.load(version=...) reads it; `accumlib "
-        'survey transformers{flag} --out DIR` makes one for {version})"',
-        "f'version: no {TASKS[task].title} survey ships for transformers {version}; accumlib holds one "
-        "for transformers (none) (survey.load(version=...) reads it; `accumlib survey "
-        "transformers{flag} --out DIR` makes one for {version})'",
+        "', '.join(have) or '(none)'",
+        "'(none)'",
         killers=(
             "tests/test_survey.py::test_load_reads_the_installed_version_and_names_the_versions_it_has",
         ),
