@@ -1,5 +1,10 @@
-"""The kernel memory section's process reader: a process's peak and current resident memory from /proc, and
-a sampler that adds up its descendants (a kernel's distributed ranks, a DataLoader's workers) while they live.
+"""The kernel memory section's process reader: a process's peak and current resident memory from /proc, its
+private memory (USS), and a sampler that adds up its descendants (a kernel's distributed ranks, a DataLoader's
+workers, or, sampled from the bench's own process, the kernels it starts one after another) while they live.
+
+A process's private memory (USS, ``private``) is what it alone maps: Private_Clean + Private_Dirty of
+/proc/<pid>/smaps_rollup, the memory its exit would give back. Pages of a library that another live process
+maps too (torch's, once two kernels run) are shared, not private.
 
 A process's own peak is exact: the kernel keeps it (VmHWM). Processes that come and go have no peak a
 parent can read after they exit, so the tree's peak (the process and its descendants at the same moment)
@@ -29,6 +34,25 @@ def status(pid: int) -> dict[str, int]:
         m = re.search(rf"^{name}:\s+(\d+) kB", text, re.M)
         found[key] = int(m.group(1)) * 1024 if m else 0
     return found
+
+
+def private(pid: int) -> int:
+    """``pid``'s private bytes (USS): Private_Clean + Private_Dirty of /proc/<pid>/smaps_rollup."""
+    text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    kib = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(Private_\w+):\s+(\d+) kB", text, re.M)}
+    return (kib["Private_Clean"] + kib["Private_Dirty"]) * 1024
+
+
+def tree_private(pid: int) -> tuple[int, int]:
+    """The private bytes of ``pid`` and of its live descendants together, and how many descendants counted."""
+    total, counted = private(pid), 0
+    for child in descendants(pid):
+        try:
+            total += private(child)
+        except OSError:  # it exited meanwhile: nothing of it is live
+            continue
+        counted += 1
+    return total, counted
 
 
 def descendants(pid: int) -> list[int]:
@@ -72,7 +96,8 @@ class Tree:
 
     ``peak``: the largest sum over one sample of the process's and its descendants' resident bytes;
     ``children_peak``: the largest sum of the descendants' alone; ``children``: every descendant seen, with
-    the largest peak (VmHWM) read from it while it lived.
+    the largest peak (VmHWM) read from it while it lived; ``most_children``: the most direct children alive
+    in one sample (the route's kernels: 1 when each is shut down before the next starts).
     """
 
     pid: int
@@ -81,6 +106,7 @@ class Tree:
     children_peak: int = 0
     children: dict[int, int] = field(default_factory=dict)
     samples: int = 0
+    most_children: int = 0
 
     def sample(self) -> None:
         try:
@@ -96,6 +122,7 @@ class Tree:
             kids += s["rss"]
             self.children[child] = max(self.children.get(child, 0), s["peak"])
         self.samples += 1
+        self.most_children = max(self.most_children, len(_children(self.pid)))
         self.children_peak = max(self.children_peak, kids)
         self.peak = max(self.peak, own + kids)
 

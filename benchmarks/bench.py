@@ -26,8 +26,10 @@ line, if any), ``run(quick: bool = False) -> dict`` (its knobs are module consta
                        time, and the engine's extra bytes against the parameters'
     run_nanogpt.py     accumlib run on nanoGPT's own train.py (tiny config, 20 iterations) against the
                        script alone, 1 process and 2 gloo ranks (read from a clone: ACCUMLIB_NANOGPT_SRC)
-    kernel_memory.py   every notebook's Run All in a fresh kernel: its peak and held resident memory
-                       (_kernel_memory_proc.py reads /proc, the kernel's processes summed with it)
+    kernel_memory.py   every notebook's Run All in a fresh kernel: its private memory (USS) after, its peak
+                       and held resident memory (_kernel_memory_proc.py reads /proc, the kernel's processes
+                       summed with it); the 90-minute route in order, one kernel at a time, with a Jupyter
+                       server's footprint
 
 Shared, private (``_``): ``_timing.py`` (interleaved runs, ratios, the machine and its load) and
 ``_render.py`` (tables, the goals table, the README's Performance section, the figure). To add a

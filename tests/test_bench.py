@@ -38,7 +38,15 @@ FIGURES = {
     "verify_scale": ("alone_s", "verify_s", "time_ratio", "verify_extra_peak_bytes"),
     "verify_trainer": ("alone_s", "verify_s", "ratio"),
     "verify_ranks": ("alone_s", "verify_s", "ratio", "param_bytes", "bytes_per_step", "calls_per_step"),
-    "kernel_memory": ("start_mib", "peak_mib", "held_mib", "held_private_mib", "with_processes_peak_mib"),
+    "kernel_memory": (
+        "private_mib",
+        "kernel_private_mib",
+        "start_mib",
+        "peak_mib",
+        "held_mib",
+        "held_private_mib",
+        "with_processes_peak_mib",
+    ),
 }
 
 
@@ -154,6 +162,7 @@ def test_goals_table_has_one_entry_per_goal(quick_run):
         "verify_ranks_memory",
         "verify_ranks_traffic",
         "kernel_memory",
+        "kernel_memory_route",
     ):
         assert goals[key]["met"] is None and goals[key]["status"] == "not measured"
     # the memory goal depends on sizes, not speed: it is decided even on tiny sizes
@@ -500,6 +509,17 @@ def test_the_peak_reader_sees_a_freed_100_mib_and_the_control_does_not(mode):
     assert held < 20, held  # freed either way: what a process holds is not its peak
 
 
+@pytest.mark.parametrize("mode", ["hold", "free"])
+def test_the_private_reader_counts_what_the_process_holds_alone(mode):
+    base, after = _run_holder([HOLDER, mode], lambda pid, step: (proc.private(pid), proc.status(pid)))
+    rise = (after[0] - base[0]) / MIB
+    assert 0 < base[0] <= base[1]["rss"] and after[0] <= after[1]["rss"]  # private is part of resident
+    if mode == "hold":
+        assert rise >= 100 - 1, rise  # the written bytearray is the process's alone (1 MiB as above)
+    else:
+        assert rise < 20, rise  # freed: no longer held, whatever the peak
+
+
 @pytest.mark.parametrize("mode", ["hold", "control"])
 def test_the_tree_adds_a_child_that_the_parent_peak_leaves_out(mode):
     tree = None
@@ -511,7 +531,7 @@ def test_the_tree_adds_a_child_that_the_parent_peak_leaves_out(mode):
         return proc.status(pid)["peak"]
 
     _, parent_peak = _run_holder([PARENT, HOLDER, mode], read)
-    assert len(tree.children) == 1 and tree.samples == 2
+    assert len(tree.children) == 1 and tree.samples == 2 and tree.most_children == 1
     (child_peak,) = tree.children.values()
     assert parent_peak / MIB < 60  # the parent never held the 100 MiB
     if mode == "hold":
@@ -530,39 +550,87 @@ def test_kernel_memory_is_a_section_and_its_quick_run_sees_the_freed_allocation(
     # the kernel allocated and freed QUICK_MIB in two cells: its peak keeps it, its resident set does not
     assert row["peak_mib"] - row["held_mib"] >= kernel_memory.QUICK_MIB - 1
     assert row["start_mib"] <= row["held_mib"] and row["held_private_mib"] <= row["held_mib"]
-    assert res["goals"]["kernel_memory"]["met"] is None  # --quick: never a verdict
+    assert 0 < row["kernel_private_mib"] <= row["private_mib"] <= row["held_mib"] + 1  # 1: read later
+    assert row["private_mib"] < row["peak_mib"] - kernel_memory.QUICK_MIB + 1  # freed: not private any more
+    # its route: the notebook twice in order, one kernel at a time, with a real Jupyter server beside it
+    route = res["route"]
+    assert route["notebooks"] == ["quick_check.ipynb"] * 2 and route["most_kernels_alive"] == 1, route
+    assert route["kernels_peak_mib"] >= row["peak_mib"] - 1 and route["server"]["peak_mib"] > 0
+    assert route["total_mib"] == route["kernels_peak_mib"] + route["server"]["peak_mib"]
+    assert "REST API" in route["server"]["how"]
+    for key in ("kernel_memory", "kernel_memory_route"):
+        assert res["goals"][key]["met"] is None  # --quick: never a verdict
 
 
-def test_kernel_memory_table_states_each_notebook_its_processes_and_the_routes():
-    row = dict(start_mib=60.0, held_private_mib=150.0, processes=0, wall_s=2.0, errors=[])
+def test_kernel_memory_table_states_each_notebook_its_processes_and_the_route():
+    row = dict(
+        start_mib=60.0,
+        held_private_mib=150.0,
+        private_mib=280.0,
+        kernel_private_mib=280.0,
+        live_processes=0,
+        processes=0,
+        wall_s=2.0,
+        errors=[],
+    )
     res = {
         "rows": [
-            row | {"notebook": "notebooks/01_a.ipynb", "peak_mib": 310.4, "held_mib": 300.0, "met": True},
+            row | {"notebook": "notebooks/01_a.ipynb", "peak_mib": 410.4, "held_mib": 400.0, "met": True},
             row
             | {
                 "notebook": "notebooks/08_b.ipynb",
                 "peak_mib": 420.0,
                 "held_mib": 390.0,
+                "private_mib": 320.0,
+                "live_processes": 1,
                 "met": False,
                 "processes": 2,
                 "with_processes_peak_mib": 950.0,
             },
             {"notebook": "notebooks/09_c.ipynb", "not_available": "RuntimeError: no kernel"},
         ],
-        "routes": [
-            {"route": "short", "notebooks": ["01", "08"], "held_mib": 690.0, "held_private_mib": 300.0}
-        ],
+        "route": {
+            "route": "short",
+            "notebooks": ["00", "01"],
+            "kernels_peak_mib": 450.0,
+            "most_kernels_alive": 1,
+            "samples": 99,
+            "server": {"peak_mib": 105.0, "held_mib": 100.0, "private_mib": 87.0, "how": "a server"},
+            "total_mib": 555.0,
+            "met": True,
+            "errors": [],
+        },
+        "open_tabs": [{"route": "short", "notebooks": ["00", "01"], "held_mib": 690.0, "private_mib": 300.0}],
         "floor": row | {"notebook": "floor.ipynb", "peak_mib": 399.6, "held_mib": 398.0, "met": True},
     }
     md = "\n".join(kernel_memory.lines(res))
-    assert "| 01_a | 310 | 300 | 150 | 0 |  | 2.0 | met |" in md
-    assert "| 08_b | 420 | 390 | 150 | 2 | 950 | 2.0 | **MISSED** |" in md
-    assert "the short route's 2 kernels (01, 08) hold 690 MiB together (300 MiB of it private)" in md
-    assert "not available: notebooks/09_c.ipynb: RuntimeError: no kernel" in md
+    assert "| 01_a | 280 |  | 410 | 400 | 0 |  | 2.0 | met |" in md
+    assert "| 08_b | 320 | 40 | 420 | 390 | 2 | 950 | 2.0 | **MISSED** |" in md
     assert (
-        "one optimizer (torch.optim imports torch._dynamo on first use) peaks at 400 MiB and holds 398" in md
+        "The short route (00, 01, in order" in md and "held at most 450 MiB resident at once (1 alive" in md
     )
+    assert "with the Jupyter server's 105 MiB (a server; 87 MiB of it private once idle): **555 MiB**" in md
+    assert "would hold 690 MiB resident together (300 MiB of it private)" in md
+    assert "not available: notebooks/09_c.ipynb: RuntimeError: no kernel" in md
+    assert "holds 280 MiB private after its cells, and peaks at 400 MiB resident" in md
     assert "| floor |" not in md  # a reference, not a row judged against the goal
+
+
+def test_kernel_memory_route_goal_refuses_two_kernels_alive_at_once():
+    walk = {
+        "route": "short",
+        "notebooks": ["00", "01"],
+        "kernels_peak_mib": 450.0,
+        "most_kernels_alive": 2,
+        "server": {"peak_mib": 105.0},
+        "total_mib": 555.0,
+        "met": True,
+        "errors": [],
+    }
+    goal = kernel_memory._route_goal(walk)
+    assert goal["met"] is False and "2 kernels alive at once" in goal["missed"][0]
+    assert kernel_memory._route_goal(walk | {"most_kernels_alive": 1})["met"] is True
+    assert kernel_memory._route_goal(None)["met"] is None
 
 
 def test_kernel_memory_refuses_a_prefix_that_names_no_notebook(capsys):
