@@ -14,7 +14,6 @@ TESTS = [
 ]
 PYTEST_ARGS = ["--doctest-modules"]  # the package's and parse_accum's examples are part of the suite
 
-# compute.py runs the report; _compute_result.py holds its result classes (cells, findings, tables)
 MUTANTS = [
     # --- compute.py: the cells, the findings, the tables, the amp verdict
     Mutant(

@@ -39,9 +39,6 @@ RANKS = ("tests/test_verify_ranks.py",)
 # 2 gloo ranks, two loops: ranks holding different parameters
 RANKS_PARAMS = ("tests/test_verify_ranks_params.py",)
 
-# diagnose names one step from its numbers; diagnose_run applies the run-level rules (an assumed clip,
-# a constant divisor, a masked misscale); coverage counts the items a run used; measure a step's numbers
-
 MUTANTS = [
     # ---- judged in place: the engine's figures, and when the recompute oracle takes over ------------------
     Mutant(
