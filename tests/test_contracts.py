@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,11 +38,15 @@ def test_every_loop_file_carries_a_contract_and_the_registry_holds_them_all():
 
 
 def test_every_loop_name_is_its_function_not_its_module():
-    """``from accumlib.loops import <name>`` and ``accumlib.<name>`` give the function the registry holds."""
+    """``from accumlib.loops import <name>`` and ``accumlib.<name>`` give the function the registry holds:
+    both packages import each loop by name (plain imports a type checker sees), so a loop file the registry
+    discovers and those imports miss fails here, and so does an exported name the registry does not hold."""
     for name, fn in ALL.items():
         assert callable(fn) and fn.__name__ == name and fn.__module__ == f"accumlib.loops.{name}"
         assert getattr(loops, name) is fn and getattr(accumlib, name) is fn, name
         assert name in loops.__all__ and name in accumlib.__all__, name
+    exported = {n for n in accumlib.__all__ if n in loops.__all__ and n != "LOOPS"}
+    assert exported == set(ALL) == {n for n in loops.__all__ if getattr(loops, n) in ALL.values()}
 
 
 def test_the_table_reads_each_promise_from_the_contract():
@@ -185,12 +190,33 @@ CONTRACT = Contract(full_windows=U, ragged_tail=U, token_counts=U, batchnorm=("b
 
 
 def test_a_new_loop_file_is_exported_as_its_function(tmp_path):
-    """A copy of the package with one more loop file, imported fresh: no other line names the loop, and its
-    name is the function everywhere (also right after ``import accumlib.loops.scratch_count``, which binds
-    a submodule's name to the module when nothing rebinds it)."""
+    """A copy of the package with one more loop file, imported fresh: the registry finds it, and until both
+    packages import it by name (the plain imports a type checker sees) its name is its module, which
+    ``test_every_loop_name_is_its_function_not_its_module`` refuses; with the two imports, its name is the
+    function everywhere (also right after ``import accumlib.loops.scratch_count``, which binds a submodule's
+    name to the module when nothing rebinds it)."""
     package = Path(accumlib.__file__).parent
     shutil.copytree(package, tmp_path / "accumlib", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "accumlib" / "loops" / "scratch_count.py").write_text(SCRATCH_LOOP)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    probe = (
+        "import inspect, accumlib.loops as L; "
+        "print('scratch_count' in L.ALL, inspect.isfunction(getattr(L, 'scratch_count')))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert found.stdout.split() == ["True", "False"], found.stdout + found.stderr  # registered, not exported
+    loops_init, init = tmp_path / "accumlib" / "loops" / "__init__.py", tmp_path / "accumlib" / "__init__.py"
+    text = loops_init.read_text().replace(
+        "from .ragged import ragged\n",
+        "from .ragged import ragged\nfrom .scratch_count import scratch_count\n",
+    )
+    loops_init.write_text(text.replace("__all__ = [\n", '__all__ = [\n    "scratch_count",\n'))
+    text = re.sub(
+        r"^(from \.loops import LOOPS, .*)$", r"\1, scratch_count", init.read_text(), count=1, flags=re.M
+    )
+    init.write_text(text.replace('    "grad_divided",\n', '    "grad_divided",\n    "scratch_count",\n'))
     code = f"COPY = {str(tmp_path)!r}\n" + textwrap.dedent(
         """
         import inspect
@@ -205,7 +231,6 @@ def test_a_new_loop_file_is_exported_as_its_function(tmp_path):
         print("ok")
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

@@ -10,12 +10,12 @@ is where micro-batches go (``None``: the model's own device; ``"auto"`` accepted
 are the task fields the loop's ``CONTRACT`` names: ``count_items`` (``ragged``, ``amp``) or
 ``merge`` (``large_batch``). ``amp`` adds its own ``dtype``, ``scaler``, ``max_norm``, ``enabled``.
 
-The registry is built from the files: every module here with a ``CONTRACT`` is a loop, so adding
-one touches its own file (and its test). ``LOOPS`` holds those the reference table tabulates, in
-their contract's order; ``ALL`` and ``CONTRACTS`` every loop and its promise, ``grad_divided``
-included (the seed documents' form of ``normalized``, which stands for both in the table). Every
-discovered loop is a name of this package, bound to its function (``__all__`` lists them), so
-``from accumlib.loops import <name>`` needs no line here.
+The registry is built from the files: every module here with a ``CONTRACT`` is a loop. ``LOOPS`` holds
+those the reference table tabulates, in their contract's order; ``ALL`` and ``CONTRACTS`` every loop and
+its promise, ``grad_divided`` included (the seed documents' form of ``normalized``, which stands for both
+in the table). Each loop is also imported below by name, a plain import a type checker sees, and
+exported here and by ``accumlib``: adding a loop is its file, its test, and its name in those two imports
+(``tests/test_contracts.py`` fails on a loop the registry holds and the imports miss).
 
 >>> [name for name in LOOPS][:3]  # the table's order: each contract's ``order``
 ['naive', 'normalized', 'ragged']
@@ -36,6 +36,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ._contract import Contract, Verdict
+from .amp import amp
+from .grad_divided import grad_divided
+from .large_batch import large_batch
+from .naive import naive
+from .normalized import normalized
+from .ragged import ragged
 
 
 def _discover() -> dict[str, tuple[Callable[..., list[float]], Contract]]:
@@ -61,9 +67,6 @@ LOOPS: dict[str, Callable[..., list[float]]] = {
     for name, (fn, c) in sorted(_FOUND.items(), key=lambda kv: kv[1][1].order or 0)
     if c.order is not None
 }
-# Each loop's name is its function, not its module: importing accumlib.loops.naive bound ``naive``
-# here to the module, and ``from accumlib.loops import naive`` must give the loop it registers.
-globals().update(ALL)
 
 
 def contract_of(loop: Callable[..., Any]) -> Contract | None:
@@ -77,4 +80,17 @@ def contract_of(loop: Callable[..., Any]) -> Contract | None:
     return CONTRACTS[name] if ALL.get(name) is loop else None
 
 
-__all__ = ["ALL", "CONTRACTS", "Contract", "LOOPS", "Verdict", "contract_of", *ALL]
+__all__ = [
+    "ALL",
+    "CONTRACTS",
+    "Contract",
+    "LOOPS",
+    "Verdict",
+    "amp",
+    "contract_of",
+    "grad_divided",
+    "large_batch",
+    "naive",
+    "normalized",
+    "ragged",
+]
