@@ -38,9 +38,16 @@ def status(pid: int) -> dict[str, int]:
 
 def private(pid: int) -> int:
     """``pid``'s private bytes (USS): Private_Clean + Private_Dirty of /proc/<pid>/smaps_rollup."""
+    return sum(private_parts(pid))
+
+
+def private_parts(pid: int) -> tuple[int, int]:
+    """``pid``'s private bytes, clean and dirty. Clean ones are file pages (a library's code) that no other
+    live process maps at this moment: they move to shared as soon as one does, so they depend on what else
+    runs; dirty ones (the heap, written pages) are the process's whatever else runs."""
     text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     kib = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(Private_\w+):\s+(\d+) kB", text, re.M)}
-    return (kib["Private_Clean"] + kib["Private_Dirty"]) * 1024
+    return kib["Private_Clean"] * 1024, kib["Private_Dirty"] * 1024
 
 
 def tree_private(pid: int) -> tuple[int, int]:

@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, wherever it is loaded from
 
-from _kernel_memory_proc import MIB, Tree, private, status, tree_private  # noqa: E402
+from _kernel_memory_proc import MIB, Tree, private, private_parts, status, tree_private  # noqa: E402
 from _render import md_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def _measured(client: Any, nb: Any) -> dict:
             client.execute_cell(cell, i)
     wall = time.perf_counter() - t0
     end = status(pid)
-    own = private(pid)
+    clean, dirty = private_parts(pid)
     with_live, live = tree_private(pid)
     errors = [
         f"cell {i}: {o['ename']}: {o['evalue']}"[:160]
@@ -192,7 +192,8 @@ def _measured(client: Any, nb: Any) -> dict:
         "held": end["rss"],
         "held_private": end["anon"],
         "private": with_live,
-        "kernel_private": own,
+        "kernel_private": clean + dirty,
+        "kernel_private_clean": clean,  # file pages no other process maps now: what else runs moves them
         "live_processes": live,
         "processes": len(tree.children),
         "with_processes_peak": max(tree.peak, end["peak"]) if tree.children else end["peak"],
@@ -209,7 +210,8 @@ def _row(path: Path, threads: int) -> dict:
         m = run_all(path, threads=threads)
     except Exception as err:  # no kernel, no figure: said, never a number
         return {"notebook": str(rel), "not_available": f"{type(err).__name__}: {err}"[:300]}
-    keys = ("start", "peak", "held", "held_private", "private", "kernel_private", "with_processes_peak")
+    keys = ("start", "peak", "held", "held_private", "private", "kernel_private", "kernel_private_clean")
+    keys += ("with_processes_peak",)
     return {
         "notebook": str(rel),
         **{f"{k}_mib": m[k] / MIB for k in keys},
@@ -405,9 +407,10 @@ def measure(
         "a fresh kernel per notebook (this environment's python3, %matplotlib inline, "
         f"OMP_NUM_THREADS={threads}), every code cell run in order as committed; private = the kernel's "
         "USS after Run All (Private_Clean + Private_Dirty of /proc/<pid>/smaps_rollup), with its live "
-        "processes'; peak = the kernel's VmHWM; held = its VmRSS after Run All (RssAnon beside it); "
-        "processes the kernel starts are not in its peak: their resident memory is summed with the kernel's "
-        "at the same moment, sampled every 20 ms, in 'with its processes'"
+        "processes' (its clean file pages, a library's code no other process maps at that moment, move to "
+        "shared when one does, as this bench's own torch does); peak = the kernel's VmHWM; held = its VmRSS "
+        "after Run All (RssAnon beside it); processes the kernel starts are not in its peak: their resident "
+        "memory is summed with the kernel's at the same moment, sampled every 20 ms, in 'with its processes'"
     )
     if quick:
         note += (
@@ -470,6 +473,7 @@ def lines(res: dict, short: bool = False) -> list[str]:
             "notebook",
             "private after Run All MiB",
             "of it live processes",
+            "of it clean file pages",
             "peak MiB",
             "held after Run All MiB",
             "processes started",
@@ -482,6 +486,7 @@ def lines(res: dict, short: bool = False) -> list[str]:
                 Path(r["notebook"]).stem,
                 f(r["private_mib"]),
                 f(r["private_mib"] - r["kernel_private_mib"]) if r["live_processes"] else "",
+                f(r["kernel_private_clean_mib"]) if "kernel_private_clean_mib" in r else "",
                 f(r["peak_mib"]),
                 f(r["held_mib"]),
                 r["processes"],

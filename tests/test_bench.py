@@ -41,6 +41,7 @@ FIGURES = {
     "kernel_memory": (
         "private_mib",
         "kernel_private_mib",
+        "kernel_private_clean_mib",
         "start_mib",
         "peak_mib",
         "held_mib",
@@ -568,6 +569,7 @@ def test_kernel_memory_table_states_each_notebook_its_processes_and_the_route():
         held_private_mib=150.0,
         private_mib=280.0,
         kernel_private_mib=280.0,
+        kernel_private_clean_mib=3.0,
         live_processes=0,
         processes=0,
         wall_s=2.0,
@@ -604,8 +606,8 @@ def test_kernel_memory_table_states_each_notebook_its_processes_and_the_route():
         "floor": row | {"notebook": "floor.ipynb", "peak_mib": 399.6, "held_mib": 398.0, "met": True},
     }
     md = "\n".join(kernel_memory.lines(res))
-    assert "| 01_a | 280 |  | 410 | 400 | 0 |  | 2.0 | met |" in md
-    assert "| 08_b | 320 | 40 | 420 | 390 | 2 | 950 | 2.0 | **MISSED** |" in md
+    assert "| 01_a | 280 |  | 3 | 410 | 400 | 0 |  | 2.0 | met |" in md
+    assert "| 08_b | 320 | 40 | 3 | 420 | 390 | 2 | 950 | 2.0 | **MISSED** |" in md
     assert (
         "The short route (00, 01, in order" in md and "held at most 450 MiB resident at once (1 alive" in md
     )
