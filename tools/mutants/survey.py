@@ -95,8 +95,8 @@ MUTANTS = [
     ),
     Mutant(
         "the cause of a misscale dropped",
-        "replace",
-        "'labels counted before the shift (c = N/(N+S))' if 'shift' in message else ''",
+        "constant",
+        "'labels counted before the shift (c = N/(N+S))'",
         "''",
         killers=("tests/test_survey.py::test_a_subset_rerun_matches_the_committed_survey",),
     ),

@@ -47,12 +47,18 @@ MUTANTS = [
         "gap <= ROUNDING_FLOOR",
         "math.inf",
         node="ROUNDING_FLOOR",
+        killers=(
+            "tests/test_verify_in_place.py::test_a_loop_whose_loss_is_not_item_losses_mean_is_never_judged_by_its_own_loss",
+        ),
     ),
     Mutant(
         "the one-window check ignores the item counts",
         "drop-clause",
         "replayed != items or not gap <= ROUNDING_FLOOR",
         "replayed != items",
+        killers=(
+            "tests/test_verify_hints.py::test_a_mean_over_outputs_where_the_loop_sums_is_named_as_a_possible_item_losses_mismatch",
+        ),
     ),
     Mutant(
         "a step the engine could not judge taken in place",
@@ -60,14 +66,28 @@ MUTANTS = [
         "if limits:\n    raise Fallback(f\"step {t}: {', '.join(limits)}\")",
         "False",
         node="limits",
+        killers=(
+            "tests/test_verify_in_place.py::test_a_step_the_engine_cannot_judge_mid_window_runs_the_loop_again_from_the_same_random_state",
+        ),
     ),
     Mutant(
         "a factor applied after the last backward left out of the weights",
         "replace",
         "[w * after for w in got.weights]",
         "list(got.weights)",
+        killers=(
+            "tests/test_verify_boundaries.py::test_grad_divided_by_k_after_every_backward_is_zero_grad_inside_window",
+        ),
     ),
-    Mutant("the recompute oracle never takes a run over", "replace", "not why", "True"),
+    Mutant(
+        "the recompute oracle never takes a run over",
+        "replace",
+        "not why",
+        "True",
+        killers=(
+            "tests/test_verify_in_place.py::test_a_loss_term_that_appears_late_hands_the_rest_of_the_run_to_the_recompute_oracle",
+        ),
+    ),
     # ---- diagnose: naming a step from its numbers -------------------------------------------------------
     Mutant(
         "a skipped GradScaler step judged like any other",
@@ -131,6 +151,9 @@ MUTANTS = [
         "if m > k:\n    out.codes.append('late-step')",
         "False",
         node="m > k",
+        killers=(
+            "tests/test_verify.py::test_k_typed_larger_than_asked_is_late_step_and_the_correct_loop_beside_it_is_not",
+        ),
     ),
     Mutant(
         "a long window that ends a pass excused like a short tail (a tail merged into the last window)",
@@ -138,30 +161,41 @@ MUTANTS = [
         "if m > k:\n    out.codes.append('late-step')",
         "m > k and (not n.epoch_end)",
         node="m > k",
+        killers=(
+            "tests/test_verify.py::test_one_step_per_epoch_is_late_step_and_only_the_codes_it_deserves",
+        ),
     ),
     Mutant(
         "c = m/k on a late window named misscaled (loss / k is right for the k asked)",
         "replace",
         "m > k and near(c, m / k, tol)",
         "False",
+        killers=(
+            "tests/test_verify.py::test_one_step_per_epoch_is_late_step_and_only_the_codes_it_deserves",
+        ),
     ),
     Mutant(
         "every factor on a late window excused, not only c = m/k",
         "drop-clause",
         "m > k and near(c, m / k, tol)",
         "near(c, m / k, tol)",
+        killers=("tests/test_verify.py::test_a_late_step_still_names_what_else_is_wrong",),
     ),
     Mutant(
         "a late step taken to explain a gradient no bug explains (unexplained not said)",
         "replace",
         "('scheduler-per-micro-batch', 'frozen-inside-window', 'late-step')",
         "('scheduler-per-micro-batch', 'frozen-inside-window')",
+        killers=("tests/test_verify.py::test_a_late_step_still_names_what_else_is_wrong",),
     ),
     Mutant(
         "a late step's count said as the asked k, not the micro-batches it averaged",
         "replace",
         "sorted({numbers[t].micro_batches for t in at['late-step']})",
         "[k]",
+        killers=(
+            "tests/test_verify.py::test_k_typed_larger_than_asked_is_late_step_and_the_correct_loop_beside_it_is_not",
+        ),
     ),
     Mutant(
         "a clip one micro-batch before the window's end counted as complete",
@@ -298,6 +332,9 @@ MUTANTS = [
         "m / items",
         "k",
         node="m",
+        killers=(
+            "tests/test_verify_ragged_tail.py::test_a_mean_divided_by_its_windows_item_count_names_cause_1_over_b_on_a_ragged_tail",
+        ),
     ),
     Mutant(
         "cause 1/b predicted as 1/m",
@@ -687,6 +724,9 @@ MUTANTS = [
         "acc += m @ m.T",
         "m @ m.T * (start == 0)",
         node="m @ m.T",
+        killers=(
+            "tests/test_verify_large_models.py::test_a_change_to_grad_past_a_large_tensors_first_chunk_is_seen",
+        ),
     ),
     Mutant(
         "a chunk's scratch rows not refreshed past the first chunk",
@@ -1135,6 +1175,9 @@ MUTANTS = [
         "compare",
         "self.items >= self.held",
         ">",
+        killers=(
+            "tests/test_verify_samplers.py::test_a_sampler_without_a_length_ends_its_pass_at_its_last_item",
+        ),
     ),
     Mutant(
         "a pass ends only once every item was drawn, whatever the loader's length",
@@ -1230,6 +1273,9 @@ MUTANTS = [
         "said)))",
         "False",
         node="said",
+        killers=(
+            "tests/test_verify_ranks.py::test_every_example_loop_gets_exactly_the_codes_it_is_listed_with",
+        ),
         tests=RANKS,
     ),
     Mutant(
@@ -1237,6 +1283,9 @@ MUTANTS = [
         "drop-clause",
         "own is not None and all((e['block'] == own[1] for e in every))",
         "all((e['block'] == own[1] for e in every))",
+        killers=(
+            "tests/test_verify_ranks.py::test_ranks_whose_optimizers_order_the_parameters_apart_are_judged_as_one_job",
+        ),
         tests=RANKS,
     ),
     Mutant(
@@ -1244,10 +1293,20 @@ MUTANTS = [
         "drop-clause",
         "every[0]['same'] is None or any((e['same'] != every[0]['same'] for e in every))",
         "any((e['same'] != every[0]['same'] for e in every))",
+        killers=(
+            "tests/test_verify_ranks.py::test_every_example_loop_gets_exactly_the_codes_it_is_listed_with",
+        ),
         tests=RANKS,
     ),
     Mutant(
-        "the ranks' oracles said as rank 0's alone", "replace", "len(set(oracles)) > 1", "False", tests=RANKS
+        "the ranks' oracles said as rank 0's alone",
+        "replace",
+        "len(set(oracles)) > 1",
+        "False",
+        killers=(
+            "tests/test_verify_ranks.py::test_a_penalty_on_one_rank_hands_that_ranks_windows_to_the_recompute_oracle",
+        ),
+        tests=RANKS,
     ),
     # ---- cli -------------------------------------------------------------------------------------------------
     Mutant(
