@@ -674,7 +674,7 @@ def render(record: dict) -> str:
 
     lines += [row(f"`{mod}`", rs) for mod, rs in sorted(by_module.items())]
     lines.append(row("all", rows))
-    lines += ["", "| group | tests run per mutant its killers leave standing | baseline |", "|---|---|---|"]
+    lines += ["", "| group | tests run per mutant (when its killers pass) | baseline |", "|---|---|---|"]
     lines += [f"| {g} | {' '.join(v['tests'])} | {v['baseline_s']} s |" for g, v in record.items()]
     rest = [r for r in rows if r["status"] != "killed"]
     if rest:
