@@ -137,6 +137,14 @@ app: $(STAMP)
 binder-check: $(STAMP)
 	$(PY) tools/binder_check.py
 
+# Mutation testing (tools/mutate.py): each mutant of tools/mutants/ (an operator on the syntax tree, applied
+# to the one node its code names) in a private copy of the tree, its killers first, then its group's tests;
+# the score per module in tools/mutation.md. Hours on 2 cores, so not part of `make test` or CI; GROUPS=hf
+# runs some groups, ONLY='num_items' the mutants whose name contains it (not recorded).
+.PHONY: mutation
+mutation: $(STAMP)
+	$(PY) tools/mutate.py $(GROUPS) $(if $(ONLY),--only '$(ONLY)')
+
 # The GPU check (tools/gpu_check.py): the reference table, every lesson's computations, mixed precision
 # under verify and verify at GPT-2-small size, on CUDA (under 5 minutes on one H100), figures in GPU_OUT.
 # No venv needed: .venv's python when there is one, else $(PYTHON), or the one named (make gpu-check
