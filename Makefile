@@ -25,7 +25,7 @@ PRECISION ?= float32
 DEVICE    ?= auto
 SEED      ?= 0
 
-.PHONY: install lab test lint typecheck format notebooks lesson-data selfcheck docs report bench survey gpu-check clean
+.PHONY: install lab test durations lint typecheck format notebooks lesson-data selfcheck docs report bench survey gpu-check clean
 
 install: $(STAMP)
 
@@ -64,9 +64,10 @@ durations: $(STAMP)
 	ACCUMLIB_DURATIONS=$(abspath $(VENV))/test-seconds.json $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 	$(PY) tools/durations.py $(VENV)/test-seconds.json
 
-lint: $(STAMP) typecheck
+lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(MAKE) --no-print-directory typecheck
 
 # mypy on the public names (tools/public_names.py): every name of accumlib.__all__ must be one mypy sees,
 # not Any, a reference loop as its function. About 25-40 s on 2 cores while mypy's cache is cold (it reads
