@@ -147,6 +147,7 @@ def test_gpt2_is_misscaled_by_its_label_count(tmp_path, recorded):
         assert row.rel_error > 0.05  # and so far from the true gradient
     (found,) = [f for f in report.findings if f.code == "misscaled"]
     assert "shift" in found.message and found.steps == (0, 1, 2)
+    assert [r.cause for r in report.steps] == ["shift"] * 3  # the same cause as data, step by step
     # the ragged tail is stepped
     assert report.items_stepped == report.items_total == sum(n for n, _, _ in windows)
 

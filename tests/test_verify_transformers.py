@@ -352,6 +352,7 @@ def test_gpt2_told_its_loss_shifts_is_exact(tmp_path):
     report = run(model, tmp_path, max_grad_norm=0.0)
     assert report.ok and report.codes <= {"dropout"}, str(report)
     assert max(r.rel_error for r in report.steps) <= FLOAT32_RTOL, str(report)
+    assert {r.cause for r in report.steps} == {""}  # no misscale, so no cause
 
 
 @pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])

@@ -146,6 +146,7 @@ def step_rows(
                 ref_error=ref_error,
                 fit=v.fit,
                 items_per_rank=tuple(s.rank_items),
+                cause=v.cause if "misscaled" in v.codes else "",
             )
         )
     return rows

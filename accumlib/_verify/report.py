@@ -103,7 +103,8 @@ class StepRow:
     ``unexplained`` step says as data what its finding's detail says in words: ``fit``, what the fits of
     G found (``diagnose.Fit``: ``micro-batch-weights`` reproduce it but are no known bug's,
     ``weights-unmet``, ``no-weights``, ``no-rank-factor`` in a job), and a job's every step its
-    ``items_per_rank`` (each rank's window item count N_r).
+    ``items_per_rank`` (each rank's window item count N_r). A ``misscaled`` step names the known cause its c
+    matches as ``cause`` (the key in ``diagnose.CAUSES`` its finding's words come from).
     """
 
     step: int
@@ -119,6 +120,9 @@ class StepRow:
     ref_error: float = math.nan  # ||G (clip undone) - reference|| / ||reference||: what the verdict read
     fit: Fit | None = None  # unexplained: what the fits of G found (None at any other step)
     items_per_rank: tuple[int, ...] = ()  # a job's N_r, rank by rank (empty for one process)
+    cause: str = (
+        ""  # misscaled: the known cause its c matches (a key of diagnose.CAUSES, e.g. "shift"), or ""
+    )
 
     @property
     def cosine(self) -> float:

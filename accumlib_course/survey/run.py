@@ -105,9 +105,8 @@ def survey_one(model_type: str, task: str = "causal-lm") -> Row:
         # a step scaled as a whole: its factor says by how much
         if report.codes & {"misscaled", "unscaled-sum"}:
             row.factors = [round(s.factor, 6) for s in report.steps]
-        if "misscaled" in report.codes:
-            message = next(f.message for f in report.findings if f.code == "misscaled")
-            row.cause = "labels counted before the shift (c = N/(N+S))" if "shift" in message else ""
+        if any(s.cause == "shift" for s in report.steps):  # the cause as data, never read from the words
+            row.cause = "labels counted before the shift (c = N/(N+S))"
     except Exception as err:  # noqa: BLE001 - a class the Trainer cannot train is a finding of the survey
         row.reason = f"{type(err).__name__}: {_one_line(err)}"
     finally:
