@@ -24,7 +24,7 @@ import accumlib
 from accumlib.distributed import launch
 from accumlib_course.examples.plain import amp, ddp, fixed_size, tokens
 
-PLAIN = Path(accumlib.__file__).parent / "examples" / "plain"
+PLAIN = Path(fixed_size.__file__).parent  # accumlib_course/examples/plain/
 LAUNCH_TIMEOUT_S = 240  # 2 verify runs per rank on a loaded 2-core machine; one run takes 5-20 s
 MAX_NORM = 0.1  # small enough that clipping acts on the digits MLP's window gradients (|g| ~ 0.3-1)
 

@@ -20,9 +20,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 
-from accumlib.cli import main  # noqa: E402
 from accumlib.tolerances import FLOAT32_RTOL  # noqa: E402
 from accumlib_course import survey  # noqa: E402
+from accumlib_course.survey.__main__ import main  # noqa: E402
 
 pytest.importorskip("transformers", reason="transformers is in the hf and test extras")
 
@@ -95,17 +95,7 @@ def test_a_subset_rerun_matches_the_committed_survey(task, tmp_path, capsys):
     errors to float32 rounding), and writes the same two files it was told to."""
     was_survey = committed(task)
     old = {r.model_type: r for r in was_survey.rows}
-    argv = [
-        "survey",
-        "transformers",
-        "--task",
-        task,
-        "--models",
-        SUBSET[task],
-        "--out",
-        str(tmp_path),
-        "--json",
-    ]
+    argv = ["transformers", "--task", task, "--models", SUBSET[task], "--out", str(tmp_path), "--json"]
     assert main(argv) == 0
     new = survey.Survey.from_json(capsys.readouterr().out)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(STEMS[task] + x for x in (".json", ".md"))
@@ -152,7 +142,7 @@ def test_sequence_classifiers_step_m_times_the_gradient():
 
 
 def test_unknown_models_are_refused_by_name(capsys):
-    assert main(["survey", "transformers", "--models", "gpt2,no-such-model"]) == 2
+    assert main(["transformers", "--models", "gpt2,no-such-model"]) == 2
     err = capsys.readouterr().err
     assert (
         "--models must name causal-LM model types or classes" in err and "(got unknown no-such-model)" in err

@@ -168,8 +168,9 @@ def test_an_unknown_device_is_a_usage_error(capsys):
 
 def test_ddp_world_size_beyond_the_machine_is_a_usage_error(capsys):
     from accumlib.distributed.launch import max_world_size
+    from accumlib_course.distributed.cli import main as ddp_main  # python -m accumlib_course.distributed
 
-    assert main(["ddp", "--world-size", str(max_world_size() + 1)]) == 2
+    assert ddp_main(["--world-size", str(max_world_size() + 1)]) == 2
     assert "world_size must be <=" in capsys.readouterr().err
 
 
