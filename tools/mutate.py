@@ -545,7 +545,9 @@ def main(argv=None) -> int:
         for g in chosen:
             for m in picked(load(g).MUTANTS, a.only):
                 hits = lib.find(m.pattern, m.within)
-                where = hits[0][0] if len(hits) == 1 else f"BROKEN ({len(hits)} matches)"
+                # one match, or several in one module that the pattern's at= picks among
+                one = len(hits) == 1 or (m.at is not None and len({h[0] for h in hits}) == 1)
+                where = hits[0][0] if one else f"BROKEN ({len(hits)} matches)"
                 print(
                     f"{g:12} {where}: {m.op}: {m.name}"
                     + (f"  [equivalent: {m.equivalent}]" if m.equivalent else "")
