@@ -62,14 +62,20 @@ def tree_private(pid: int) -> tuple[int, int]:
     return total, counted
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, their children, ...)."""
+def descendants(pid: int, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """Every live process below ``pid`` (children, their children, ...), but those in ``exclude`` and their
+    own descendants."""
     found, todo = [], [pid]
     while todo:
-        kids = _children(todo.pop())
+        kids = [k for k in _children(todo.pop()) if k not in exclude]
         found += kids
         todo += kids
     return found
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s live children now."""
+    return _children(pid)
 
 
 def _children(pid: int) -> list[int]:
@@ -104,7 +110,9 @@ class Tree:
     ``peak``: the largest sum over one sample of the process's and its descendants' resident bytes;
     ``children_peak``: the largest sum of the descendants' alone; ``children``: every descendant seen, with
     the largest peak (VmHWM) read from it while it lived; ``most_children``: the most direct children alive
-    in one sample (the route's kernels: 1 when each is shut down before the next starts).
+    in one sample (the route's kernels: 1 when each is shut down before the next starts). Processes in
+    ``exclude`` (children that were there before, such as multiprocessing's resource tracker that an earlier
+    section started) are left out, with their descendants.
     """
 
     pid: int
@@ -114,6 +122,7 @@ class Tree:
     children: dict[int, int] = field(default_factory=dict)
     samples: int = 0
     most_children: int = 0
+    exclude: frozenset[int] = frozenset()
 
     def sample(self) -> None:
         try:
@@ -121,7 +130,7 @@ class Tree:
         except OSError:  # the process has exited
             return
         kids = 0
-        for child in descendants(self.pid):
+        for child in descendants(self.pid, self.exclude):
             try:
                 s = status(child)
             except OSError:
@@ -129,7 +138,8 @@ class Tree:
             kids += s["rss"]
             self.children[child] = max(self.children.get(child, 0), s["peak"])
         self.samples += 1
-        self.most_children = max(self.most_children, len(_children(self.pid)))
+        alive = [k for k in _children(self.pid) if k not in self.exclude]
+        self.most_children = max(self.most_children, len(alive))
         self.children_peak = max(self.children_peak, kids)
         self.peak = max(self.peak, own + kids)
 

@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, wherever it is loaded from
 
-from _kernel_memory_proc import MIB, Tree, private, private_parts, status, tree_private  # noqa: E402
+from _kernel_memory_proc import MIB, Tree, children, private, private_parts, status, tree_private  # noqa: E402
 from _render import md_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -316,9 +316,9 @@ def route_memory(name: str, paths: list[Path], threads: int, log: Any = print) -
     bench's own descendants (the kernels and what they start) sampled throughout: their most resident memory
     at once, and the most kernels alive at once (1 when each is shut down before the next opens)."""
     rows = []
-    with Tree(
-        os.getpid()
-    ) as tree:  # this process's own memory is not the route's: children_peak leaves it out
+    # this process's own memory is not the route's (children_peak leaves it out), nor are the children it
+    # had before the route (an earlier section's multiprocessing resource tracker)
+    with Tree(os.getpid(), exclude=frozenset(children(os.getpid()))) as tree:
         for path in paths:
             rows.append(row := _row(path, threads))
             log("    route: " + _line(row), flush=True)

@@ -542,6 +542,20 @@ def test_the_tree_adds_a_child_that_the_parent_peak_leaves_out(mode):
         assert child_peak / MIB < 60 and tree.children_peak / MIB < 60 and tree.peak / MIB < 120
 
 
+def test_the_tree_leaves_out_the_children_it_is_told_were_there_before():
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        tree = proc.Tree(os.getpid(), exclude=frozenset(proc.children(os.getpid())))
+        assert child.pid in tree.exclude
+        tree.sample()  # by hand: nothing timed
+        assert tree.children == {} and tree.most_children == 0 and tree.children_peak == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_kernel_memory_is_a_section_and_its_quick_run_sees_the_freed_allocation(quick_run):
     assert "kernel_memory" in bench.SECTIONS and kernel_memory.NAME == "kernel_memory"
     _, report = quick_run
