@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from ..batches import ItemLosses
 from ..checks import check_callable, check_choice, check_int, check_model
 from .copying import copy_model
-from .coverage import coverage, job_coverage, leftover
 from .diagnose_run import (
     coverage_findings,
     diagnose_run,
@@ -33,6 +32,7 @@ from .diagnose_run import (
 from .inplace import InPlace
 from .inplace_patches import observed
 from .inplace_verify import Fallback, rng_state, set_rng_state
+from .items_used import coverage, job_coverage, leftover
 from .job import judge_job
 from .lock import one_run
 from .patches import patched

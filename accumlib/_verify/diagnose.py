@@ -239,7 +239,7 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
     if reproduce:
         _name(n, out, m=m, k=k, tol=fit_tol)
     elif n.factor_resid <= fit_tol:
-        _misscaled(n, out, n.factor, m=m, k=k, tol=fit_tol)
+        _name_misscale(n, out, n.factor, m=m, k=k, tol=fit_tol)
     if not _explains(out):
         out.codes.append("unexplained")
         weights = (
@@ -315,7 +315,7 @@ def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> Non
         if m < k and near(n.factor, m / k, fit_tol):
             out.codes.append("tail-misscaled")
             return
-        _misscaled(n, out, n.factor, m=m, k=k, tol=fit_tol)
+        _name_misscale(n, out, n.factor, m=m, k=k, tol=fit_tol)
     else:
         out.codes.append("unexplained")
         out.fit = "no-rank-factor"
@@ -367,17 +367,17 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
         if unequal and v[0] > 0:  # weighted per micro-batch, and the mean of means off by one factor c = v m
             out.codes.append("mean-of-means")
             detail = out.detail
-            _misscaled(n, out, v[0] * m, m=m, k=k, tol=tol)
+            _name_misscale(n, out, v[0] * m, m=m, k=k, tol=tol)
             out.detail = detail
             return
     if m < k and all(near(x, m / k, tol) for x in w):
         out.codes.append("tail-misscaled")
         return
     if not n.leak and all(near(x, w[0], SAME_FACTOR_RTOL) for x in w):
-        _misscaled(n, out, sum(w) / len(w), m=m, k=k, tol=tol)
+        _name_misscale(n, out, sum(w) / len(w), m=m, k=k, tol=tol)
 
 
-def _misscaled(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, tol: float) -> None:
+def _name_misscale(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int, tol: float) -> None:
     if m > k and near(c, m / k, tol):  # loss / k over m > k micro-batches: right for k, the window is late
         out.window_scale = True
         return
