@@ -31,16 +31,22 @@ def activation_bytes(
     """
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
+    # Held here until the forward ends, so no storage is freed and its address reused by another one mid-way
+    # (which would merge two activations into one entry of ``seen``). The graph keeps None instead: a saved
+    # tensor handed back by ``pack`` would close a cycle through its own grad_fn that gc cannot free, and each
+    # call would leak its forward's activations (409 MiB in lesson 10's cost cell).
+    kept: list[torch.Tensor] = []
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> None:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in params and ptr != 0:  # the largest view of each storage, once
             seen[ptr] = max(seen.get(ptr, 0), t.numel() * t.element_size())
-        return t
+        kept.append(t)
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
         losses = item_losses(model, to_device(batch, device))
-    del losses  # the graph dies here; nothing is kept
+    del losses  # the graph dies here,
+    kept.clear()  # and the activations with it: nothing is kept
     return sum(seen.values())
 
 
