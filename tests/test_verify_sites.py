@@ -92,6 +92,20 @@ def test_each_finding_points_at_the_users_call_that_made_it():
         assert f"<i>at:</i> {at}" in report._repr_html_()
 
 
+def test_a_file_beside_the_package_is_named_from_the_checkout_from_any_working_directory(monkeypatch):
+    """A notebook's kernel works in notebooks/: a loop in a file of the checkout outside it (the course's
+    examples, lesson 9) is named from the checkout's root, as from the root itself, never by this machine's
+    absolute path (which committed outputs would then carry)."""
+    root = Path(accumlib.__file__).resolve().parents[1]
+    at = f"{Path(__file__).resolve().relative_to(root)}:{line_of('BACKWARD')}"
+    monkeypatch.chdir(root / "notebooks")
+    finding = next(f for f in run(never_divided).findings if f.code == "unscaled-sum")
+    assert finding.where == (at,), finding.where
+    monkeypatch.chdir(root / "tests")  # under the working directory: named from it, as before
+    finding = next(f for f in run(never_divided).findings if f.code == "unscaled-sum")
+    assert finding.where == (f"test_verify_sites.py:{line_of('BACKWARD')}",), finding.where
+
+
 def test_a_correct_loop_has_no_sites_and_a_run_finding_none():
     def right(model, opt, loader):
         for i, (x, y) in enumerate(loader):

@@ -42,10 +42,14 @@ _CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
 _LIBRARY = ""  # a frame of torch, a framework, the standard library or verify: look further out
 
 
-@lru_cache(maxsize=4096)
 def _shown(filename: str) -> str | None:
     """How a frame's file is named in a finding; ``_LIBRARY`` for a frame that is not the user's, None
     for the user's code without a file to point at (``<stdin>``, a README's example run by exec)."""
+    return _named(filename, os.getcwd())  # the name depends on the working directory: part of the key
+
+
+@lru_cache(maxsize=4096)
+def _named(filename: str, cwd: str) -> str | None:
     if filename.startswith("<frozen"):
         return _LIBRARY
     if filename.startswith("<"):
@@ -59,7 +63,13 @@ def _shown(filename: str) -> str | None:
         return None
     if path.is_relative_to(_PACKAGE):
         return str(Path("accumlib") / path.relative_to(_PACKAGE))
-    return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+    if path.is_relative_to(cwd):
+        return os.path.relpath(path, cwd)
+    if path.is_relative_to(_PACKAGE.parent):
+        # beside the package in its checkout (the course's examples from a notebook's folder): named from the
+        # checkout's root, the same on every machine, where the absolute path would name this one
+        return str(path.relative_to(_PACKAGE.parent))
+    return str(path)
 
 
 def code_site(code: CodeType) -> str:
