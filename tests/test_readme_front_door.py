@@ -77,7 +77,7 @@ def test_every_accumlib_command_of_the_readme_runs_as_written_with_its_exit_stat
 
 
 def test_the_line_the_readme_tells_to_delete_is_the_loss_scaling():
-    script = (ROOT / "accumlib" / "examples" / "scripts" / "train_gpt_shape.py").read_text().splitlines()
+    script = (ROOT / "accumlib_course/examples/scripts/train_gpt_shape.py").read_text().splitlines()
     n = int(re.search(r"Delete the script's line (\d+) \(`([^`]+)`\)", README).group(1))
     said = re.search(r"Delete the script's line \d+ \(`([^`]+)`\)", README).group(1)
     assert script[n - 1].strip().startswith(said), script[n - 1]
