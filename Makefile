@@ -50,10 +50,13 @@ lab: $(STAMP)
 
 # Every test: unit and property tests, nbval over every notebook, the browser tests. Test files are
 # spread over TEST_WORKERS processes (pytest-xdist; a file stays in one worker, so its shared runs and
-# launches are made once); TEST_WORKERS=0 runs them in this process, one after another.
+# launches are made once; tests/_schedule.py); TEST_WORKERS=0 runs them in this process, one after another.
+# 3 on CI's 2 cores: the tests wait on processes, kernels and pages often enough that a third worker fills
+# the gaps (a fresh clone's .ci/run on 2 AMD EPYC cores: 2 workers 13 min 59 s at 153% CPU, 3 workers 12 min
+# 4 s at 167%, 4 workers slower than 3: docs/development.md).
 # ruff and mypy run first (settings in pyproject.toml: line length 110, import order; the public names as mypy
 # sees them): a formatting, lint or typing finding fails the run before the tests' minutes.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP) lint
 	$(PY) -m pytest -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
