@@ -134,7 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader closed the pipe
 
 
+# commands that moved to the course beside the core (they need its extras, never a user's run)
+MOVED = {"survey": "python -m accumlib_course.survey", "ddp": "python -m accumlib_course.distributed"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given and given[0] in MOVED:
+        print(
+            f"accumlib: error: 'accumlib {given[0]}' moved to the course: run {MOVED[given[0]]}",
+            file=sys.stderr,
+        )
+        return 2
     args = build_parser().parse_args(argv)
     try:
         status = args.func(args)

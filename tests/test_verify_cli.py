@@ -166,6 +166,18 @@ def test_an_unknown_device_is_a_usage_error(capsys):
     assert "device must be 'cpu', 'cuda', 'auto' or a torch.device (got 'gpu')" in capsys.readouterr().err
 
 
+def test_a_command_that_moved_to_the_course_says_where_it_went(capsys):
+    """`accumlib survey` and `accumlib ddp` live in the course now: a usage error naming the new command,
+    before any work; a command that never existed is argparse's own error."""
+    assert main(["survey", "transformers"]) == 2
+    assert "python -m accumlib_course.survey" in capsys.readouterr().err
+    assert main(["ddp", "--world-size", "2"]) == 2
+    assert "python -m accumlib_course.distributed" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["nosuch"])
+    assert exit_.value.code == 2 and "invalid choice: 'nosuch'" in capsys.readouterr().err
+
+
 def test_ddp_world_size_beyond_the_machine_is_a_usage_error(capsys):
     from accumlib.distributed.launch import max_world_size
     from accumlib_course.distributed.cli import main as ddp_main  # python -m accumlib_course.distributed
