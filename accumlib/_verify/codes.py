@@ -180,6 +180,15 @@ CODES: dict[str, Code] = {
         at="clip",
         meaning="clipping applied to GradScaler-scaled gradients",
     ),
+    "scale-changed-inside-window": Code(
+        "bug",
+        "GradScaler's scale changed between the window's backwards, while unscale_ divides the summed "
+        "gradient by one scale: each micro-batch weighs its own scale over that one",
+        "call scaler.update() once per optimizer step, after scaler.step(optimizer), never between the "
+        "window's backwards",
+        at="backward",
+        meaning="GradScaler's scale changed inside a window (scaler.update() between backwards)",
+    ),
     "logged-loss-scaled": Code(
         "bug",
         "the loss the loop reports is off by about {k} = accum_steps",

@@ -227,6 +227,13 @@ def diagnose(n: StepNumbers, *, k: int) -> StepVerdict:
         out.batchnorm_limit = n.batchnorm  # a correct accumulation; the gap to the large batch is BatchNorm's
         return out
     fit_tol = max(FIT_RTOL, tol)  # a fit is as good as the replay it is fitted to
+    if len(set(n.scales)) > 1:  # read, not fitted: each micro-batch weighs its own scale over the step's one
+        out.codes.append("scale-changed-inside-window")
+        out.detail = (
+            f"GradScaler's scale at the window's backwards {[f'{s:g}' for s in n.scales]}, one unscale_ at "
+            f"the step: micro-batches weighted {[round(w, 4) for w in n.weights]} (1 is right)"
+        )
+        return out
     if counted_before_shift(n, fit_tol):
         out.codes.append("mean-of-means")
         out.detail = (
@@ -283,10 +290,7 @@ def _one_factor_measured(n: StepNumbers, tol: float) -> bool:
     w = n.weights
     if n.leak or not w or not all(near(x, w[0], SAME_FACTOR_RTOL) for x in w):
         return True
-    # the engine of ``accumlib run`` keeps a factor .grad took after the window's last backward apart from
-    # the weights (``n.rescaled``), verify's weights hold it: either is the one factor G should show
-    after = n.rescaled if math.isfinite(n.rescaled) else 1.0
-    return n.factor_resid <= tol and (near(n.factor, w[0], tol) or near(n.factor, w[0] * after, tol))
+    return n.factor_resid <= tol and near(n.factor, w[0], tol)
 
 
 def _job(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> None:
@@ -351,9 +355,14 @@ def _name(n: StepNumbers, out: StepVerdict, *, m: int, k: int, tol: float) -> No
             out.codes.append("zero-grad-inside-window")
             out.detail = f"micro-batches weighted {[round(x, 3) for x in w]} (1 is right)"
         return
-    if all(near(x, 1.0, tol) for x in w) and "no-zero-grad" in out.codes:
-        return  # every micro-batch right: what is off is the leak named above
+    after = n.rescaled if math.isfinite(n.rescaled) else 1.0  # what .grad took after the last backward
+    if all(near(x, after, tol) for x in w) and "no-zero-grad" in out.codes:
+        return  # every micro-batch's loss right: what is off is the leak named above: a decay is how it leaks
     out.detail = f"each micro-batch mean weighted {[round(x, 4) for x in v]}, items {sizes}"
+    if not near(after, 1.0, COEF_RTOL) and all(near(x, w[0], SAME_FACTOR_RTOL) for x in w):
+        # read, not fitted: one factor .grad took after the last backward, whatever count it happens to equal
+        _name_misscale(n, out, sum(w) / len(w), m=m, k=k, tol=tol)
+        return
     if all(near(x, v[0], tol) for x in v):
         if near(v[0], 1.0, tol) and m > 1:
             out.codes.append("unscaled-sum")

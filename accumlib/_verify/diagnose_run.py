@@ -64,7 +64,7 @@ def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float
         (a loss divided by 2N on a one-window run), so it stays ``misscaled``.
     """
     scaled = [(s, v) for s, v in zip(numbers, verdicts) if v.codes == ["misscaled"] and not s.clips]
-    if len(scaled) < 2 or any(v.factor is None or _shrink(s, v) >= 1 for s, v in scaled):
+    if len(scaled) < 2 or any(v.factor is None or v.factor >= 1 for _, v in scaled):
         return None
     norms = [math.sqrt(s.gg) for s, _ in scaled]
     c = max(norms)
@@ -74,12 +74,6 @@ def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float
     return None
 
 
-def _shrink(s: StepNumbers, v: StepVerdict) -> float:
-    """What the step's gradient was scaled by: c, times the rescale of .grad after the window's last
-    backward where the engine saw one (the in-place engine reads a clip of the loop's own there, while
-    its c, the micro-batches' weights, stays 1)."""
-    assert v.factor is not None
-    return v.factor * s.rescaled if v.cause == "rescaled" else v.factor
 
 
 def diagnose_run(
@@ -147,6 +141,7 @@ def step_rows(
                 fit=v.fit,
                 items_per_rank=tuple(s.rank_items),
                 cause=v.cause if "misscaled" in v.codes else "",
+                weights=tuple(s.weights),
             )
         )
     return rows

@@ -413,11 +413,24 @@ class InPlace:
             self.problem("unseen-loss", self.sites["backward"])
         fits = []
         for b, r, n, norm2 in zip(w, ratios, items, norms):
-            a = 1.0 / (r[0] * b.scale) if r is not None and r[0] != 0 else math.nan
+            # u_j / m_j, GradScaler's scale at this backward included: what one item's loss gradient was
+            # multiplied by as it reached .grad (the unscale that divides it out comes at the step)
+            a = 1.0 / r[0] if r is not None and r[0] != 0 else math.nan
             exact = math.isfinite(b.beta) and math.isfinite(a)
             fits.append(Fit(len(b.calls), n, 0, a, b.beta, 0.0 if exact else math.nan, norm2))
         numbers.fits = fits
-        tail, numbers.weights = 1.0, [0.0] * len(fits)
+        numbers.scales = [b.scale for b in w]
+        numbers.clips, whose = share(self.clips, ps, own)
+        if not whose:  # which clip scaled which part by how much is not one coefficient
+            self.problem("several-optimizers", "a clip over two optimizers' parameters, and another clip")
+        complete = [c for c in numbers.clips if c.seen >= len(w)]
+        numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
+        # ONE convention for a weight, the copying engine's: everything .grad took between the backward and
+        # the step but a clip (which verify undoes and judges apart), the unscale and a p.grad.mul_ included.
+        # Where .grad changed after the last backward by no single factor, the unscale alone is assumed and
+        # the measurement says the rest (``diagnose._one_factor_measured``)
+        after = betas[-1] / numbers.unclip if math.isfinite(betas[-1]) else 1.0 / self.scale
+        tail, numbers.weights = after, [0.0] * len(fits)
         for j in range(len(fits) - 1, -1, -1):  # w_j = N a_j prod_{l>j} beta_l (``WindowOracle.weights``)
             numbers.weights[j] = numbers.items * fits[j].a * tail
             tail *= fits[j].beta
@@ -427,11 +440,6 @@ class InPlace:
         )  # .grad held something as the window opened
         numbers.leak, numbers.leak_coef = self.leak, tail
         numbers.finite = all(math.isfinite(f.a) for f in fits)
-        numbers.clips, whose = share(self.clips, ps, own)
-        if not whose:  # which clip scaled which part by how much is not one coefficient
-            self.problem("several-optimizers", "a clip over two optimizers' parameters, and another clip")
-        complete = [c for c in numbers.clips if c.seen >= len(w)]
-        numbers.unclip = math.prod(clipped(c.total_norm, c.max_norm) for c in complete)
         numbers.rescaled = unexplained(betas[-1], numbers.unclip, self.scale)
         numbers.grad_hooks = hooks
         numbers.batchnorm = self.batchnorm

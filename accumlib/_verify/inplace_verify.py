@@ -82,18 +82,12 @@ def take(numbers: StepNumbers, eng: InPlace, optimizer: torch.optim.Optimizer, r
     numbers.items, numbers.loss_sum = got.items, got.loss_sum
     numbers.sequences = sum(rows for _, rows in groups)
     numbers.fits = [replace(f, batches=b, sequences=rows) for f, (b, rows) in zip(got.fits, groups)]
-    # what .grad was multiplied by after the window's last backward (a sum divided at the end, a factor no
-    # clip or GradScaler explains: the recorder's ``rescaled``) belongs to every weight, as the recompute
-    # oracle's fit at the step counts it; the engine keeps it apart
-    after = numbers.rescaled
-    if (
-        rec.ranks is not None
-    ):  # a job reports no weights (each rank's fit its own share): G meets the job's sum
-        after = 1.0
-    elif not math.isfinite(after):
+    # the engine's weights hold everything .grad took but a clip, as the recompute oracle's fit does; a
+    # change after the last backward that is no single factor is what only a replay can weigh
+    if rec.ranks is None and not math.isfinite(numbers.rescaled):
         raise Fallback(f"step {t}: .grad changed after the last backward by no single factor")
-    numbers.weights = [w * after for w in got.weights]
-    numbers.leak, numbers.leak_coef = got.leak, got.leak_coef * after
+    numbers.weights, numbers.scales = list(got.weights), list(got.scales)
+    numbers.leak, numbers.leak_coef = got.leak, got.leak_coef
     numbers.rel, numbers.factor, numbers.factor_resid = got.rel, got.factor, got.factor_resid
     numbers.gg, numbers.gt, numbers.tt = got.gg, got.gt, got.tt
 

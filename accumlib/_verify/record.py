@@ -82,6 +82,7 @@ class Recorder:
     forwards: int = 0
     drawn: int = 0
     scale: float = 1.0  # GradScaler's, at the loop's last scale() call
+    scales: list[float] = field(default_factory=list)  # GradScaler's scale at each backward of the window
     end_next: bool = False  # an IterableDataset ran out while this batch was being drawn
     used_indices: set[int] = field(default_factory=set)  # dataset indices of windows that reached a step
     position: int = 0  # place of the last micro-batch drawn in its pass over the data
@@ -281,6 +282,7 @@ class Recorder:
         self.backwards += 1
         if self.sites.get("at") != str(self.forwards):  # once per backward: the user's backward call
             self.sites.update(at=str(self.forwards), backward=user_site() or "")
+            self.scales.append(self.scale)
         g = p.grad
         # what .grad holds after this backward (touched.py): a factor applied before the step shows as the
         # ratio. Not in a job: its .grad is averaged across ranks after this
@@ -379,6 +381,7 @@ class Recorder:
         numbers.frozen_changed = self.frozen_changed
         r = rescale(self.params, self.prints) if self.ranks is None else math.nan
         numbers.rescaled, numbers.grad_hooks = unexplained(r, numbers.unclip, self.scale), hooked(self.params)
+        numbers.scales = list(self.scales)
         if self.engine is not None:  # judged in place: the loop's own backward is the oracle
             try:
                 take(numbers, self.engine, optimizer, self)
@@ -440,7 +443,7 @@ class Recorder:
         for b in self.window:
             self.used_indices.update(self.mbs[b].indices or ())
         self._release(self.window)
-        self.window, self.group, self.lrs, self.clips, self.groups = [], [], [], [], []
+        self.window, self.group, self.lrs, self.clips, self.groups, self.scales = [], [], [], [], [], []
         self.prints.clear()
         self.sites.clear()
         self.how, self.lr_changed, self.untracked, self.frozen_changed = Replay(), False, 0, False

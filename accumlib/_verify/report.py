@@ -123,6 +123,9 @@ class StepRow:
     cause: str = (
         ""  # misscaled: the known cause its c matches (a key of diagnose.CAUSES, e.g. "shift"), or ""
     )
+    # each micro-batch's effective weight (1 is right): what its items' loss gradients were multiplied by
+    # on the way to the optimizer, over 1/N, every factor .grad took included but a clip; () in a job
+    weights: tuple[float, ...] = ()
 
     @property
     def cosine(self) -> float:

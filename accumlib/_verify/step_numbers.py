@@ -53,6 +53,9 @@ class StepNumbers:
     # the one factor .grad was multiplied by between the window's last backward and the step, clips and
     # GradScaler's unscale_ included (1.0: untouched; nan: not one factor, or not measured)
     rescaled: float = 1.0
+    # GradScaler's scale at each backward of the window (1.0 without one): unequal, the micro-batches weigh
+    # their scale over the one unscale_ divided the sum by
+    scales: list[float] = field(default_factory=list)
     untracked: int = 0  # forwards on data that came from no loader verify knows
     skipped: bool = False
     finite: bool = True

@@ -42,6 +42,7 @@ from .bugs import (
     bug_logged_loss_scaled,
     bug_misscaled,
     bug_no_zero_grad,
+    bug_scale_changed_inside_window,
     bug_scheduler_per_micro_batch,
     bug_tail_misscaled,
     bug_unscaled_sum,
@@ -94,8 +95,9 @@ class GalleryLoop:
         """The loop's code, for display."""
         return inspect.getsource(self.fn)
 
-    def run(self) -> Report:
-        """Verify this loop on its task with ``accum_steps=K``, the task's batch size and plain SGD."""
+    def run(self, oracle: str = "auto") -> Report:
+        """Verify this loop on its task with ``accum_steps=K``, the task's batch size and plain SGD
+        (``oracle``: ``accumlib.verify``'s)."""
         t = get_task(self.task)
         model = MLP(dropout=self.dropout) if self.dropout else t.make_model(0)
         data = t.make_dataset() if self.n_items is None else digits(self.n_items, image="cnn" in self.task)
@@ -107,6 +109,7 @@ class GalleryLoop:
             accum_steps=K,
             batch_size=t.batch_size,
             collate_fn=t.collate_fn,
+            oracle=oracle,
         )
 
 
@@ -206,6 +209,12 @@ GALLERY: dict[str, GalleryLoop] = _Gallery(
             bug_clip_before_unscale,
             _E({"clip-before-unscale"}),
             "GradScaler without unscale_ before clipping",
+            n_items=128,
+        ),
+        "bug-scale-changed-inside-window": GalleryLoop(
+            bug_scale_changed_inside_window,
+            _E({"scale-changed-inside-window"}),
+            "GradScaler's scale changed between the window's backwards",
             n_items=128,
         ),
         "bug-logged-loss-scaled": GalleryLoop(

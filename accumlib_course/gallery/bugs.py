@@ -98,6 +98,17 @@ def bug_clip_before_unscale(model, optimizer, loader):
             optimizer.zero_grad()
 
 
+def bug_scale_changed_inside_window(model, optimizer, loader):
+    scaler = torch.amp.GradScaler("cpu")
+    for i, (x, y) in enumerate(loader):
+        scaler.scale(F.cross_entropy(model(x), y) / K).backward()
+        scaler.update(scaler.get_scale() * 2)  # the scale doubles between the window's backwards
+        if (i + 1) % K == 0:
+            scaler.step(optimizer)  # unscale_ divides the window's sum by the last scale only
+            scaler.update()
+            optimizer.zero_grad()
+
+
 def bug_logged_loss_scaled(model, optimizer, loader):
     total, n = 0.0, 0
     for i, (x, y) in enumerate(loader):

@@ -73,8 +73,8 @@ MUTANTS = [
     Mutant(
         "a factor applied after the last backward left out of the weights",
         "replace",
-        "[w * after for w in got.weights]",
-        "list(got.weights)",
+        "(after, [0.0] * len(fits))",
+        "(1.0, [0.0] * len(fits))",
         killers=(
             "tests/test_verify_boundaries.py::test_grad_divided_by_k_after_every_backward_is_zero_grad_inside_window",
         ),
@@ -143,7 +143,7 @@ MUTANTS = [
         "drop-clause",
         "n.epoch_end and m == n.pass_length % k",
         "m == n.pass_length % k",
-        killers=("tests/test_gallery.py::test_gallery_loop_gets_exactly_its_codes",),
+        killers=("tests/test_gallery.py::test_every_door_gives_a_gallery_loop_one_verdict",),
     ),
     Mutant(
         "a window longer than k not named (k = 4 where 2 is asked, one step per epoch pass)",
@@ -364,7 +364,7 @@ MUTANTS = [
     Mutant(
         "a clip refuted only when every step scales up, not any",
         "replace",
-        "any((v.factor is None or _shrink(s, v) >= 1 for s, v in scaled))",
+        "any((v.factor is None or v.factor >= 1 for _, v in scaled))",
         "all",
         node="any",
         killers=(
@@ -569,8 +569,9 @@ MUTANTS = [
     Mutant(
         "micro-batches drawn ahead forgotten at each step",
         "replace",
-        "self.window, self.group, self.lrs, self.clips, self.groups = ([], [], [], [], [])",
-        "self.window, self.group, self.lrs, self.clips, self.groups, self.fresh = ([], [], [], [], [], [])",
+        "self.window, self.group, self.lrs, self.clips, self.groups, self.scales = ([], [], [], [], [], [])",
+        "self.window, self.group, self.lrs, self.clips, self.groups, self.scales, self.fresh = "
+        "([], [], [], [], [], [], [])",
         killers=("tests/test_verify.py::test_exact_loop_passes_with_tiny_error",),
     ),
     Mutant(

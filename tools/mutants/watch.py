@@ -7,6 +7,7 @@ from mutate import Mutant
 TESTS = [
     "tests/test_watch.py",
     "tests/test_watch_gallery.py",
+    "tests/test_gallery.py",
     "tests/test_watch_passes.py",
     "tests/test_watch_trainer.py",
     "tests/test_watch_optimizers.py",
@@ -58,7 +59,7 @@ MUTANTS = [
         "replace",
         "len({b.frozen & {id(p) for p in _params(opt)} for b in w}) > 1",
         "False",
-        killers=("tests/test_watch_gallery.py::test_every_gallery_loop_gets_verifys_codes_under_watch",),
+        killers=("tests/test_gallery.py::test_every_door_gives_a_gallery_loop_one_verdict",),
     ),
     Mutant(
         "a job's ranks taken as stepping alike without comparing their checksums",
@@ -72,7 +73,7 @@ MUTANTS = [
     Mutant(
         "weights of one factor taken as the gradient's without meeting the measured factor",
         "replace",
-        "n.factor_resid <= tol and (near(n.factor, w[0], tol) or near(n.factor, w[0] * after, tol))",
+        "n.factor_resid <= tol and near(n.factor, w[0], tol)",
         "True",
         killers=(
             "tests/test_watch.py::test_rows_of_grad_masked_through_data_are_unexplained_not_a_misscale_by_one",
@@ -82,9 +83,9 @@ MUTANTS = [
     Mutant(
         "a clip of the loop's own judged by the micro-batches' weights alone, not the rescale it made",
         "replace",
-        "v.factor * s.rescaled if v.cause == 'rescaled' else v.factor",
-        "v.factor",
-        killers=("tests/test_watch_gallery.py::test_every_gallery_loop_gets_verifys_codes_under_watch",),
+        "(after, [0.0] * len(fits))",
+        "(1.0, [0.0] * len(fits))",
+        killers=("tests/test_gallery.py::test_every_door_gives_a_gallery_loop_one_verdict",),
     ),
     # ---- passes over the data (watch.py) ---------------------------------------------------------------
     Mutant(
