@@ -127,6 +127,13 @@ CAUSES = {
         "up (same reduction over outputs, same extra terms); if it does, divide the loop's summed item "
         "losses by the window's item count N",
     ),
+    "divisor": (
+        "c = 1/d for a whole number d = {d} that matches no count of the window: the loss was divided by d "
+        "(a gradient_accumulation_steps left in the loss of a run that steps every micro-batch, a world "
+        "size, a fixed number of micro-batches)",
+        "divide the window's summed item losses by its item count N and nothing else: a mean loss of a "
+        "window of one micro-batch needs no further division",
+    ),
     "1/b": (
         "c = m/N = 1/b (a short last window divided by k x b: (m/k)/b): each micro-batch's mean was divided "
         "by its "
@@ -137,8 +144,20 @@ CAUSES = {
 }
 
 
-def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float, ranks: int = 1) -> str:
-    """The key of the known cause a factor matches (see ``CAUSES``), or ''."""
+def causes(
+    c: float,
+    *,
+    m: int,
+    k: int,
+    items: int,
+    sequences: int,
+    rtol: float,
+    ranks: int = 1,
+    own_items: bool = False,
+) -> str:
+    """The key of the known cause a factor matches (see ``CAUSES``), or ''. ``own_items``: the items are
+    the run's own loss calls' (``StepNumbers.own_items``): a whole-number 1/c is then a divisor of the
+    script's own, not item_losses reducing an item otherwise than the loop."""
     # a sequence adds one unpredicted label only where items are tokens: more items than sequences
     known = [("1/R", 1 / ranks), ("R", float(ranks))] if ranks > 1 else []
     known += (
@@ -155,7 +174,7 @@ def causes(c: float, *, m: int, k: int, items: int, sequences: int, rtol: float,
             return key
     d = round(c) if c >= 1 else round(1 / c) if c > 0 else 0
     if d >= 2 and near(c, d if c >= 1 else 1 / d, rtol):  # a whole ratio no count explains: a reduction
-        return "reduction"
+        return "divisor" if own_items and c < 1 else "reduction"
     return ""
 
 
@@ -392,7 +411,9 @@ def _name_misscale(n: StepNumbers, out: StepVerdict, c: float, *, m: int, k: int
         return
     out.codes.append("misscaled")
     out.factor = c
-    out.cause = causes(c, m=m, k=k, items=n.items, sequences=n.sequences, rtol=tol, ranks=n.ranks)
+    out.cause = causes(
+        c, m=m, k=k, items=n.items, sequences=n.sequences, rtol=tol, ranks=n.ranks, own_items=n.own_items
+    )
     # what verify saw change the gradient outside the loss comes first: it is where the factor came from
     if n.grad_hooks:
         out.cause = "hook"

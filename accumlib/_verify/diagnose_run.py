@@ -74,8 +74,6 @@ def infer_clip(numbers: list[StepNumbers], verdicts: list[StepVerdict]) -> float
     return None
 
 
-
-
 def diagnose_run(
     numbers: list[StepNumbers], *, k: int, ranks_codes: Sequence[Sequence[list[str]]] = ()
 ) -> tuple[list[StepVerdict], float | None]:
@@ -191,6 +189,9 @@ def step_findings(numbers: list[StepNumbers], verdicts: list[StepVerdict], *, k:
             ),
             "rescaled": dict(
                 r=next((numbers[t].rescaled for t in at["misscaled"] if verdicts[t].cause == "rescaled"), 1.0)
+            ),
+            "divisor": dict(
+                d=next((round(1 / v.factor) for v in verdicts if v.cause == "divisor" and v.factor), "d")
             ),
         }
         details["misscaled"] = [

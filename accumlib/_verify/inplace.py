@@ -389,6 +389,7 @@ class InPlace:
             self.problem("unseen-loss", self.sites["step"])
         numbers = StepNumbers(len(w), current_lr(opt), lr_changed=self.lr_changed, sites=dict(self.sites))
         numbers.optimizer = self.stepping[id(opt)]
+        numbers.own_items = True
         if not w and not job:
             return self.finish(numbers)
         numbers.lrs = [b.lrs[id(opt)] for b in w if id(opt) in b.lrs]  # none before the optimizer was known

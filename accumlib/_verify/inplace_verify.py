@@ -79,7 +79,7 @@ def take(numbers: StepNumbers, eng: InPlace, optimizer: torch.optim.Optimizer, r
         raise Fallback(f"step {t}: {len(got.fits)} backwards for {len(groups)} groups of micro-batches")
     if not math.isclose(got.unclip, numbers.unclip, rel_tol=1e-6):
         raise Fallback(f"step {t}: clips read {got.unclip} and {numbers.unclip}")
-    numbers.items, numbers.loss_sum = got.items, got.loss_sum
+    numbers.items, numbers.loss_sum, numbers.own_items = got.items, got.loss_sum, True
     numbers.sequences = sum(rows for _, rows in groups)
     numbers.fits = [replace(f, batches=b, sequences=rows) for f, (b, rows) in zip(got.fits, groups)]
     # the engine's weights hold everything .grad took but a clip, as the recompute oracle's fit does; a

@@ -57,6 +57,9 @@ class StepNumbers:
     # their scale over the one unscale_ divided the sum by
     scales: list[float] = field(default_factory=list)
     untracked: int = 0  # forwards on data that came from no loader verify knows
+    # the items are the run's own loss calls' (judged in place; in verify, checked against item_losses'
+    # once): a whole-number c is then a divisor of the script's own, never item_losses' other reduction
+    own_items: bool = False
     skipped: bool = False
     finite: bool = True
     items: int = 0
