@@ -8,8 +8,10 @@ GradScaler gave each backward, a factor applied after the last backward, where t
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
+from _watch_loops import PAD, assert_figures, run
 from torch.utils.data import DataLoader
 
 import accumlib
@@ -77,3 +79,44 @@ def test_verify_with_item_losses_still_says_item_losses_may_reduce_otherwise():
     )
     # in place, the loop's loss calls were checked against item_losses' once: the divisor is the loop's
     assert in_place.oracle == "in-place" and {r.cause for r in in_place.steps} == {"divisor"}, in_place
+
+
+def _scale_grads_after(mean: bool):
+    """torchtune's full-finetune recipe in shape: each micro-batch backwards its loss, the window's tokens
+    are counted as it goes, and ``scale_grads`` multiplies every ``.grad`` once after the last backward:
+    by 1/tokens (right, with summed token losses), or by 1/k (a mean of micro-batch means)."""
+
+    def loop(model, opt, batches, k):
+        batches = list(batches)
+        for s in range(0, len(batches), k):
+            window, tokens = batches[s : s + k], 0
+            for x, y in window:
+                loss = F.cross_entropy(
+                    model(x).transpose(1, 2), y, ignore_index=PAD, reduction="mean" if mean else "sum"
+                )
+                tokens += int((y != PAD).sum())
+                loss.backward()
+            for p in model.parameters():
+                p.grad.mul_(1 / (k if mean else tokens))  # scale_grads
+            opt.step()
+            opt.zero_grad()
+
+    return loop
+
+
+def test_a_factor_applied_after_the_last_backward_belongs_to_every_weight():
+    """Before: the in-place engine kept scale_grads' factor apart from the weights, which read [1, 1, 1, 1]
+    (the sum) or a factor of about N: the ragged mean of means was named ``unscaled-sum``, and the
+    correct sum passed only through a second convention in the rules. Now both weigh as the test's own
+    truth says (``_watch_loops.run``: the merged window's true gradient)."""
+    good, truth = run(_scale_grads_after(mean=False))
+    assert good.ok and good.codes == set(), good
+    assert max(truth) < FLOAT32_RTOL
+    assert all(w == pytest.approx(1.0, rel=FLOAT32_RTOL) for r in good.steps for w in r.weights)
+    bad, truth = run(_scale_grads_after(mean=True))
+    assert not bad.ok and "mean-of-means" in bad.codes and "unscaled-sum" not in bad.codes, bad
+    assert min(truth) > 1e-3
+    assert_figures(bad, truth)
+    # each micro-batch mean weighted 1/k: its tokens weigh N / (k n_j), read from the run itself
+    for row in bad.steps:
+        assert len(set(round(w, 6) for w in row.weights)) > 1
