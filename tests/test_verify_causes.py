@@ -120,3 +120,67 @@ def test_a_factor_applied_after_the_last_backward_belongs_to_every_weight():
     # each micro-batch mean weighted 1/k: its tokens weigh N / (k n_j), read from the run itself
     for row in bad.steps:
         assert len(set(round(w, 6) for w in row.weights)) > 1
+
+
+def _tiny_llama_run(count_before_shift: bool, *, per_micro_batch: bool):
+    """A tiny Llama built from its config (Transformers' own causal-LM loss, which shifts the labels), 8
+    padded micro-batches of 2 sequences, k = 4, under watch. ``per_micro_batch``: each micro-batch's mean
+    over its shifted labels is weighted by its own label count over the window's (Accelerate's example);
+    else the window's count is handed to the model as ``num_items_in_batch`` (the Trainer's). The count
+    is taken after the shift (right) or before it (one label too many per sequence)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(8):
+        ids = torch.randint(0, 50, (2, 12), generator=g)
+        labels = ids.clone()
+        lengths = torch.randint(3, 13, (2,), generator=g)
+        labels[torch.arange(12)[None] >= lengths[:, None]] = -100
+        batches.append((ids, labels))
+
+    def count(labels):
+        return (labels if count_before_shift else labels[:, 1:]).ne(-100).sum()
+
+    with accumlib.watch(accum_steps=4, scan=False) as seen:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for s in range(0, 8, 4):
+            window = batches[s : s + 4]
+            total = sum(count(labels) for _, labels in window)
+            for ids, labels in window:
+                if per_micro_batch:
+                    (model(input_ids=ids, labels=labels).loss * count(labels) / total).backward()
+                else:
+                    model(input_ids=ids, labels=labels, num_items_in_batch=total).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert seen.report is not None
+    return seen.report
+
+
+@pytest.mark.parametrize("per_micro_batch", [True, False])
+def test_labels_counted_before_a_causal_lms_shift_are_named_by_the_shift(per_micro_batch):
+    """The in-place engine's fits carried no sequences, so the rules for labels counted before the shift
+    could never match on it: at 5d241f5 the per-micro-batch weighting read ``unexplained`` here (and
+    ``misscaled`` with c = 1.0000 on ~250-token sequences). The sequences are now read from the loss
+    call's target (Transformers flattens the shifted labels as a view of a (rows, length) tensor)."""
+    good = _tiny_llama_run(False, per_micro_batch=per_micro_batch)
+    assert good.ok and good.codes == set(), good
+    assert max(r.rel_error for r in good.steps) < FLOAT32_RTOL
+    bad = _tiny_llama_run(True, per_micro_batch=per_micro_batch)
+    assert not bad.ok, bad
+    if per_micro_batch:  # weights (N_j + S_j) / N_j x sum N / sum (N + S), read per micro-batch
+        assert bad.codes == {"mean-of-means"}, bad
+        assert "shifted labels" in bad.findings[0].message, bad
+    else:  # one count too large for the whole window: c = N / (N + S)
+        assert bad.codes == {"misscaled"} and {r.cause for r in bad.steps} == {"shift"}, bad

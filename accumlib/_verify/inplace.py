@@ -405,6 +405,7 @@ class InPlace:
         norms = read[at:]
         items = [int(sum(c.items for c in b.calls)) for b in w]
         numbers.items = sum(items)
+        numbers.sequences = sum(c.sequences for b in w for c in b.calls)
         numbers.loss_sum = float(sum(c.loss_sum() for b in w for c in b.calls))
         spread = [float(s) for b in w for s in b.spread]
         for r in ratios:
@@ -418,7 +419,8 @@ class InPlace:
             # multiplied by as it reached .grad (the unscale that divides it out comes at the step)
             a = 1.0 / r[0] if r is not None and r[0] != 0 else math.nan
             exact = math.isfinite(b.beta) and math.isfinite(a)
-            fits.append(Fit(len(b.calls), n, 0, a, b.beta, 0.0 if exact else math.nan, norm2))
+            rows = sum(c.sequences for c in b.calls)  # a causal LM's sequences: the shift rule reads them
+            fits.append(Fit(len(b.calls), n, rows, a, b.beta, 0.0 if exact else math.nan, norm2))
         numbers.fits = fits
         numbers.scales = [b.scale for b in w]
         numbers.clips, whose = share(self.clips, ps, own)

@@ -46,6 +46,7 @@ class LossCall:
     node: Any  # the output's grad_fn, the node a backward's graph walk stops at
     value: torch.Tensor  # the output, detached: the loss sum of its items, read at the step
     index: int = 0  # which of ``node``'s outputs it is (a function's output may be a split's, a view's)
+    sequences: int = 0  # the rows a token target came from (``_sequences``), 0 where it is no sequence's
 
     def loss_sum(self) -> torch.Tensor:
         """The sum of its items' losses, in float64 (a mean times its items)."""
@@ -58,6 +59,19 @@ def _class_items(target: torch.Tensor, weight: torch.Tensor | None, ignore: int)
     if weight is None:
         return keep.sum()
     return weight[target.clamp(min=0)].mul(keep).sum()  # a weighted mean divides by the weights' sum
+
+
+def _sequences(name: str, args: tuple[Any, ...]) -> int:
+    """The sequences a class target's tokens came from: its leading size where it is 2-D or more, or its
+    base's where it is a flat view of one (Transformers' causal-LM loss flattens the shifted labels with
+    ``.view(-1)``); 0 for one label per item. The rule for labels counted before the shift reads it."""
+    if name not in ("cross_entropy", "nll_loss") or len(args) < 2 or not isinstance(args[1], torch.Tensor):
+        return 0
+    target = args[1]
+    if target.is_floating_point():
+        return 0
+    shaped = target if target.dim() >= 2 else target._base
+    return int(shaped.shape[0]) if isinstance(shaped, torch.Tensor) and shaped.dim() >= 2 else 0
 
 
 def _cross_entropy(args: tuple[Any, ...]) -> tuple[int, torch.Tensor]:
@@ -104,6 +118,7 @@ def _wrap(name: str, original: Any, items: Callable[[tuple[Any, ...]], tuple[int
             with torch.no_grad():
                 reduction, n = items(args)
             seen = LossCall(name, user_site() or "", REDUCTIONS[reduction], n, out.grad_fn, out.detach())
+            seen.sequences = _sequences(name, args)
             for listener in list(_listeners):
                 listener(seen)
         return out
