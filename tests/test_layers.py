@@ -156,3 +156,59 @@ def test_no_module_takes_a_standard_library_modules_name():
     assert not found, found
     # the test sees one: a module named like the standard library's would be caught
     assert "numbers" in sys.stdlib_module_names and "oracle" not in sys.stdlib_module_names
+
+
+def import_cycles(files: dict[str, tuple[str, bool]]) -> list[list[str]]:
+    """The groups of modules (of ``files``: name -> (source, is a package)) that import each other round a
+    circle, every import counted: module-level, inside a function, under ``TYPE_CHECKING`` (a circle
+    hidden is a circle). A module's own parent packages are left out: Python imports them first, always."""
+    names = set(files)
+    edges = {
+        m: {i for i in imported(src, m, pkg) if i in names and i != m and not m.startswith(i + ".")}
+        for m, (src, pkg) in files.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                group.append(w)
+            if group:
+                out.append(sorted([v, *group]))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_core_has_no_import_circle():
+    """Data flows forward through verify's stages: no module imports one that imports it back (issue 47
+    found 7 of _verify's modules in one circle: inplace, inplace_job, inplace_verify, patches, ranks,
+    record, shadow)."""
+    files = {module_name(p, CORE): (p.read_text(), p.name == "__init__.py") for p in CORE.rglob("*.py")}
+    assert import_cycles(files) == []
+
+
+def test_the_circle_check_finds_a_circle_hidden_under_type_checking():
+    files = {
+        "pkg": ("from . import d\n", True),
+        "pkg.a": ("from .b import x\n", False),
+        "pkg.b": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import y\n", False),
+        "pkg.c": ("def f():\n    from .a import z\n", False),
+        "pkg.d": ("from .a import x\n", False),
+    }
+    assert import_cycles(files) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert import_cycles({k: v for k, v in files.items() if k != "pkg.c"}) == []

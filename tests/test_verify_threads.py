@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import accumlib
 from accumlib import get_task
 from accumlib._verify import clips
-from accumlib._verify.lock import VerifyBusy
+from accumlib._verify.errors import VerifyBusy
 from accumlib.tolerances import FLOAT32_RTOL
 
 TASK = get_task("mlp-digits")

@@ -20,8 +20,9 @@ The in-place engine, for runs verify did not set up (``accumlib.watch``, ``accum
 ``StepNumbers`` per step) -> ``watch`` (the same diagnose and report stages); ``run_cli``: the command.
 """
 
-from .api import VerifyError, verify
+from .api import verify
 from .codes import CODES, Code
+from .errors import VerifyError
 from .report import EXIT_STATUS, Finding, Report, StepRow
 from .watch import watch
 

@@ -29,15 +29,16 @@ from .diagnose_run import (
     step_findings,
     step_rows,
 )
+from .errors import Fallback, StopRun, VerifyError
 from .inplace import InPlace
 from .inplace_patches import observed
-from .inplace_verify import Fallback, rng_state, set_rng_state
+from .inplace_verify import rng_state, set_rng_state
 from .items_used import coverage, job_coverage, leftover
 from .job import judge_job
 from .lock import one_run
 from .patches import patched
 from .ranks import Ranks, in_group, sharded
-from .record import BN_TYPES, Recorder, StopRun
+from .record import BN_TYPES, Recorder
 from .report import Finding, Report
 from .shadow import disable_dropout, first_layer, make_shadow
 from .sites import user_site
@@ -47,17 +48,6 @@ DEFAULT_LR = 0.05  # plain SGD: every gradient error shows 1:1 in the update, un
 # verify's own stages: this package and the oracle's shared gradient (accumlib/oracle.py)
 _OWN = (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "oracle.py"))
 _TORCH = str(Path(torch.__file__).resolve().parent)
-
-
-class VerifyError(RuntimeError):
-    """verify itself could not judge the run: it failed inside its own stages (a case it does not
-    handle), not in the user's code. The command line exits 4 on it, not 3 ("your code raised").
-
-    >>> import accumlib
-    >>> # an exception from the loop itself propagates as it is
-    >>> issubclass(accumlib.VerifyError, RuntimeError)
-    True
-    """
 
 
 def _raised_by_verify(err: BaseException) -> bool:
@@ -410,4 +400,4 @@ def _judge(
     return Report(rows, findings + off, k, stepped, cov.total, logged, true_loss)
 
 
-__all__ = ["VerifyError", "check_args", "verify"]
+__all__ = ["check_args", "verify"]

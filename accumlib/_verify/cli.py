@@ -26,9 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-
-class UsageError(ValueError):
-    pass
+from .errors import UsageError
 
 
 def _load(target: str) -> tuple[ModuleType, Any]:
@@ -106,7 +104,8 @@ def _call(fn: Any, name: str) -> Any:
 
 def run_target(args: argparse.Namespace) -> int:
     from ..checks import check_int
-    from .api import VerifyError, check_args, verify
+    from .api import check_args, verify
+    from .errors import VerifyError
     from .report import EXIT_STATUS
 
     try:

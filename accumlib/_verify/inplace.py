@@ -32,12 +32,12 @@ from typing import Any
 import torch
 
 from .clips import share
+from .errors import StopRun
 from .gradhooks import existing
 from .inplace_job import measure_job, sharded, world
 from .losscalls import LossCall
 from .measure import against_sums
 from .patches import capture_at_step, current_lr, lrs
-from .record import StopRun
 from .sites import user_site
 from .step_numbers import Clip, StepNumbers
 from .touched import PRINT, factors, head, hooked, prints, unexplained

@@ -30,9 +30,9 @@ def observed(eng: InPlace, *, scan: bool) -> Iterator[None]:
         on_grad_hooks(eng.saw_hook),
         backwards(eng),
         batchnorm(eng),
-        clipping(eng),  # type: ignore[arg-type]
-        scaler(eng),  # type: ignore[arg-type]
-        schedulers(eng),  # type: ignore[arg-type]
+        clipping(eng),
+        scaler(eng),
+        schedulers(eng),
     ):
         yield
 

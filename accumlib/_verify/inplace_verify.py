@@ -29,28 +29,44 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from ..batches import checked_losses, to_device
+from ..batches import ItemLosses, checked_losses, to_device
 from ..tolerances import ROUNDING_FLOOR
+from .errors import Fallback
+from .inplace import InPlace
 from .measure import dist
-from .step_numbers import StepNumbers
+from .ranks import Ranks
+from .step_numbers import MicroBatch, StepNumbers
 from .window_oracle import Replay, exact, gram, scratch_for
 
-if TYPE_CHECKING:
-    from .inplace import InPlace
-    from .record import Recorder
 
+class Recorder(Protocol):
+    """What these checks read of verify's recorder (``record.Recorder``), which calls them: the window it
+    followed and the oracle it would replay (a Protocol, so the recorder's module is not imported back)."""
 
-class Fallback(BaseException):
-    """The in-place engine cannot vouch for a step: verify runs the loop again on the recompute oracle.
-    A BaseException, as ``StopRun`` is: a loop's ``except Exception`` does not swallow it."""
+    engine: InPlace | None
+    groups: list[tuple[int, int]]  # (micro-batches, rows) per backward
+    how: Replay
+    mbs: dict[int, MicroBatch]
+    params: list[torch.nn.Parameter]
+    ranks: Ranks | None
+    shadow: torch.nn.Module
+    steps: list[StepNumbers]
+    switched: str
+    trainable: tuple[bool, ...]
+    window: list[int]
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    @property
+    def item_losses(self) -> ItemLosses: ...
+
+    def give_up(self, reason: str) -> None: ...
+
+    def replay_from_here(self) -> None: ...
+
+    def sync(self) -> list[torch.Tensor]: ...
 
 
 def take(numbers: StepNumbers, eng: InPlace, optimizer: torch.optim.Optimizer, rec: Recorder) -> None:
@@ -203,4 +219,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
         sys.modules["numpy"].random.set_state(state["numpy"])
 
 
-__all__ = ["Fallback", "rng_state", "same_oracle", "set_rng_state", "take", "take_over"]
+__all__ = ["rng_state", "same_oracle", "set_rng_state", "take", "take_over"]

@@ -35,13 +35,9 @@ from typing import Any
 
 import torch
 
+from .errors import ItemLossesError
 from .losscalls import LossCall
 from .sites import user_site
-
-
-class ItemLossesError(ValueError):
-    """``item_losses`` misnamed, or its function broke its contract during the run: a usage error
-    (``accumlib run`` exits 2), raised as a ValueError naming the argument, the rule and the value."""
 
 
 def parse(spec: str, script: str | None = None) -> tuple[str, str]:
@@ -204,4 +200,4 @@ def run_main(script: str, wrap: tuple[str, Callable[[Any], Any]] | None = None) 
             sys.modules["__main__"] = before
 
 
-__all__ = ["ItemLossesError", "check_in_script", "in_module", "is_script", "parse", "run_main", "wrapper"]
+__all__ = ["check_in_script", "in_module", "is_script", "parse", "run_main", "wrapper"]

@@ -14,12 +14,10 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+from .errors import VerifyBusy
+
 _lock = threading.RLock()
 _running: list[tuple[str, str]] = []  # (entry point, thread name) of the run that holds the lock
-
-
-class VerifyBusy(RuntimeError):
-    """Another verify run is recording in this process: runs take turns."""
 
 
 @contextlib.contextmanager
@@ -40,4 +38,4 @@ def one_run(entry: str) -> Iterator[None]:
         _lock.release()
 
 
-__all__ = ["VerifyBusy", "one_run"]
+__all__ = ["one_run"]

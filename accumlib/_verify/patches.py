@@ -5,7 +5,7 @@ over the data ends).
 
 Patched at the class or module level, because frameworks call them from their own code
 (Accelerate's and Lightning's clipping, the Trainer's scheduler); a call for another model's
-parameters (a GAN's other half) is ignored. Each patch writes what it sees into the ``Recorder``
+parameters (a GAN's other half) is ignored. Each patch writes what it sees into the ``Watcher``
 it is given (``patched(rec)``): clips, scale, skipped steps, ``lr_changed``, where a pass began.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,8 +21,30 @@ from .clips import on_clip
 from .sites import user_site
 from .step_numbers import Clip, StepNumbers
 
-if TYPE_CHECKING:
-    from .record import Recorder
+
+class Watcher(Protocol):
+    """What the patches record into: verify's ``Recorder`` and the in-place engine (``InPlace``) alike."""
+
+    window: list[Any]
+    clips: list[Clip]
+    scale: float
+    lr_changed: bool
+    sites: dict[str, str]
+    steps: list[StepNumbers]
+
+    @property
+    def param_ids(self) -> set[int]: ...
+
+    def finish_step(self, numbers: StepNumbers) -> None: ...
+
+
+class LoaderWatcher(Watcher, Protocol):
+    """verify's ``Recorder``, which hands the loop its dataset and follows every pass over it."""
+
+    dataset: Any
+    data_passes: Any
+
+    def iteration_began(self, loader: Any) -> None: ...
 
 
 def lrs(opt: Any) -> tuple[float, ...]:
@@ -35,14 +57,14 @@ def current_lr(opt: torch.optim.Optimizer) -> float:
 
 
 @contextlib.contextmanager
-def patched(rec: Recorder) -> Iterator[None]:
+def patched(rec: LoaderWatcher) -> Iterator[None]:
     """Every patch, recording into ``rec``, for as long as the loop runs."""
     with clipping(rec), scaler(rec), schedulers(rec), _loaders(rec):
         yield
 
 
 @contextlib.contextmanager
-def _loaders(rec: Recorder) -> Iterator[None]:
+def _loaders(rec: LoaderWatcher) -> Iterator[None]:
     """Every DataLoader iteration over verify's dataset (its own loader, the loop's, a framework's
     re-created one): where a pass ends, drop_last and the sampler included."""
     from torch.utils.data import DataLoader
@@ -64,7 +86,7 @@ def _loaders(rec: Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def clipping(rec: Recorder) -> Iterator[None]:
+def clipping(rec: Watcher) -> Iterator[None]:
     """Every clip by norm torch performs (``clips.on_clip``: any import style, a framework's own call,
     torch's ``get_total_norm`` + ``clip_grads_with_norm_`` pair)."""
 
@@ -78,7 +100,7 @@ def clipping(rec: Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def scaler(rec: Recorder) -> Iterator[None]:
+def scaler(rec: Watcher) -> Iterator[None]:
     """GradScaler: the scale a window's losses were multiplied by (the replay uses it, so float16
     underflows alike), and windows it skipped on inf/nan, closed so they are not merged into the next."""
     step, scale = torch.amp.GradScaler.step, torch.amp.GradScaler.scale
@@ -113,7 +135,7 @@ def scaler(rec: Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def schedulers(rec: Recorder) -> Iterator[None]:
+def schedulers(rec: Watcher) -> Iterator[None]:
     """A scheduler that changes the rate while a window is open changed it between micro-batches."""
     original = torch.optim.lr_scheduler.LRScheduler.step
 

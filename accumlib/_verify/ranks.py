@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from .errors import Fallback
 from .window_oracle import Vec, gram
 
 _CHUNK = 1 << 16  # elements per float64 chunk in Ranks._spread (512 KiB)
@@ -222,7 +223,6 @@ class Ranks:
     def agree(self, reasons: list[str]) -> None:
         """Every rank at once: where any rank's in-place engine could not vouch for its run, every rank
         raises ``Fallback`` together (verify runs the job again on the recompute oracle)."""
-        from .inplace_verify import Fallback
 
         said = [(r, why) for r, why in enumerate(reasons) if why]
         if said:

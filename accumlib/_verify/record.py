@@ -32,7 +32,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ..batches import ItemLosses, cat_batches
-from .inplace_verify import Fallback, same_oracle, take, take_over
+from .errors import Fallback, StopRun
+from .inplace_verify import same_oracle, take, take_over
 from .measure import against_sums, measure
 from .patches import capture_at_step, current_lr
 from .ranks import Ranks, full, sharded
@@ -44,11 +45,6 @@ from .touched import fingerprint, hooked, rescale, unexplained
 from .window_oracle import Replay, WindowOracle, clipped
 
 BN_TYPES = (torch.nn.modules.batchnorm._BatchNorm,)
-
-
-class StopRun(BaseException):
-    """Raised from the step hook after ``max_steps`` judged steps; a BaseException, so a loop's
-    ``except Exception`` does not swallow it."""
 
 
 @dataclass
@@ -451,4 +447,4 @@ class Recorder:
             raise StopRun
 
 
-__all__ = ["BN_TYPES", "Recorder", "StopRun"]
+__all__ = ["BN_TYPES", "Recorder"]

@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..checks import check_int
-    from .itemlosses import ItemLossesError, parse
+    from .errors import ItemLossesError
+    from .itemlosses import parse
     from .report import EXIT_STATUS
     from .watch import run_script
 

@@ -31,11 +31,11 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..checks import check_int
 from .diagnose_run import diagnose_run, run_notes, step_findings, step_rows
+from .errors import ItemLossesError, StopRun
 from .inplace import InPlace
 from .inplace_patches import observed
-from .itemlosses import ItemLossesError, check_in_script, in_module, is_script, parse, run_main, wrapper
+from .itemlosses import check_in_script, in_module, is_script, parse, run_main, wrapper
 from .lock import one_run
-from .record import StopRun
 from .report import Finding, Report
 from .step_numbers import StepNumbers
 
