@@ -11,14 +11,15 @@ from accumlib_course.gallery import GALLERY
 # codes the gallery's loops cannot show on their own (a diverged run, an empty window, data verify did
 # not hand out, max_steps): tests/test_verify.py triggers each of them
 # the in-place engine's limits (accumlib.watch, accumlib run), which no verify(train_fn) loop can give:
-# each is triggered in tests/test_watch.py or tests/test_run_cli.py, except multi-rank (FSDP2's sharded
-# parameters under accumlib run), which no test runs yet
+# each is triggered in tests/test_watch.py, tests/test_run_cli.py or tests/test_verify_integrity.py, except
+# multi-rank (FSDP2's sharded parameters under accumlib run), which no test runs yet
 IN_PLACE = {
     "no-step",
     "unseen-loss",
     "several-losses",
     "several-optimizers",
     "grad-hook",
+    "params-changed-inside-window",
     "multi-rank",
     "item-losses-unused",
     "compiled-loss",

@@ -482,6 +482,22 @@ CODES: dict[str, Code] = {
             "engine's sum alike; its steps are not judged"
         ),
     ),
+    "params-changed-inside-window": Code(
+        "limit",
+        "the parameters changed between the window's first loss call and its step, other than by the "
+        "optimizer ({sites}): an edit through .data or under torch.no_grad, which autograd does not see, so "
+        "the window's micro-batches may have been differentiated at different parameters; these steps were "
+        "not judged",
+        "edit the parameters after opt.step() (before the next window's first forward), never inside a "
+        "window, or judge the loop with accumlib.verify(train_fn, item_losses=...), which "
+        "replays each window at the parameters it started from",
+        at="step",
+        meaning=(
+            "`accumlib run` / `watch`: the parameters changed inside a window (through `.data` or under "
+            "`torch.no_grad`), read from their checksum as the window opened and at its step; its steps are "
+            "not judged"
+        ),
+    ),
     "multi-rank": Code(
         "limit",
         "the run is one rank of a multi-process job whose parameters are sharded ({sites}): each rank holds "

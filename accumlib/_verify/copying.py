@@ -7,7 +7,9 @@ copy calling the *original* model: the copy's forward runs the user's weights, i
 the user's ``.grad``, and an oracle built on the copy sees no gradient at all. ``copy_model``
 deep-copies the module tree, then rebuilds every function found in an instance attribute or a
 hook table with its closure cells and defaults copied through the same memo, so whatever pointed
-at the original (the model, its config, its bound methods) points at the copy.
+at the original (the model, its config, its bound methods) points at the copy. A parameter's own
+gradient hooks (``register_hook``, ``register_post_accumulate_grad_hook``), which a parameter's deepcopy
+drops, are the copy's too: the run on the copy is the caller's run, hook and all.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import types
 from typing import Any
 
 import torch
+
+from .gradhooks import site_of
 
 # callables worth rebuilding: a plain function without closure or defaults refers to nothing of the model
 _REBOUND = (types.FunctionType, types.MethodType, functools.partial)
@@ -41,6 +45,7 @@ def copy_model(model: torch.nn.Module, memo: dict[int, Any] | None = None) -> to
     (True, True)
     """
     memo = {} if memo is None else memo
+    given = set(memo)  # mapped by the caller (the shadow's leaves): what they hold is theirs to say
     twin = copy.deepcopy(model, memo)
     # rebuilt callables; deepcopy's memo maps a bound method to one it did not rebuild
     done: dict[int, Any] = {}
@@ -55,7 +60,31 @@ def copy_model(model: torch.nn.Module, memo: dict[int, Any] | None = None) -> to
                 for key, hook in value.items():
                     if isinstance(hook, _REBOUND) and key in copied[name]:
                         copied[name][key] = _rebound(hook, memo, done)
+    for p in model.parameters():
+        if id(p) not in given:
+            _carry_hooks(p, memo[id(p)], memo, done)
     return twin
+
+
+def _carry_hooks(p: torch.Tensor, q: torch.Tensor, memo: dict[int, Any], done: dict[int, Any]) -> None:
+    """``p``'s gradient hooks on its copy ``q``, in their order, each rebuilt through ``memo`` (a hook that
+    scales by a module's attribute scales by the copy's). torch's and accumlib's own stay behind (a process
+    group's, an optimizer run in backward over the caller's parameters), as deepcopy left them before."""
+    tables = (
+        ("_backward_hooks", q.register_hook),
+        ("_post_accumulate_grad_hooks", q.register_post_accumulate_grad_hook),
+    )
+    for name, register in tables:
+        if getattr(q, name, None):  # a torch whose deepcopy keeps them: carried already
+            continue
+        for hook in (getattr(p, name, None) or {}).values():
+            if site_of(hook) is not None or not _has_code(hook):  # what cannot be placed is carried
+                register(_rebound(hook, memo, done))
+
+
+def _has_code(fn: Any) -> bool:
+    fn = getattr(fn, "func", fn)  # functools.partial
+    return hasattr(fn, "__code__") or hasattr(vars(type(fn)).get("__call__"), "__code__")
 
 
 def _rebound(obj: Any, memo: dict[int, Any], done: dict[int, Any]) -> Any:

@@ -40,7 +40,7 @@ from .measure import against_sums
 from .patches import capture_at_step, current_lr, lrs
 from .sites import user_site
 from .step_numbers import Clip, StepNumbers
-from .touched import PRINT, factors, head, hooked, prints, unexplained
+from .touched import PRINT, checksum, differ, factors, head, hooked, prints, unexplained
 from .window_oracle import Fit, clipped
 
 LOW = (torch.float16, torch.bfloat16)
@@ -86,6 +86,11 @@ class InPlace:
     after: tuple[list[int], torch.Tensor | None] = ([], None)
     leak: bool = False
     opened: dict[int, torch.Tensor] = field(default_factory=dict)  # .grad fingerprints as the window opened
+    # the parameters' checksums as the window opened: at its first loss call where its first backward reaches
+    # that call (``_hold``), else at that backward; for the window the step numbered ``held_for`` closes
+    held: dict[int, torch.Tensor] = field(default_factory=dict)
+    held_for: int = -1
+    held_call: int = 0  # id of the loss call's node they were taken at (0: at a backward)
     reached: set[int] = field(default_factory=set)  # parameters the last backward deposited into
     ratio: torch.Tensor | None = None  # m / u of the backward running now
     steps: list[StepNumbers] = field(default_factory=list)
@@ -136,10 +141,27 @@ class InPlace:
             not self.inside[0] and not self.paused
         ):  # inside the user's item_losses, a standard loss call is one of its terms
             self.pending[id(call.node)] = call
+            self._hold(id(call.node))
 
     def saw_item_loss(self, call: LossCall) -> None:
         self.item_calls += 1
         self.pending[id(call.node)] = call
+        self._hold(id(call.node))
+
+    def _hold(self, node: int) -> None:
+        """The parameters' checksums at the first loss call since the last step, before its backward: an
+        edit between a window's first forward and its first backward moves what that backward reads too."""
+        if self.window or self.paused or self.held_for == len(self.steps):
+            return
+        if _compiling():  # a loss call traced inside a compiled function: its window opens at its backward
+            return
+        self._hook_params()
+        plain = {k: p for k, p in self.params.items() if type(p.data) is torch.Tensor}  # a DTensor's: not
+        self.held, self.held_for, self.held_call = (
+            dict(zip(plain, checksum(list(plain.values())))),
+            len(self.steps),
+            node,
+        )
 
     def saw_hook(self, site: str) -> None:
         if site not in self.grad_hooks:
@@ -298,6 +320,14 @@ class InPlace:
             keys, heads = prints(self.params)  # one copy for every parameter's fingerprint, split into views
             sizes = [min(PRINT, self.params[k].numel()) for k in keys]
             self.opened = dict(zip(keys, heads.split(sizes))) if heads is not None else {}
+            # the parameters every micro-batch of the window must see (a .data edit moves no version counter),
+            # as its first loss call saw them where this backward is that call's (not an evaluation's first)
+            if self.held_for != len(self.steps) or self.held_call not in {id(c.node) for c in here.calls}:
+                self.held, self.held_for, self.held_call = {}, len(self.steps), 0
+            plain = {
+                k: p for k, p in self.params.items() if k not in self.held and type(p.data) is torch.Tensor
+            }
+            self.held.update(zip(plain, checksum(list(plain.values()))))
             return
         here.beta = self._prints_now()
 
@@ -305,7 +335,11 @@ class InPlace:
         """What .grad holds now against the last backward's fingerprints, kept on the device (no sync
         between backwards): 1.0 where nothing was fingerprinted, nan where only some .grad became None,
         else (before, now), ``now`` None where every .grad is None; ``factors`` reads them at the step.
-        ``only``: these parameters' (the stepping optimizer's)."""
+        ``only``: these parameters' (the stepping optimizer's), at the step, where the parameters are
+        checked against the window's opening too (one sync, the GPU's queue about to drain for ``factors``).
+        """
+        if only is not None and self.window:
+            self._moved(only)
         keys, before = self.after
         if before is None:
             return 1.0
@@ -326,6 +360,25 @@ class InPlace:
         if any(g is None for g in grads):
             return math.nan
         return (before, torch.cat([head(g) for g in grads]))  # type: ignore[arg-type]
+
+    def _moved(self, only: set[int]) -> None:
+        """Parameters of ``only`` changed since the window opened (``held``): the micro-batches' gradients
+        were taken at different points, and O, the deposits' sum, followed them (a limit, said by name).
+        An edit after the last backward reads the same: which side of it the backwards were is not known.
+        A parameter another optimizer already stepped over this window moved by that step (two optimizers
+        holding it: ``several-optimizers`` says so)."""
+        stepped = self.last.get("stepped", set()) if self.last.get("window") is self.window else set()
+        keys = [k for k in self.held if k in only and not self.holders.get(k, set()) & stepped]
+        if not keys:
+            return
+        moved = differ([self.held[k] for k in keys], checksum([self.params[k] for k in keys]))
+        if any(moved):
+            first, step = self.window[0].site or "?", self.sites.get("step") or "?"
+            self.problem(
+                "params-changed-inside-window",
+                f"{sum(moved)} of {len(keys)} parameters, in the window of the backward at {first}, before "
+                f"the step at {step}",
+            )
 
     def _upstream(self, call: LossCall, here: Backward) -> Any:
         def seen(grad_outputs: tuple[torch.Tensor, ...]) -> None:
@@ -485,6 +538,13 @@ def _apart(r: list[float]) -> bool:
     read as apart, as a nan never compares greater)."""
     d = max(abs(x - r[0]) for x in r)
     return d > SAME_U * abs(r[0]) if r[0] != 0 else d > 0
+
+
+def _compiling() -> bool:
+    """Inside torch.compile's tracing (its fake tensors have no bits to sum); a torch without the public
+    name compiles nothing here."""
+    check = getattr(torch.compiler, "is_compiling", None)
+    return bool(check is not None and check())
 
 
 def _read(values: list[Any]) -> list[float]:

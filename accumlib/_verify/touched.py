@@ -6,7 +6,11 @@
   factor was applied; the clips torch performed and GradScaler's ``unscale_`` are divided out, as
   verify saw them happen;
 - functions hooked on a parameter's gradient (``Tensor.register_hook``): they change what every
-  backward deposits, so a misscale is theirs before it is the loss's. Named by file:line.
+  backward deposits, so a misscale is theirs before it is the loss's. Named by file:line;
+- the parameters themselves, moved inside a window (``p.data.add_``, an edit under ``torch.no_grad``):
+  the later micro-batches' gradients are taken at other parameters, which the deposits and so the in-place
+  engine's sum follow. A ``.data`` edit moves no version counter, so the parameters' bits are summed
+  (``checksum``) as the window opens and at its step.
 
 >>> import torch
 >>> w = torch.nn.Parameter(torch.ones(3)); w.grad = torch.tensor([1.0, 2.0, 0.0])
@@ -118,6 +122,52 @@ def prints(params: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor | N
     return keys, torch.cat([head(params[k].grad) for k in keys])  # type: ignore[arg-type]
 
 
+def checksum(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's bits summed as 64-bit words (wrapping): any edit of any entry changes it but for one
+    that cancels to the bit, whatever order a kernel sums in. One 0-dim int64 per tensor, on its device, no
+    sync; a pass over the bytes as fast as a float sum (an int32 view summed as int64 is ~20x slower, so
+    only a misaligned tensor's words are read that way). Blind to entries swapped within one tensor."""
+    return [_words(t.detach()) for t in tensors]
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    flat = t.as_strided((t.numel(),), (1,)) if _dense(t) else t.reshape(-1)
+    size = flat.element_size()
+    if size > 8:  # complex128: two words an entry
+        return flat.view(torch.int64).sum()
+    per = 8 // size  # entries a word
+    whole = flat.numel() // per * per
+    same = _INTS[size]
+    if whole == 0 or flat.storage_offset() % per:
+        return flat.view(same).sum(dtype=torch.int64)
+    total = flat[:whole].view(torch.int64).sum()
+    return total + flat[whole:].view(same).sum(dtype=torch.int64) if whole < flat.numel() else total
+
+
+_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Its entries fill one run of its storage from its offset (channels-last too): read as one flat view."""
+    if t.is_contiguous():
+        return True
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    return fmt is not None and t.is_contiguous(memory_format=fmt)
+
+
+def differ(before: list[torch.Tensor], now: list[torch.Tensor]) -> list[bool]:
+    """Which checksums moved: one sync per device (one, in a run on one device)."""
+    out = [False] * len(now)
+    by: dict[torch.device, list[int]] = {}
+    for i, n in enumerate(now):
+        by.setdefault(n.device, []).append(i)
+    for idx in by.values():
+        moved = torch.stack([before[i].to(now[i].device) != now[i] for i in idx]).tolist()
+        for i, m in zip(idx, moved):
+            out[i] = bool(m)
+    return out
+
+
 def factors(prints: list[Any]) -> list[float]:
     """Each fingerprint pair's one factor (``_prints_now``): 1.0 untouched, or holding only zeros (a factor
     applied to zeros changes nothing); 0.0 zeroed or set to None; nan not one factor. One device sync."""
@@ -145,4 +195,15 @@ def factors(prints: list[Any]) -> list[float]:
     return out
 
 
-__all__ = ["PRINT", "SAME_RATIO", "factors", "fingerprint", "hooked", "prints", "rescale", "unexplained"]
+__all__ = [
+    "PRINT",
+    "SAME_RATIO",
+    "checksum",
+    "differ",
+    "factors",
+    "fingerprint",
+    "hooked",
+    "prints",
+    "rescale",
+    "unexplained",
+]
