@@ -287,6 +287,94 @@ def test_a_new_finding_code_touches_only_the_files_the_map_names_and_passes(tmp_
     assert len(scratch.touched) == 6, scratch.touched
 
 
+# --- a finding code that needs a signal no engine records yet -----------------------------------------------
+
+SIGNAL_CODE = "dampened"
+SIGNAL_ENTRY = f"""    "{SIGNAL_CODE}": Code(
+        "note",
+        "SGD dampened its momentum at this step (dampening > 0)",
+        "nothing to fix: said so the step's update is read with its dampening",
+        meaning="SGD dampened its momentum",
+    ),
+"""
+SIGNAL_LOOP = """
+
+def bug_dampened(model, optimizer, loader):
+    for group in optimizer.param_groups:
+        group["dampening"] = 0.5
+    for window in windows(loader, K):
+        n = sum(len(y) for _, y in window)
+        for x, y in window:
+            (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+SIGNAL_TEST = f"""
+
+
+def test_dampening_is_said_and_a_loop_without_it_is_not():
+    from accumlib_course.gallery import GALLERY
+
+    assert GALLERY["bug-{SIGNAL_CODE}"].run().codes == {{"{SIGNAL_CODE}"}}
+    assert "{SIGNAL_CODE}" not in GALLERY["correct-inner-for"].run().codes
+"""
+SIGNAL = "        numbers.dampening = float(opt.param_groups[0].get('dampening', 0.0))\n"
+
+
+def _add_signal_code(scratch: Scratch, *, engines: tuple[str, ...]) -> None:
+    """A note that reads a new signal: its StepNumbers field, set by the ``engines`` named (``record``,
+    ``inplace``), then its codes entry, rule, gallery loop and test, as for any code."""
+    scratch.replace(
+        "accumlib/_verify/step_numbers.py",
+        "    untracked: int = 0",
+        "    dampening: float = 0.0  # the stepping optimizer's (the scratch signal)\n    untracked: int = 0",
+    )
+    if "record" in engines:
+        anchor = "        numbers.scales = list(self.scales)\n"
+        scratch.replace("accumlib/_verify/record.py", anchor, anchor + SIGNAL.replace("opt.", "optimizer."))
+    if "inplace" in engines:
+        anchor = "        numbers.optimizer = self.stepping[id(opt)]\n"
+        scratch.replace("accumlib/_verify/inplace.py", anchor, anchor + SIGNAL)
+    codes = scratch.read("accumlib/_verify/codes.py")
+    head, table = codes.split("CODES: dict[str, Code] = {\n", 1)
+    scratch.write("accumlib/_verify/codes.py", head + "CODES: dict[str, Code] = {\n" + SIGNAL_ENTRY + table)
+    rule = f'    if n.dampening > 0:  # the scratch signal\n        out.codes.append("{SIGNAL_CODE}")\n'
+    scratch.replace("accumlib/_verify/diagnose.py", "    if n.items == 0:\n", rule + "    if n.items == 0:\n")
+    scratch.write(
+        "accumlib_course/gallery/bugs.py", scratch.read("accumlib_course/gallery/bugs.py") + SIGNAL_LOOP
+    )
+    gallery = scratch.read("accumlib_course/gallery/__init__.py")
+    gallery = gallery.replace("from .bugs import (\n", "from .bugs import (\n    bug_dampened,\n", 1)
+    registry = "GALLERY: dict[str, GalleryLoop] = _Gallery(\n    {\n"
+    entry = f'        "bug-{SIGNAL_CODE}": GalleryLoop(bug_dampened, _E({{"{SIGNAL_CODE}"}}), "dampening"),\n'
+    scratch.write("accumlib_course/gallery/__init__.py", gallery.replace(registry, registry + entry))
+    scratch.write("tests/test_verify.py", scratch.read("tests/test_verify.py") + SIGNAL_TEST)
+    scratch.tool("tools/codes_table.py", writes="docs/verify.md")
+
+
+SIGNAL_CHECKS = ("tests/test_readme.py", "tests/test_gallery.py")
+
+
+def test_a_finding_code_that_needs_a_new_signal_touches_both_engines_and_nothing_else(tmp_path):
+    """Issue 47 measured 11 files for a code with a new signal where the map named 6 (8 with its optional
+    clause). By the row, a signal is set where each engine closes a step; with one engine's line missing,
+    the parity test says so (watch reads no dampening where verify does)."""
+    named = _named_files(_row("a finding code"), SIGNAL_CODE)
+    half = Scratch(tmp_path / "half", named)
+    _add_signal_code(half, engines=("record",))
+    parity = half.pytest("tests/test_gallery.py", "-k", "one_verdict and dampened")
+    assert parity.returncode == 1 and "bug-dampened" in parity.stdout, parity.stdout[-3000:]
+    whole = Scratch(tmp_path / "whole", named)
+    _add_signal_code(whole, engines=("record", "inplace"))
+    done = whole.pytest(*SIGNAL_CHECKS)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    verify_test = whole.pytest("tests/test_verify.py", "-k", "dampening")
+    assert verify_test.returncode == 0, verify_test.stdout[-3000:]
+    # codes, diagnose, step_numbers, the two engines, the gallery loop and its registration, the docs row and
+    # the test: every one a file the row names
+    assert whole.touched <= named and len(whole.touched) == 9, sorted(whole.touched)
+
+
 # --- a notebook re-run after a change ---------------------------------------------------------------------
 
 
