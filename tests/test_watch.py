@@ -68,12 +68,15 @@ def test_a_count_taken_before_the_label_shift_is_a_misscale_by_n_over_n_plus_s()
 
 
 def test_a_loss_it_cannot_see_is_a_limit_never_a_pass():
-    """A loss of the loop's own, no standard loss call at all: its items are unknown."""
+    """A loss of the loop's own, no standard loss call at all, reduced over the micro-batch by no mean or
+    sum (a logsumexp over its positions): its items are unknown. (Its per-item losses reduced by a mean or a
+    sum are judged, each the item's loss: tests/test_watch_elementwise.py.)"""
 
     def own_loss(model, opt, batches, k):
         for i, (x, y) in enumerate(batches):
             logits = model(x)
-            (-(logits.log_softmax(-1).gather(-1, y.clamp(min=0)[..., None])).mean() / k).backward()
+            nll = -(logits.log_softmax(-1).gather(-1, y.clamp(min=0)[..., None]))
+            (nll.flatten().logsumexp(0) / k).backward()
             if (i + 1) % k == 0:
                 opt.step()
                 opt.zero_grad()
@@ -99,7 +102,7 @@ def test_a_regulariser_added_to_the_loss_is_a_second_term_named_never_passed():
     assert "a term of the script's own in the loss backwarded at" in text and "test_watch.py" in text
 
 
-def test_a_none_reduction_with_equal_weights_is_judged_and_unequal_weights_are_refused():
+def test_a_none_reduction_is_judged_with_equal_weights_and_with_unequal_ones_as_the_item_loss():
     def masked(weigh):
         def loop(model, opt, batches, k):
             batches = list(batches)
@@ -118,9 +121,16 @@ def test_a_none_reduction_with_equal_weights_is_judged_and_unequal_weights_are_r
     report, truth = run(masked(None))
     assert report.ok, report
     assert_figures(report, truth)
-    weights = torch.linspace(0.5, 1.5, 7)
-    report, _ = run(masked(weights))
-    assert report.status == "cannot-judge" and "unseen-loss" in report.codes
+    weights = torch.linspace(0.5, 1.5, 7)  # per position: each token's weighted loss is its loss (issue 47)
+
+    def weighted(model, batch):
+        x, y = batch
+        per = F.cross_entropy(model(x).transpose(1, 2), y.clamp(min=0), reduction="none")
+        return (per * weights)[y != PAD]
+
+    report, truth = run(masked(weights), truth_losses=weighted)
+    assert report.ok, report
+    assert_figures(report, truth)
 
 
 def test_max_steps_ends_the_block_cleanly_and_says_so():

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -102,12 +102,12 @@ def check_args(
     if isinstance(optimizer, torch.optim.Optimizer):
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         kind = type(optimizer)
-        where = "torch.optim" if kind.__module__.startswith("torch.optim") else kind.__module__
+        module = "torch.optim" if kind.__module__.startswith("torch.optim") else kind.__module__
         raise TypeError(
             "optimizer must be a factory that builds the optimizer over verify's copy of the model, not an "
             f"optimizer (got a {kind.__name__} instance over your model's own parameters); write "
             "optimizer=lambda params: "
-            f"{where}.{kind.__name__}(params{f', lr={lr!r}' if isinstance(lr, float) else ''}) "
+            f"{module}.{kind.__name__}(params{f', lr={lr!r}' if isinstance(lr, float) else ''}) "
             "with the same settings"
         )
     check_callable("optimizer", optimizer, optional=True)
@@ -136,18 +136,18 @@ def _check_default_collate(dataset: Any, batch_size: int) -> None:
 
 
 def verify(
-    train_fn: Callable[[torch.nn.Module, torch.optim.Optimizer, DataLoader], Any],
+    train_fn: Callable[[torch.nn.Module, torch.optim.Optimizer, DataLoader[Any]], Any],
     *,
     model: torch.nn.Module,
-    dataset: Dataset,
+    dataset: Dataset[Any],
     item_losses: ItemLosses,
     accum_steps: int,
     batch_size: int,
     optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
-    collate_fn: Callable[[list], Any] | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
     max_steps: int | None = None,
-    ranks: str | None = None,
-    oracle: str = "auto",
+    ranks: Literal["all"] | None = None,
+    oracle: Literal["auto", "recompute"] = "auto",
 ) -> Report:
     """Run ``train_fn(model, optimizer, loader)`` once on a copy and judge every optimizer step.
 
@@ -228,12 +228,12 @@ def verify(
 def _run(
     train_fn: Callable[..., Any],
     model: torch.nn.Module,
-    dataset: Dataset,
+    dataset: Dataset[Any],
     item_losses: ItemLosses,
     k: int,
     batch_size: int,
     optimizer: Callable[..., torch.optim.Optimizer] | None,
-    collate_fn: Callable[[list], Any] | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
     max_steps: int | None,
     job: Ranks | None,
     *,

@@ -33,7 +33,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from types import CellType
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.utils.clip_grad as _clip_mod
@@ -54,7 +54,7 @@ def _cell() -> CellType | None:
     code = getattr(wrapper, "__code__", None)
     for name, cell in zip(code.co_freevars if code else (), getattr(wrapper, "__closure__", None) or ()):
         if name == "func":
-            return cell
+            return cast(CellType, cell)
     return None
 
 

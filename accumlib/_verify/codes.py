@@ -13,17 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["bug", "limit", "note", "cost"]  # the kinds of KINDS, as a type
 
 
 @dataclass(frozen=True)
 class Code:
-    kind: str
+    kind: Kind
     message: str
     fix: str
     said: Mapping[str, str] = field(default_factory=dict)  # form -> template (``Finding.of(code, form=...)``)
     # the call in the user's code a finding of this code points at (file:line, ``sites.py``): "step",
     # "backward", "clip" or "scheduler"; "" for a finding about the run, not one call
-    at: str = ""
+    at: Literal["", "step", "backward", "clip", "scheduler"] = ""
     # what the code means, in one line: the docs' table of codes (docs/verify.md) is made of these
     # (tools/codes_table.py writes it, tests/test_readme.py checks it is the table's own)
     meaning: str = ""
@@ -511,7 +514,7 @@ CODES: dict[str, Code] = {
     ),
 }
 
-KINDS = ("bug", "limit", "note", "cost")
-PASSING = ("note", "cost")  # kinds that leave a verdict ok
+KINDS: tuple[Kind, ...] = ("bug", "limit", "note", "cost")
+PASSING: tuple[Kind, ...] = ("note", "cost")  # kinds that leave a verdict ok
 
 __all__ = ["CODES", "KINDS", "PASSING", "Code"]

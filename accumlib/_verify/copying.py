@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,7 +71,7 @@ def _carry_hooks(p: torch.Tensor, q: torch.Tensor, memo: dict[int, Any], done: d
     """``p``'s gradient hooks on its copy ``q``, in their order, each rebuilt through ``memo`` (a hook that
     scales by a module's attribute scales by the copy's). torch's and accumlib's own stay behind (a process
     group's, an optimizer run in backward over the caller's parameters), as deepcopy left them before."""
-    tables = (
+    tables: tuple[tuple[str, Callable[[Any], object]], ...] = (
         ("_backward_hooks", q.register_hook),
         ("_post_accumulate_grad_hooks", q.register_post_accumulate_grad_hook),
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from numbers import Real
-from typing import Any
+from typing import Any, cast
 
 from ..tolerances import CLIP_NORM_RTOL, LOGGED_RTOL, SAME_FACTOR_RTOL
 from .codes import CODES
@@ -88,7 +88,7 @@ def diagnose_run(
         (s, v) for s, v in zip(numbers, verdicts) if "misscaled" in v.codes and v.factor and not v.cause
     ]
     if assumed is None and len({s.items for s, _ in scaled}) > 1:  # a run-level cause: c_t N_t-proportional
-        divisors = [s.items / v.factor for s, v in scaled]
+        divisors = [s.items / cast(float, v.factor) for s, v in scaled]  # scaled: each with its factor
         if all(near(d, divisors[0], SAME_FACTOR_RTOL) for d in divisors):
             for _, v in scaled:
                 v.cause = "constant"
@@ -176,14 +176,18 @@ def step_findings(numbers: list[StepNumbers], verdicts: list[StepVerdict], *, k:
         ms = sorted({numbers[t].micro_batches for t in at["late-step"]})
         details["late-step"] = [f"{m} micro-batches in a step: {m / k:.3g} x the batch asked" for m in ms]
     if "misscaled" in at:
-        cs = [verdicts[t].factor for t in at["misscaled"] if verdicts[t].factor is not None]
+        cs = [cast(float, verdicts[t].factor) for t in at["misscaled"] if verdicts[t].factor is not None]
         found = sorted({verdicts[t].cause for t in at["misscaled"] if verdicts[t].cause})
         span = (
             f"c = {min(cs):.4f}" + (f" to {max(cs):.4f}" if max(cs) - min(cs) >= 5e-5 else "") if cs else ""
         )
-        divisor = next((s.items / v.factor for s, v in zip(numbers, verdicts) if v.cause == "constant"), None)
+        # a "constant" cause is set on scaled steps only, each with its factor
+        divisor = next(
+            (s.items / cast(float, v.factor) for s, v in zip(numbers, verdicts) if v.cause == "constant"),
+            None,
+        )
         span += f" (D = {divisor:.4g})" if divisor else ""
-        said = {  # the two causes verify saw happen say where and by how much
+        said: dict[str, dict[str, object]] = {  # the two causes verify saw happen say where and by how much
             "hook": dict(
                 hooks=", ".join(sorted({h for t in at["misscaled"] for h in numbers[t].grad_hooks}))
             ),
@@ -200,8 +204,8 @@ def step_findings(numbers: list[StepNumbers], verdicts: list[StepVerdict], *, k:
         ]
         masked = [t for t in at["misscaled"] if verdicts[t].masked]
         if masked:
-            said = CODES["misscaled"].said["masked"]
-            details["misscaled"].append(said.format(at=", ".join(map(str, masked))))
+            wording = CODES["misscaled"].said["masked"]
+            details["misscaled"].append(wording.format(at=", ".join(map(str, masked))))
         if found:  # the fix of the cause found, not the generic one
             fixes["misscaled"] = "; ".join(CAUSES[c][1] for c in found)
     return [

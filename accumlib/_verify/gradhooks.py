@@ -57,7 +57,9 @@ _GLOBALS = (
 def on_grad_hooks(listener: Callable[[str], None]) -> Iterator[None]:
     """Call ``listener(file:line)`` for every gradient hook registered while the context is open (the
     registration itself goes through unchanged); torch's own functions are back on any exit."""
-    saved = [(owner, name, getattr(owner, name)) for owner, name in _METHODS]
+    saved: list[tuple[object, str, Callable[..., Any]]] = [
+        (owner, name, getattr(owner, name)) for owner, name in _METHODS
+    ]
     saved += [(_module, name, getattr(_module, name)) for name in _GLOBALS]
     saved += [(torch.nn, name, getattr(torch.nn, name)) for name in _GLOBALS if hasattr(torch.nn, name)]
 

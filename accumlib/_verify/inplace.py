@@ -35,7 +35,7 @@ from .clips import share
 from .errors import StopRun
 from .gradhooks import existing
 from .inplace_job import measure_job, sharded, world
-from .losscalls import LossCall
+from .losscalls import LossCall, own_reduction
 from .measure import against_sums
 from .patches import capture_at_step, current_lr, lrs
 from .sites import user_site
@@ -262,6 +262,25 @@ class InPlace:
             todo.extend(n for n, _ in node.next_functions)
         return found, stray, compiled
 
+    def _own(
+        self, roots: list[torch.Tensor], calls: list[LossCall], stray: bool, site: str
+    ) -> tuple[list[LossCall], bool, str]:
+        """A root that is the script's own mean or sum over per-item values (``losscalls.own_reduction``) is
+        the backward's one loss call, in place of the reduction="none" call it reduces; or why its values are
+        not per item (said as unseen-loss). Tried only where the backward goes unjudged otherwise, or may:
+        parameters reached through no loss call, or through one reduction="none" call alone."""
+        alone = len(calls) == 1 and calls[0].reduction == "none" and not stray
+        if len(roots) != 1 or not (alone or (stray and not calls)):
+            return calls, stray, ""
+        own = own_reduction(roots[0], calls, site)
+        if not isinstance(own, LossCall):
+            return calls, stray, own or ""
+        for c in calls:  # the none call is the reduction's term now
+            self.pending.pop(id(c.node), None)
+            if self.held_call == id(c.node):  # the window's checksums were taken at it (``_hold``)
+                self.held_call = id(own.node)
+        return [own], False, ""
+
     def backward(self, original: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if self.paused:
             return original(tensors, *args, **kwargs)
@@ -270,7 +289,9 @@ class InPlace:
         calls, stray, compiled = self._walk(roots)
         if not calls and not stray:
             return original(tensors, *args, **kwargs)  # no watched parameter is reached
-        here = Backward(user_site() or "", calls, scale=self.scale)
+        site = user_site() or ""
+        calls, stray, refused = self._own(roots, calls, stray, site)
+        here = Backward(site, calls, scale=self.scale)
         here.lrs = {id(o): lrs(o) for o in list(self.optimizers.values())}
         here.frozen = frozenset(
             id(p) for o in list(self.optimizers.values()) for p in _params(o) if not p.requires_grad
@@ -279,7 +300,9 @@ class InPlace:
         terms = sorted({f"{c.kind} at {c.site}" for c in calls})
         if stray and terms:  # a regulariser, an auxiliary term: added to the loss, not a loss call
             terms.append(f"a term of the script's own in the loss backwarded at {here.site}")
-        if not calls:  # a loss computed inside a compiled function: named, as what accumlib cannot see
+        if refused:  # the script's own reduction, over values that are not per item
+            self.problem("unseen-loss", f"{here.site} ({refused})")
+        elif not calls:  # a loss computed inside a compiled function: named, as what accumlib cannot see
             self.problem("compiled-loss" if compiled else "unseen-loss", here.site)
         elif len(terms) > 1:
             self.terms = max(self.terms, len(terms))
@@ -289,6 +312,7 @@ class InPlace:
             return original(tensors, *args, **kwargs)
         self._open(here)
         handles = [c.node.register_prehook(self._upstream(c, here)) for c in calls]
+        handles += [c.counter.register_prehook(c.counted) for c in calls if c.counter is not None]
         self.ratio = torch.zeros(())  # nothing reached the parameters yet; each call's prehook sets it
         try:
             return original(tensors, *args, **kwargs)
@@ -300,7 +324,7 @@ class InPlace:
                 self.pending.pop(id(c.node), None)
                 # the graph is spent: a node kept past its backward keeps every node of it (small blocks
                 # made amid the forward's activations, which then pin the allocator's holes)
-                c.node = None
+                c.node = c.counter = None
             here.reached = frozenset(self.reached)
             self.window.append(here)
             # only what this backward reached: another model's optimizer (alive in a notebook) is not ours
@@ -383,6 +407,9 @@ class InPlace:
     def _upstream(self, call: LossCall, here: Backward) -> Any:
         def seen(grad_outputs: tuple[torch.Tensor, ...]) -> None:
             u = grad_outputs[call.index].detach()
+            if call.counter is not None:  # the script's own reduction (``own_reduction``): its items' losses
+                u = u * call.sign  # are v_i with the sign the root gave them, and the root was u times their
+                call.value = call.value / u.reshape(())  # reduction (a mean or a sum of them)
             if call.reduction == "none":  # the script's own reduction: equal weights on the items kept
                 keep = u != 0
                 call.items = keep.sum()
@@ -390,7 +417,7 @@ class InPlace:
                 here.spread.append(((u - mean) * keep).abs().max() / mean.abs().clamp(min=1e-30))
                 r = 1.0 / mean
             elif call.reduction == "mean":
-                r = call.items / u.reshape(())
+                r = (call.items if call.m is None else call.m) / u.reshape(())
             else:
                 r = 1.0 / u.reshape(())
             here.ratios.append(r)

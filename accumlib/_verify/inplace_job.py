@@ -110,7 +110,7 @@ def all_reduce(tensors: list[torch.Tensor]) -> None:
     for run in buckets(tensors):
         flat = torch.cat([tensors[i].reshape(-1) for i in run])
         dist.all_reduce(flat)
-        for i, part in zip(run, flat.split([tensors[i].numel() for i in run])):
+        for i, part in zip(run, flat.split([tensors[i].numel() for i in run])):  # type: ignore[no-untyped-call]  # Tensor.split is unannotated in torch
             tensors[i].copy_(part.view_as(tensors[i]))
 
 
@@ -127,8 +127,8 @@ def _spread(*groups: list[torch.Tensor]) -> list[float]:
         zero = mine.clone()
         dist.broadcast(zero, 0)
         sizes, at = [tensors[i].numel() for i in run], torch.tensor([owner[i] for i in run], device=device)
-        d = torch.stack([x.sum() for x in (mine.double() - zero.double()).square().split(sizes)])
-        b = torch.stack([x.sum() for x in zero.double().square().split(sizes)])
+        d = torch.stack([x.sum() for x in (mine.double() - zero.double()).square().split(sizes)])  # type: ignore[no-untyped-call]  # Tensor.split is unannotated in torch
+        b = torch.stack([x.sum() for x in zero.double().square().split(sizes)])  # type: ignore[no-untyped-call]  # Tensor.split is unannotated in torch
         diff.index_add_(0, at, d)
         base.index_add_(0, at, b)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)

@@ -60,11 +60,11 @@ def optimizers(eng: InPlace, alive: bool) -> Iterator[None]:
         init(opt, *a, **kw)
         eng.saw_optimizer(opt)
 
-    torch.optim.Optimizer.__init__ = built  # type: ignore[method-assign]
+    torch.optim.Optimizer.__init__ = built  # type: ignore[method-assign, assignment]  # patched on torch's class for the block; the wrapper takes any arguments
     try:
         yield
     finally:
-        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
+        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]  # torch's own again
 
 
 @contextlib.contextmanager
@@ -76,11 +76,11 @@ def backwards(eng: InPlace) -> Iterator[None]:
     def backward(tensors: Any, *a: Any, **kw: Any) -> Any:
         return eng.backward(original, tensors, *a, **kw)
 
-    torch.autograd.backward = backward  # type: ignore[assignment]
+    torch.autograd.backward = backward
     try:
         yield
     finally:
-        torch.autograd.backward = original  # type: ignore[assignment]
+        torch.autograd.backward = original
 
 
 @contextlib.contextmanager
@@ -93,11 +93,11 @@ def batchnorm(eng: InPlace) -> Iterator[None]:
             eng.batchnorm = True
         return original(inp, weight, bias, mean, var, training, *a)
 
-    torch.batch_norm = batch_norm  # type: ignore[assignment]
+    torch.batch_norm = batch_norm  # type: ignore[assignment]  # its own parameter names; passes every argument on
     try:
         yield
     finally:
-        torch.batch_norm = original  # type: ignore[assignment]
+        torch.batch_norm = original
 
 
 __all__ = ["backwards", "batchnorm", "observed", "optimizers"]

@@ -124,6 +124,7 @@ def take_over(rec: Recorder, first: bool) -> bool:
     window, which has not reached .grad yet, with no second run; later in a window, only a second run can
     (``Fallback``). Returns True where the recompute oracle took over."""
     eng = rec.engine
+    assert eng is not None  # the engine calls this only while it judges (a paused one does not)
     why = list(eng.blind) + autocast_said(rec)
     if not why:
         return False
@@ -164,7 +165,7 @@ def same_oracle(eng: InPlace, rec: Recorder, items: int, batches: list[Any]) -> 
 
         return seen
 
-    handles = [leaf.register_post_accumulate_grad_hook(into(buf)) for leaf, buf in pairs]
+    handles = [leaf.register_post_accumulate_grad_hook(into(buf)) for leaf, buf in pairs]  # type: ignore[no-untyped-call]  # unannotated in torch
     eng.paused, replayed = True, 0
     try:
         with exact(Replay()):
@@ -200,7 +201,7 @@ def rng_state() -> dict[str, Any]:
     import sys
 
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # unannotated in torch
         state["cuda"] = torch.cuda.get_rng_state_all()
     if "numpy" in sys.modules:
         state["numpy"] = sys.modules["numpy"].random.get_state()

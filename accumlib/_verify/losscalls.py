@@ -18,11 +18,20 @@ For ``reduction="mean"`` the call returns (1/n) sum_i l_i, for ``"sum"`` sum_i l
 script reduces the vector itself, and the gradient flowing into it says how (``inplace.py``). Counts
 stay tensors where they were made (no device sync per call); a call whose output needs no gradient
 (evaluation under ``no_grad``) is not a training loss and is ignored.
+
+A script's own reduction (``own_reduction``): a backward's root that is a scalar times a mean or a sum
+over a tensor v of per-item values (a reduction="none" call's output times per-item weights or a mask, a
+label-smoothed cross-entropy written out) is itself the loss call: v's entries with a nonzero weight are
+its items, v_i each one's loss, and u is read at the reduction's node. The graph between v and the values
+it comes from must keep each item's value its own (element-wise, views, reductions along a dim other
+than the items'); a reduction over the items (a max, a logsumexp over the batch, a mean subtracted) is
+refused by name, never judged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,11 +56,24 @@ class LossCall:
     value: torch.Tensor  # the output, detached: the loss sum of its items, read at the step
     index: int = 0  # which of ``node``'s outputs it is (a function's output may be a split's, a view's)
     sequences: int = 0  # the rows a token target came from (``_sequences``), 0 where it is no sequence's
+    # a script's own reduction (``own_reduction``): a mean's divisor, v.numel(), where a mask's zeros make
+    # the items fewer; and the node (and its input) whose incoming gradient says which of v's entries weigh
+    m: int | None = None
+    counter: Any = None
+    at: int = 0
+    sign: float = 1.0  # -1 where the root negates the reduction (-ll.mean()): its items' losses are -v_i
 
     def loss_sum(self) -> torch.Tensor:
-        """The sum of its items' losses, in float64 (a mean times its items)."""
+        """The sum of its items' losses, in float64 (a mean times its divisor)."""
         v = self.value.double()
-        return v.sum() * self.items if self.reduction == "mean" else v.sum()
+        return v.sum() * (self.items if self.m is None else self.m) if self.reduction == "mean" else v.sum()
+
+    def counted(self, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+        """A prehook on ``counter``: the items are v's entries whose weight is not zero (a mask's zeros are
+        none), read off the gradient reaching the per-item values below their weights."""
+        g = grad_outputs[self.at]
+        if g is not None:
+            self.items = g.ne(0).sum()
 
 
 def _class_items(target: torch.Tensor, weight: torch.Tensor | None, ignore: int) -> torch.Tensor:
@@ -106,6 +128,201 @@ CALLS: tuple[tuple[Any, str, str, Callable[[tuple[Any, ...]], tuple[int, torch.T
     (torch, "binary_cross_entropy_with_logits", "binary_cross_entropy_with_logits", _elements(4)),
 )
 
+# -- a script's own reduction over per-item values (``own_reduction``), by autograd node name ------------
+# between a backward's root and the reduction: the root is a scalar times it (1/k, a GradScaler's scale)
+SCALAR = frozenset({"MulBackward0", "DivBackward0", "NegBackward0", "ToCopyBackward0", "CloneBackward0"})
+OWN = {"MeanBackward0": "mean", "MeanBackward1": "mean", "SumBackward0": "sum", "SumBackward1": "sum"}
+# views and selections: each item's value stays its own, and the tensor's rows are read afresh below them
+VIEWS = frozenset(
+    "ViewBackward0 UnsafeViewBackward0 ReshapeAliasBackward0 ExpandBackward0 UnsqueezeBackward0 "
+    "SqueezeBackward0 SqueezeBackward1 SqueezeBackward2 SelectBackward0 SliceBackward0 IndexBackward0 "
+    "MaskedSelectBackward0".split()
+)
+# element-wise: each entry's value from the same entry of its inputs (a constant broadcast in)
+ELEMENTWISE = frozenset(
+    "MulBackward0 MulBackward1 DivBackward0 DivBackward1 NegBackward0 ToCopyBackward0 CloneBackward0 "
+    "AddBackward0 AddBackward1 SubBackward0 SubBackward1 RsubBackward0 RsubBackward1 ExpBackward0 "
+    "Expm1Backward0 LogBackward0 Log1PBackward0 SqrtBackward0 RsqrtBackward0 PowBackward0 PowBackward1 "
+    "PowBackward2 ReciprocalBackward0 AbsBackward0 ClampBackward0 ClampBackward1 ClampMinBackward0 "
+    "ClampMaxBackward0 WhereBackward0 MaskedFillBackward0 MaskedFillBackward1 SigmoidBackward0 "
+    "LogSigmoidBackward0 TanhBackward0 SoftplusBackward0 MaximumBackward0 MinimumBackward0 LerpBackward0 "
+    "LerpBackward1".split()
+)
+# along a dim (``_saved_dim``): each item's own where that dim is not the items' (dim 0)
+ALONG = frozenset(
+    "SumBackward1 MeanBackward1 LogSoftmaxBackward0 SoftmaxBackward0 GatherBackward0 LogsumexpBackward0 "
+    "MaxBackward0 MinBackward0 AmaxBackward0 AminBackward0 LinalgVectorNormBackward0 NormBackward1 "
+    "StdBackward0 VarBackward0 CumsumBackward0 SortBackward0 TopkBackward0 TransposeBackward0".split()
+)
+# over every entry at once, or moving the items off dim 0: mixes the items
+WHOLE = frozenset(
+    "SumBackward0 MeanBackward0 MaxBackward1 MinBackward1 MedianBackward0 ProdBackward0 NormBackward0 "
+    "TBackward0 PermuteBackward0".split()
+)
+# linear in one input, times a constant (a per-item weight, a mask) or a view: the items are counted below
+# them, where the gradient carries the weights' zeros
+WEIGHS = frozenset(
+    "MulBackward0 DivBackward0 NegBackward0 WhereBackward0 MaskedFillBackward0 ToCopyBackward0 "
+    "CloneBackward0 ViewBackward0 UnsafeViewBackward0 ReshapeAliasBackward0 UnsqueezeBackward0 "
+    "SqueezeBackward0 SqueezeBackward1 SqueezeBackward2".split()
+)
+
+
+def own_reduction(root: torch.Tensor, calls: list[LossCall], site: str) -> LossCall | str | None:
+    """A backward's ``root`` as a loss call of the script's own: a scalar times a mean or a sum over a tensor
+    v of per-item values, from ``calls`` (the one reduction="none" call below it) or, with no call, from
+    the script's own computation on its model's output. Returns that call (``site``: where it is, with no
+    call); or, where an op over the items lies between v and what it comes from, why (a refusal to name);
+    or None: the root is no such reduction, or an op this does not know lies between v and the call.
+
+    >>> x = torch.randn(4, 3, requires_grad=True)
+    >>> w = torch.tensor([1.0, 2.0, 0.0, 1.0])  # per-item weights; the third item is masked
+    >>> own = own_reduction((torch.nn.functional.log_softmax(x, -1)[:, 0] * w).sum() / 3, [], "here")
+    >>> own.reduction, own.m, type(own.node).__name__
+    ('sum', None, 'SumBackward0')
+    >>> own_reduction((x.logsumexp(0) - x).mean() / 4, [], "here")
+    'LogsumexpBackward0 runs over the items'
+    """
+    node = root.grad_fn
+    if node is None or root.numel() != 1 or len(calls) > 1:
+        return None
+    sign = 1.0
+    while type(node).__name__ in SCALAR:
+        edges = _inputs(node)
+        if len(edges) != 1:
+            return None
+        sign *= _sign(node)
+        node = edges[0][0]
+    kind = OWN.get(type(node).__name__)
+    edges = _inputs(node) if kind else []
+    if len(edges) != 1:
+        return None
+    below, nr = edges[0]
+    shape = _shape(below, nr)
+    if not shape:  # a torch without the graph's shapes, or one number reduced: no items to see
+        return None
+    per_item, why = _per_item(below, nr, shape, calls)
+    if not per_item:
+        return why or None
+    if kind == "sum" and not calls and len(shape) > 1:  # an item is a row, or an entry: the graph cannot say
+        return (
+            f"a sum over a {tuple(shape)} tensor of the script's own, whose entries or rows may be the items"
+        )
+    n = math.prod(shape)
+    counter, at = _counter(below, nr, n)
+    call = calls[0] if calls else None
+    items = torch.zeros((), dtype=torch.long, device=root.device)  # set as the backward reaches ``counter``
+    own = LossCall(
+        call.kind if call else f"a {kind} of the script's own per-item losses",
+        call.site if call else site,
+        kind,
+        items,
+        node,
+        root.detach(),  # the root, read back into the reduction's value as u arrives (``inplace._upstream``)
+        m=n if kind == "mean" else None,
+        counter=counter,
+        at=at,
+        sign=sign,
+    )
+    if call is not None and call.value.numel() == n:  # the call's own items, weighed: its sequences too
+        own.sequences = call.sequences
+    return own
+
+
+def _sign(node: Any) -> float:
+    """-1 where a node between the root and the reduction negates it: a negation, or a product or quotient
+    with a negative number kept on the CPU (``-k``, a Python number); a device tensor's sign is not read (a
+    sync per backward), taken as positive (a GradScaler's scale, a 1/k)."""
+    name = type(node).__name__
+    if name == "NegBackward0":
+        return -1.0
+    if name not in ("MulBackward0", "DivBackward0"):
+        return 1.0
+    first = node.next_functions[0][0] is not None
+    if name == "DivBackward0" and not first:
+        return 1.0
+    c = getattr(node, "_saved_other" if first else "_saved_self", None)
+    negative = isinstance(c, torch.Tensor) and c.device.type == "cpu" and c.numel() == 1 and float(c) < 0
+    return -1.0 if negative else 1.0
+
+
+def _inputs(node: Any) -> list[tuple[Any, int]]:
+    return [(n, i) for n, i in node.next_functions if n is not None]
+
+
+def _shape(node: Any, nr: int) -> tuple[int, ...] | None:
+    """The shape of ``node``'s ``nr``-th forward output, as the graph keeps it (None: not kept)."""
+    meta = getattr(node, "_input_metadata", None)
+    return tuple(int(d) for d in meta[nr].shape) if meta is not None and nr < len(meta) else None
+
+
+def _rows(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> bool:
+    """Some leading dims of each hold the same count: the items kept their rows, as far as shapes say."""
+    if a is None or b is None:
+        return False
+    return bool(
+        {math.prod(a[:d]) for d in range(1, len(a) + 1)} & {math.prod(b[:d]) for d in range(1, len(b) + 1)}
+    )
+
+
+def _over_items(node: Any) -> bool:
+    """An op along a dim runs along the items': dim 0 among its dims, all of them, or a 1-D input's."""
+    if type(node).__name__ == "TransposeBackward0":
+        dims: tuple[int, ...] = (node._saved_dim0, node._saved_dim1)
+    else:
+        d = getattr(node, "_saved_dim", None)
+        dims = () if d is None else (d,) if isinstance(d, int) else tuple(d)
+    edges = _inputs(node)
+    ndim = len(_shape(*edges[0]) or ()) if edges else 0
+    # a negative dim may come back as its unsigned 64-bit word (GatherBackward0: -1 as 2**64 - 1)
+    return (
+        not dims or ndim <= 1 or 0 in {(int(d) - (1 << 64) if d >= 1 << 63 else int(d)) % ndim for d in dims}
+    )
+
+
+def _per_item(node: Any, nr: int, shape: tuple[int, ...], calls: list[LossCall]) -> tuple[bool, str]:
+    """Whether the values reduced (``node``'s output ``nr``, of ``shape``) keep each item's value its own
+    down to where they come from: the loss call, or (no call) the first op this does not know, the model's
+    output, which must hold the items' rows. (False, why) where an op over the items lies between; (False,
+    "") where an op this does not know lies between them and the call."""
+    todo, seen, sources = [(node, nr, shape)], set(), {id(c.node) for c in calls}
+    while todo:
+        node, nr, rows = todo.pop()
+        name = type(node).__name__
+        if id(node) in sources:
+            if not _rows(_shape(node, nr), rows):
+                return False, ""
+            continue
+        if id(node) in seen or name == "AccumulateGrad":  # a parameter: every item's alike
+            continue
+        seen.add(id(node))
+        if name in WHOLE or (name in ALONG and _over_items(node)):
+            return False, f"{name} runs over the items"
+        if name not in VIEWS and name not in ELEMENTWISE and name not in ALONG:
+            if calls:
+                return False, ""
+            if not _rows(_shape(node, nr), rows):
+                return False, f"{name}'s output {_shape(node, nr)} does not hold the items' rows {rows}"
+            continue  # the model's output: where the script's own per-item loss begins
+        for child, at in _inputs(node):
+            todo.append((child, at, _shape(child, at) if name in VIEWS else rows))
+    return True, ""
+
+
+def _counter(node: Any, nr: int, n: int) -> tuple[Any, int]:
+    """Where v's items are counted: down from v through the weights and masks that multiply it, to the first
+    node whose incoming gradient is u times those weights at v's size (``LossCall.counted``)."""
+    while type(node).__name__ in WEIGHS:
+        edges = _inputs(node)
+        if len(edges) != 1 or (type(node).__name__ == "DivBackward0" and node.next_functions[0][0] is None):
+            break  # two inputs carry the value, or it divides a constant: not a weight
+        child, at = edges[0]
+        if math.prod(_shape(child, at) or (-1,)) != n:
+            break
+        node, nr = child, at
+    return node, nr
+
+
 _lock = threading.Lock()
 _listeners: list[Callable[[LossCall], None]] = []
 _originals: dict[tuple[int, str], Any] = {}
@@ -158,4 +375,4 @@ def on_loss_call(listener: Callable[[LossCall], None]) -> Iterator[None]:
                     setattr(space, attr, _originals.pop((id(space), attr)))
 
 
-__all__ = ["CALLS", "LossCall", "on_loss_call"]
+__all__ = ["CALLS", "LossCall", "on_loss_call", "own_reduction"]

@@ -77,11 +77,11 @@ def _loaders(rec: LoaderWatcher) -> Iterator[None]:
             rec.iteration_began(loader)
         return it
 
-    DataLoader.__iter__ = iterate  # type: ignore[method-assign]
+    DataLoader.__iter__ = iterate  # type: ignore[method-assign]  # patched on torch's class for the run
     try:
         yield
     finally:
-        DataLoader.__iter__ = original  # type: ignore[method-assign]
+        DataLoader.__iter__ = original  # type: ignore[method-assign]  # torch's own again
         rec.data_passes.run_ended()
 
 
@@ -127,11 +127,11 @@ def scaler(rec: Watcher) -> Iterator[None]:
             rec.finish_step(StepNumbers(len(rec.window), current_lr(optimizer), skipped=True))
         return out
 
-    torch.amp.GradScaler.step, torch.amp.GradScaler.scale = stepped, scaled  # type: ignore[method-assign]
+    torch.amp.GradScaler.step, torch.amp.GradScaler.scale = stepped, scaled  # type: ignore[method-assign, assignment]  # patched on torch's class for the run; wrappers take any arguments
     try:
         yield
     finally:
-        torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]
+        torch.amp.GradScaler.step, torch.amp.GradScaler.scale = step, scale  # type: ignore[method-assign]  # torch's own again
 
 
 @contextlib.contextmanager
@@ -149,11 +149,11 @@ def schedulers(rec: Watcher) -> Iterator[None]:
             rec.sites["scheduler"] = rec.sites.get("scheduler") or user_site() or ""
         return out
 
-    torch.optim.lr_scheduler.LRScheduler.step = step  # type: ignore[method-assign]
+    torch.optim.lr_scheduler.LRScheduler.step = step  # type: ignore[method-assign, assignment]  # patched on torch's class for the run; the wrapper takes any arguments
     try:
         yield
     finally:
-        torch.optim.lr_scheduler.LRScheduler.step = original  # type: ignore[method-assign]
+        torch.optim.lr_scheduler.LRScheduler.step = original  # type: ignore[method-assign]  # torch's own again
 
 
 def capture_at_step(args: Any, kwargs: Any, capture: Callable[[], None]) -> Any:

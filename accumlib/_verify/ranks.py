@@ -37,14 +37,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import torch
 
 from .errors import Fallback
 from .window_oracle import Vec, gram
+
+if TYPE_CHECKING:
+    from .step_numbers import StepNumbers
 
 _CHUNK = 1 << 16  # elements per float64 chunk in Ranks._spread (512 KiB)
 
@@ -65,11 +68,15 @@ def in_group() -> tuple[int, int] | None:
     return dist.get_rank(), dist.get_world_size()
 
 
+@overload
+def full(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def full(t: None) -> None: ...
 def full(t: torch.Tensor | None) -> torch.Tensor | None:
     """The whole tensor of a DTensor (FSDP2 shards parameters and gradients: an all-gather every rank
     joins, one tensor at a time); any other tensor as it is."""
     if t is not None and hasattr(t, "full_tensor"):
-        return t.full_tensor()
+        return cast(torch.Tensor, t.full_tensor())
     return t
 
 
@@ -108,7 +115,7 @@ class Ranks:
         every = me.gather(shapes)
         other = next((r for r, s in enumerate(every) if s != shapes), None)
         if other is not None:
-            differ = next((a, b) for a, b in zip(shapes + [None], every[other] + [None]) if a != b)  # type: ignore[operator]
+            differ = next((a, b) for a, b in zip(shapes + [None], every[other] + [None]) if a != b)
             raise ValueError(
                 "ranks='all' judges data-parallel jobs, where every rank holds the same model: rank "
                 f"{me.rank} and rank "
@@ -129,7 +136,9 @@ class Ranks:
         return t.tolist()
 
     # -- the buffer ---------------------------------------------------------------------------
-    def _flat(self, vec: Vec, like: list[torch.Tensor], weight: float = 1.0) -> torch.Tensor:
+    def _flat(
+        self, vec: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor], weight: float = 1.0
+    ) -> torch.Tensor:
         """``vec`` (None: zeros) copied into the buffer, times ``weight``; parameters in ``like`` order."""
         numel = sum(p.numel() for p in like)
         if self.buffer is None or self.buffer.numel() != numel or self.buffer.device != like[0].device:
@@ -147,13 +156,18 @@ class Ranks:
             at += p.numel()
         return self.buffer
 
-    def _views(self, like: list[torch.Tensor]) -> Vec:
+    def _views(self, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         assert self.buffer is not None
         return [v.view(p.shape) for v, p in zip(torch.split(self.buffer, [p.numel() for p in like]), like)]
 
     # -- one step -------------------------------------------------------------------------------
     def step(
-        self, numbers: Any, sums: Vec, like: list[torch.Tensor], grads: Vec, params: list[torch.Tensor]
+        self,
+        numbers: StepNumbers,
+        sums: Vec,
+        like: Sequence[torch.Tensor],
+        grads: Vec,
+        params: Sequence[torch.Tensor],
     ) -> Vec | None:
         """Exchange this step's numbers (this rank's items, loss, rows, finiteness, leak and |.grad|^2 at
         each micro-batch boundary, read from ``numbers``) and make them the job's. ``sums``: this rank's
@@ -195,7 +209,7 @@ class Ranks:
         dist = _dist()
         if len(set(counts)) > 1 and all(counts):  # H, the per-rank-mean prediction: (1/R) sum_r O_r / N_r
             dist.all_reduce(self._flat(sums, like, 1.0 / counts[self.rank]))
-            self.buffer.div_(self.world)  # type: ignore[union-attr]
+            self.buffer.div_(self.world)  # type: ignore[union-attr]  # _flat just set the buffer
             g = gram([[full(t) for t in grads], self._views(like)])
             gg, gh, hh = float(g[0, 0]), float(g[0, 1]), float(g[1, 1])
             if hh > 0 and gg > 0:
@@ -228,7 +242,7 @@ class Ranks:
         if said:
             raise Fallback("; ".join(f"rank {r}: {why}" if self.world > 1 else why for r, why in said))
 
-    def _spread(self, vec: Vec, leaves: list[torch.Tensor]) -> float:
+    def _spread(self, vec: Sequence[torch.Tensor | None], leaves: Sequence[torch.Tensor]) -> float:
         """||v_r - v_0|| / ||v_0|| on this rank, v_0 broadcast from rank 0 (0.0: bit for bit the same)."""
         buf = self._flat(vec, leaves)
         _dist().broadcast(buf, src=0)
@@ -253,7 +267,7 @@ class Ranks:
     # -- the run's end ----------------------------------------------------------------------------
     def alive(self) -> bool:
         """The process group still exists (a script may have destroyed it as it ended)."""
-        return _dist().is_initialized()
+        return cast(bool, _dist().is_initialized())
 
     @contextlib.contextmanager
     def before_destroy(self, end: Callable[[], None]) -> Iterator[None]:
@@ -271,11 +285,11 @@ class Ranks:
                 end()
             return original(group, *a, **kw)
 
-        dist.destroy_process_group = c10d.destroy_process_group = destroy  # type: ignore[assignment]
+        dist.destroy_process_group = c10d.destroy_process_group = destroy
         try:
             yield
         finally:
-            dist.destroy_process_group = c10d.destroy_process_group = original  # type: ignore[assignment]
+            dist.destroy_process_group = c10d.destroy_process_group = original
 
     def finish(self, local: dict[str, Any]) -> list[dict[str, Any]]:
         """This rank's loop ended: answer rounds as ``None`` until every rank's has, then gather what
@@ -296,16 +310,17 @@ def one_block(tensors: Vec) -> tuple[torch.Tensor, tuple[int, ...]] | None:
     """
     if not tensors or any(t is None or t._base is None for t in tensors):
         return None
-    base = tensors[0]._base  # type: ignore[union-attr]
-    if base.dim() != 1 or not base.is_contiguous() or any(t._base is not base for t in tensors):  # type: ignore[union-attr]
+    views = cast(list[torch.Tensor], tensors)  # none of them None: checked above
+    base = cast(torch.Tensor, views[0]._base)  # each a view: checked above
+    if base.dim() != 1 or not base.is_contiguous() or any(t._base is not base for t in views):
         return None
-    order = tuple(sorted(range(len(tensors)), key=lambda i: tensors[i].storage_offset()))  # type: ignore[union-attr]
+    order = tuple(sorted(range(len(views)), key=lambda i: views[i].storage_offset()))
     at = base.storage_offset()
     for i in order:
-        t = tensors[i]
-        if t.storage_offset() != at or not t.is_contiguous():  # type: ignore[union-attr]
+        t = views[i]
+        if t.storage_offset() != at or not t.is_contiguous():
             return None
-        at += t.numel()  # type: ignore[union-attr]
+        at += t.numel()
     return (base, order) if at == base.storage_offset() + base.numel() else None
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import get_worker_info
@@ -53,7 +53,7 @@ class Recorder:
     shadow: torch.nn.Module
     optimizer: torch.optim.Optimizer
     dataset: Tracked | TrackedIterable
-    collate: Callable[[list], Any]
+    collate: Callable[[list[Any]], Any]
     item_losses: ItemLosses
     max_steps: int | None = None
     mbs: dict[int, MicroBatch] = field(default_factory=dict)
@@ -136,7 +136,7 @@ class Recorder:
         """Count backwards on every parameter that requires grad now (no hook sits on one that does not)."""
         for p in self.params:
             if p.requires_grad and id(p) not in self.grad_hooks:
-                self.grad_hooks[id(p)] = p.register_post_accumulate_grad_hook(self.on_backward)
+                self.grad_hooks[id(p)] = p.register_post_accumulate_grad_hook(self.on_backward)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def live(self) -> list[torch.nn.Parameter]:
         """The model's parameters now, in ``params`` order. FSDP2's ``fully_shard`` replaces them (and, inside
@@ -160,7 +160,7 @@ class Recorder:
         self.grad_hooks.clear()
 
     # -- data -----------------------------------------------------------------------------
-    def collate_fn(self, samples: list) -> Any:
+    def collate_fn(self, samples: list[Any]) -> Any:
         if get_worker_info() is not None:
             raise RuntimeError(WORKERS)
         batch = self.collate(samples)
@@ -259,18 +259,19 @@ class Recorder:
         """The loop's own DataLoader over loader.dataset (its own collate): the items it just drew.
         The oldest reads when the loop drew its batches ahead, the latest when it read the dataset
         for other purposes first; checked by content where the collates agree, else the oldest."""
-        pending = self.dataset.pending  # type: ignore[union-attr]
+        dataset = cast(Tracked, self.dataset)  # identify calls this for a map-style dataset only
+        pending = dataset.pending
         first, last = pending[:rows], pending[len(pending) - rows :]
         for idx, rest in ((first, pending[rows:]), (last, pending[: len(pending) - rows])):
-            batch = self.collate([self.dataset.dataset[i] for i in idx])  # type: ignore[union-attr]
+            batch = self.collate([dataset.dataset[i] for i in idx])
             if any(
                 u.shape == key.shape and torch.equal(u.to(key.device, key.dtype), key) for u in tensors(batch)
             ):
-                self.dataset.pending = rest  # type: ignore[union-attr]
+                dataset.pending = rest
                 return self._register(batch, idx)
-        self.dataset.pending = pending[rows:]  # type: ignore[union-attr]
+        dataset.pending = pending[rows:]
         # a second read gave other tensors (augmentation): the model's input is the one it received
-        batch = self.collate([self.dataset.dataset[i] for i in first])  # type: ignore[union-attr]
+        batch = self.collate([dataset.dataset[i] for i in first])
         return self._register(as_received(batch, key), first)
 
     # -- hooks ------------------------------------------------------------------------------
@@ -428,7 +429,7 @@ class Recorder:
         """The window as one large batch: re-collated from its items when known (padding as a k*B
         DataLoader would pad), else the micro-batches concatenated."""
         if all(self.mbs[b].indices is not None for b in ids) and isinstance(self.dataset, Tracked):
-            return self.collate([self.dataset.dataset[i] for b in ids for i in self.mbs[b].indices])  # type: ignore[union-attr]
+            return self.collate([self.dataset.dataset[i] for b in ids for i in self.mbs[b].indices])  # type: ignore[union-attr]  # checked: none is None
         return cat_batches([self.mbs[b].batch for b in ids])
 
     def finish_step(self, numbers: StepNumbers) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..text import text_table
-from .codes import CODES, PASSING
+from .codes import CODES, PASSING, Kind
 
 if TYPE_CHECKING:
     from .diagnose import Fit
@@ -81,7 +81,7 @@ class Finding:
         return cls(code, message, fix or entry.fix, tuple(steps), tuple(where))
 
     @property
-    def severity(self) -> str:
+    def severity(self) -> Kind:
         """``bug``, ``limit``, ``note`` or ``cost`` (the code's kind in ``CODES``)."""
         return CODES[self.code].kind
 
@@ -166,6 +166,21 @@ class Report:
     # replayed), "recompute (why)" where verify ran the loop again because the engine could not judge a step
     oracle: str = "recompute"
 
+    # the dataclass's own __init__ as its callers see it: any sequence of rows and findings (__post_init__)
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            steps: Sequence[StepRow],
+            findings: Sequence[Finding],
+            accum_steps: int,
+            items_stepped: int,
+            items_total: int | None,
+            logged_loss: float | None = None,
+            true_loss: float | None = None,
+            oracle: str = "recompute",
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))  # lists are taken, tuples kept
         object.__setattr__(self, "findings", tuple(self.findings))
@@ -192,7 +207,7 @@ class Report:
         return all(f.severity in PASSING for f in self.findings)
 
     @property
-    def status(self) -> str:
+    def status(self) -> Literal["ok", "bug", "cannot-judge"]:
         """``ok``, ``bug`` or ``cannot-judge`` (see ``EXIT_STATUS`` for the command line's codes)."""
         kinds = {f.severity for f in self.findings}
         return "bug" if "bug" in kinds else "cannot-judge" if "limit" in kinds else "ok"

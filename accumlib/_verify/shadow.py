@@ -52,21 +52,21 @@ def sync_shadow(
     ``own``: the shadow holds copies (FSDP2 frees a gathered parameter's storage after each forward;
     a sharded one, a DTensor, is gathered whole). Parameters replaced since ``params`` was taken
     (``fully_shard`` does) are matched by their place in the module tree."""
-    leaves: dict[int, torch.Tensor] = {}
+    leaves: dict[int, torch.nn.Parameter] = {}
     for s, m in zip(shadow.modules(), net.modules()):
         for name, p in m._parameters.items():
             if p is None:
                 continue
             if own and id(p) not in leaves:
                 mine = s._parameters.get(name)
-                whole = full(p).detach()  # type: ignore[union-attr]
+                whole = full(p).detach()
                 if mine is not None and getattr(mine, "_accumlib_own", False) and mine.shape == whole.shape:
                     with torch.no_grad():
                         mine.copy_(whole)
                     mine.requires_grad_(p.requires_grad)
                 else:
                     mine = torch.nn.Parameter(whole.clone(), requires_grad=p.requires_grad)
-                    mine._accumlib_own = True  # type: ignore[attr-defined]
+                    mine._accumlib_own = True  # type: ignore[attr-defined]  # verify's mark on its own copy
                 leaves[id(p)] = mine
             if id(p) not in leaves:
                 mine = s._parameters.get(name)
@@ -78,9 +78,9 @@ def sync_shadow(
                     and mine.device == p.device
                 )
                 if same:  # kept, with its .grad; whether it is differentiated follows the loop's parameter
-                    mine.requires_grad_(p.requires_grad)  # type: ignore[union-attr]
-                leaves[id(p)] = mine if same else _leaf(p)  # type: ignore[assignment]
-            s._parameters[name] = leaves[id(p)]  # type: ignore[assignment]
+                    mine.requires_grad_(p.requires_grad)  # type: ignore[union-attr]  # same: mine is set
+                leaves[id(p)] = mine if same else _leaf(p)  # type: ignore[assignment]  # same: mine is set
+            s._parameters[name] = leaves[id(p)]
         for name, b in m._buffers.items():
             if b is not None:
                 s._buffers[name] = b.detach().clone()

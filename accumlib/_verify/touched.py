@@ -119,7 +119,7 @@ def prints(params: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor | N
     keys = [k for k, p in params.items() if p.grad is not None]
     if not keys:
         return keys, None
-    return keys, torch.cat([head(params[k].grad) for k in keys])  # type: ignore[arg-type]
+    return keys, torch.cat([head(params[k].grad) for k in keys])  # type: ignore[arg-type]  # keys: .grad is set
 
 
 def checksum(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -27,7 +27,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import torch
 
@@ -35,7 +35,7 @@ from ..batches import ItemLosses, checked_losses, to_device
 from ..oracle import sum_grad
 from .sources import tensors
 
-Vec = list  # one tensor (or None: zero) per trainable parameter
+Vec: TypeAlias = list[torch.Tensor | None]  # one tensor (or None: zero) per trainable parameter
 # float64 dot products are taken a chunk at a time through a reused scratch: on the CPU 64K elements (512 KiB
 # per operand, which stays in cache between the conversion and the product: 39.4M parameters' products took
 # 0.42 s at 256K), on an accelerator 1M (fewer, larger kernels)
@@ -47,7 +47,9 @@ SMALL = 1 << 20
 
 
 def gram(
-    vectors: Sequence[Vec], weights: Sequence[float] | None = None, scratch: torch.Tensor | None = None
+    vectors: Sequence[Sequence[torch.Tensor | None]],
+    weights: Sequence[float] | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """All pairwise dot products of a few parameter-shaped vectors, in float64 (float32 products
     are exact in float64, so a fit's residual keeps ~1e-8 relative precision); ``weights`` multiply
@@ -79,12 +81,12 @@ def gram(
     return _weighted(out.cpu(), weights)
 
 
-def _gram_joined(out: torch.Tensor, vectors: Sequence[Vec], at: list[int]) -> None:
+def _gram_joined(out: torch.Tensor, vectors: Sequence[Sequence[torch.Tensor | None]], at: list[int]) -> None:
     """out += M @ M.T, row r of M being vector r's tensors at ``at`` end to end (None: zeros), in float64:
     one concatenation and one product for all of them."""
-    shapes = [next(v[i] for v in vectors if v[i] is not None) for i in at]
+    shapes = [cast(torch.Tensor, next(v[i] for v in vectors if v[i] is not None)) for i in at]
     flat = [
-        (v[i] if v[i] is not None else torch.zeros_like(s)).reshape(-1)
+        cast(torch.Tensor, v[i] if v[i] is not None else torch.zeros_like(s)).reshape(-1)
         for v in vectors
         for i, s in zip(at, shapes)
     ]
@@ -159,7 +161,7 @@ def exact(replay: Replay | None = None) -> Iterator[None]:
         stack.enter_context(torch.random.fork_rng(devices=[]))
         for dev in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
             on = replay is not None and replay.autocast is not None and replay.autocast[0] == dev
-            stack.enter_context(torch.autocast(dev, enabled=on, dtype=replay.autocast[1] if on else None))  # type: ignore[union-attr]
+            stack.enter_context(torch.autocast(dev, enabled=on, dtype=replay.autocast[1] if on else None))  # type: ignore[index, union-attr]  # on: replay.autocast is set
         stack.enter_context(torch.enable_grad())
         yield
 
@@ -232,7 +234,7 @@ class WindowOracle:
                 if scale != 1.0:
                     g = g / scale
                 if dots is not None:
-                    grads, prev, _ = watch  # type: ignore[misc]
+                    grads, prev, _ = watch  # type: ignore[misc]  # dots is set only where watch is
                     _gram_into(dots, [grads[i], prev[i], g], self.scratch)
                 return g if scale != 1.0 else None
 
@@ -243,7 +245,7 @@ class WindowOracle:
         live = [i for i, leaf in enumerate(self.leaves) if leaf.requires_grad]
         with exact(how):
             if small:  # a small model: one gradient vector and one product cost less than a hook per tensor
-                s = [None] * len(self.leaves)
+                s: Vec = [None] * len(self.leaves)
                 try:
                     got, losses = sum_grad(
                         self.shadow,
@@ -253,15 +255,16 @@ class WindowOracle:
                         scale=scale,
                         check_finite=False,
                     )
+                    assert got is not None  # accumulate=False: sum_grad returns the gradients
                     for i, g in zip(live, got):
                         s[i] = g
                 except ValueError:
                     if any(x.numel() for x in _losses(self, batches)):
                         raise
                     losses = []
-                s = [g / scale if g is not None and scale != 1.0 else g for g in s]  # type: ignore[union-attr]
+                s = [g / scale if g is not None and scale != 1.0 else g for g in s]
                 if dots is not None:
-                    grads, prev, _ = watch  # type: ignore[misc]
+                    grads, prev, _ = watch  # type: ignore[misc]  # dots is set only where watch is
                     _gram_into(
                         dots, [_cat(grads, self.leaves), _cat(prev, self.leaves), _cat(s, self.leaves)]
                     )
@@ -274,7 +277,7 @@ class WindowOracle:
                     rows,
                     dots,
                 )
-            handles = [self.leaves[i].register_hook(hook(i)) for i in live] if (watch or scale != 1.0) else []
+            handles = [self.leaves[i].register_hook(hook(i)) for i in live] if (watch or scale != 1.0) else []  # type: ignore[no-untyped-call]  # torch's Tensor.register_hook is unannotated
             try:  # one backward for the group: s is the group's, as the loop's .grad saw it
                 _, losses = sum_grad(
                     self.shadow,
@@ -396,7 +399,7 @@ def _gram_into(
     for start in range(0, numel, chunk):
         width = min(chunk, numel - start)
         for i, a in enumerate(rows):
-            scratch[i, :width].copy_(flat[a][start : start + width])  # type: ignore[index]
+            scratch[i, :width].copy_(flat[a][start : start + width])  # type: ignore[index]  # rows: flat[a] is set
         m = scratch[: len(rows), :width]
         acc += m @ m.T  # one matrix product reads each row once (separate dots read each twice or more)
     for i, a in enumerate(rows):

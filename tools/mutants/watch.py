@@ -20,7 +20,7 @@ MUTANTS = [
     Mutant(
         "a mean loss call's weight read as a sum's (its item count left out)",
         "replace",
-        "call.items / u.reshape(())",
+        "(call.items if call.m is None else call.m) / u.reshape(())",
         "1.0",
         node="call.items",
         killers=("tests/test_watch.py::test_mean_of_means_over_ragged_token_counts_is_named",),
