@@ -225,11 +225,16 @@ CODE_ENTRY = f"""    "{CODE}": Code(
 CODE_RULE = f"""    if n.lr == 0:  # the scratch code of tests/test_contributing.py
         out.codes.append("{CODE}")
 """
-GALLERY_LOOP = """
 
-def bug_zero_lr(model, optimizer, loader):
+
+def _gallery_loop(name: str, setting: str) -> str:
+    """A loop correct in every window whose optimizer ``setting`` (a line over each param group) is the
+    one thing its code names."""
+    return f"""
+
+def {name}(model, optimizer, loader):
     for group in optimizer.param_groups:
-        group["lr"] = 0.0  # a warmup's first value, kept: every window right, every step a no-op
+        {setting}
     for window in windows(loader, K):
         n = sum(len(y) for _, y in window)
         for x, y in window:
@@ -237,39 +242,53 @@ def bug_zero_lr(model, optimizer, loader):
         optimizer.step()
         optimizer.zero_grad()
 """
-CODE_TEST = f"""
 
 
-def test_a_zero_learning_rate_is_named_and_a_correct_loop_is_not():
+def _code_test(name: str, code: str) -> str:
+    """The code's test in tests/test_verify.py: its gallery loop gets it, a correct loop does not."""
+    return f"""
+
+
+def test_{name}_is_said_and_a_loop_without_it_is_not():
     from accumlib_course.gallery import GALLERY
 
-    assert GALLERY["bug-{CODE}"].run().codes == {{"{CODE}"}}
-    assert "{CODE}" not in GALLERY["correct-inner-for"].run().codes
+    assert GALLERY["bug-{code}"].run().codes == {{"{code}"}}
+    assert "{code}" not in GALLERY["correct-inner-for"].run().codes
 """
+
+
+def _register_code(
+    scratch: Scratch, code: str, entry: str, rule: str, loop: str, setting: str, note: str
+) -> None:
+    """The steps every finding code takes by its row: its entry in the codes table, its rule in diagnose(),
+    a gallery loop that triggers it (registered), and its test beside a correct loop."""
+    codes = scratch.read("accumlib/_verify/codes.py")
+    head, table = codes.split("CODES: dict[str, Code] = {\n", 1)
+    scratch.write("accumlib/_verify/codes.py", head + "CODES: dict[str, Code] = {\n" + entry + table)
+    anchor = "    if n.items == 0:\n"
+    assert scratch.read("accumlib/_verify/diagnose.py").count(anchor) == 1, (
+        "diagnose() changed: update the anchor"
+    )
+    scratch.replace("accumlib/_verify/diagnose.py", anchor, rule + anchor)
+    bugs = scratch.read("accumlib_course/gallery/bugs.py")
+    scratch.write("accumlib_course/gallery/bugs.py", bugs + _gallery_loop(loop, setting))
+    gallery = scratch.read("accumlib_course/gallery/__init__.py")
+    gallery = gallery.replace("from .bugs import (\n", f"from .bugs import (\n    {loop},\n", 1)
+    registry = "GALLERY: dict[str, GalleryLoop] = _Gallery(\n    {\n"
+    assert gallery.count(registry) == 1, "the gallery's registry changed: update the scratch entry"
+    line = f'        "bug-{code}": GalleryLoop({loop}, _E({{"{code}"}}), "{note}"),\n'
+    scratch.write("accumlib_course/gallery/__init__.py", gallery.replace(registry, registry + line))
+    test = _code_test(code.replace("-", "_"), code)
+    scratch.write("tests/test_verify.py", scratch.read("tests/test_verify.py") + test)
 
 
 def _add_code(scratch: Scratch) -> None:
     """A finding code added by the book: its entry in the codes table, its rule, a gallery loop that
     triggers it (registered), its README row, and its test beside a correct loop."""
-    codes = scratch.read("accumlib/_verify/codes.py")
-    head, table = codes.split("CODES: dict[str, Code] = {\n", 1)
-    scratch.write("accumlib/_verify/codes.py", head + "CODES: dict[str, Code] = {\n" + CODE_ENTRY + table)
-    diagnose = scratch.read("accumlib/_verify/diagnose.py")
-    anchor = "    if n.items == 0:\n"
-    assert diagnose.count(anchor) == 1, "diagnose() changed: update the anchor of the scratch rule"
-    scratch.write("accumlib/_verify/diagnose.py", diagnose.replace(anchor, CODE_RULE + anchor))
-    scratch.write(
-        "accumlib_course/gallery/bugs.py", scratch.read("accumlib_course/gallery/bugs.py") + GALLERY_LOOP
+    # a warmup's first value, kept: every window right, every step a no-op
+    _register_code(
+        scratch, CODE, CODE_ENTRY, CODE_RULE, "bug_zero_lr", 'group["lr"] = 0.0', "the rate set to 0 by hand"
     )
-    gallery = scratch.read("accumlib_course/gallery/__init__.py")
-    gallery = gallery.replace("from .bugs import (\n", "from .bugs import (\n    bug_zero_lr,\n", 1)
-    registry = "GALLERY: dict[str, GalleryLoop] = _Gallery(\n    {\n"
-    entry = (
-        f'        "bug-{CODE}": GalleryLoop(bug_zero_lr, _E({{"{CODE}"}}), "the rate set to 0 by hand"),\n'
-    )
-    assert gallery.count(registry) == 1, "the gallery's registry changed: update the scratch entry"
-    scratch.write("accumlib_course/gallery/__init__.py", gallery.replace(registry, registry + entry))
-    scratch.write("tests/test_verify.py", scratch.read("tests/test_verify.py") + CODE_TEST)
 
 
 def _add_code_to_readme(scratch: Scratch) -> None:
@@ -297,27 +316,6 @@ SIGNAL_ENTRY = f"""    "{SIGNAL_CODE}": Code(
         meaning="SGD dampened its momentum",
     ),
 """
-SIGNAL_LOOP = """
-
-def bug_dampened(model, optimizer, loader):
-    for group in optimizer.param_groups:
-        group["dampening"] = 0.5
-    for window in windows(loader, K):
-        n = sum(len(y) for _, y in window)
-        for x, y in window:
-            (F.cross_entropy(model(x), y, reduction="sum") / n).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-"""
-SIGNAL_TEST = f"""
-
-
-def test_dampening_is_said_and_a_loop_without_it_is_not():
-    from accumlib_course.gallery import GALLERY
-
-    assert GALLERY["bug-{SIGNAL_CODE}"].run().codes == {{"{SIGNAL_CODE}"}}
-    assert "{SIGNAL_CODE}" not in GALLERY["correct-inner-for"].run().codes
-"""
 SIGNAL = "        numbers.dampening = float(opt.param_groups[0].get('dampening', 0.0))\n"
 
 
@@ -335,20 +333,10 @@ def _add_signal_code(scratch: Scratch, *, engines: tuple[str, ...]) -> None:
     if "inplace" in engines:
         anchor = "        numbers.optimizer = self.stepping[id(opt)]\n"
         scratch.replace("accumlib/_verify/inplace.py", anchor, anchor + SIGNAL)
-    codes = scratch.read("accumlib/_verify/codes.py")
-    head, table = codes.split("CODES: dict[str, Code] = {\n", 1)
-    scratch.write("accumlib/_verify/codes.py", head + "CODES: dict[str, Code] = {\n" + SIGNAL_ENTRY + table)
     rule = f'    if n.dampening > 0:  # the scratch signal\n        out.codes.append("{SIGNAL_CODE}")\n'
-    scratch.replace("accumlib/_verify/diagnose.py", "    if n.items == 0:\n", rule + "    if n.items == 0:\n")
-    scratch.write(
-        "accumlib_course/gallery/bugs.py", scratch.read("accumlib_course/gallery/bugs.py") + SIGNAL_LOOP
+    _register_code(
+        scratch, SIGNAL_CODE, SIGNAL_ENTRY, rule, "bug_dampened", 'group["dampening"] = 0.5', "dampening"
     )
-    gallery = scratch.read("accumlib_course/gallery/__init__.py")
-    gallery = gallery.replace("from .bugs import (\n", "from .bugs import (\n    bug_dampened,\n", 1)
-    registry = "GALLERY: dict[str, GalleryLoop] = _Gallery(\n    {\n"
-    entry = f'        "bug-{SIGNAL_CODE}": GalleryLoop(bug_dampened, _E({{"{SIGNAL_CODE}"}}), "dampening"),\n'
-    scratch.write("accumlib_course/gallery/__init__.py", gallery.replace(registry, registry + entry))
-    scratch.write("tests/test_verify.py", scratch.read("tests/test_verify.py") + SIGNAL_TEST)
     scratch.tool("tools/codes_table.py", writes="docs/verify.md")
 
 
@@ -368,7 +356,7 @@ def test_a_finding_code_that_needs_a_new_signal_touches_both_engines_and_nothing
     _add_signal_code(whole, engines=("record", "inplace"))
     done = whole.pytest(*SIGNAL_CHECKS)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    verify_test = whole.pytest("tests/test_verify.py", "-k", "dampening")
+    verify_test = whole.pytest("tests/test_verify.py", "-k", "test_dampened_is_said")
     assert verify_test.returncode == 0, verify_test.stdout[-3000:]
     # codes, diagnose, step_numbers, the two engines, the gallery loop and its registration, the docs row and
     # the test: every one a file the row names

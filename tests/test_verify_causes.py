@@ -59,24 +59,21 @@ def test_verify_with_item_losses_still_says_item_losses_may_reduce_otherwise():
     """The recompute oracle judges against item_losses itself: there a whole-number c may be item_losses'
     own reduction, and the finding says to check it first (tests/test_verify_hints.py's case)."""
     task = get_task("mlp-digits")
-    report = accumlib.verify(
-        _every_micro_batch(4),
-        model=task.make_model(0),
-        dataset=task.make_dataset(),
-        item_losses=task.item_losses,
-        accum_steps=1,
-        batch_size=task.batch_size,
-        oracle="recompute",
-    )
+
+    def verified(**oracle):
+        return accumlib.verify(
+            _every_micro_batch(4),
+            model=task.make_model(0),
+            dataset=task.make_dataset(),
+            item_losses=task.item_losses,
+            accum_steps=1,
+            batch_size=task.batch_size,
+            **oracle,
+        )
+
+    report = verified(oracle="recompute")
     assert report.codes == {"misscaled"} and {r.cause for r in report.steps} == {"reduction"}, report
-    in_place = accumlib.verify(
-        _every_micro_batch(4),
-        model=task.make_model(0),
-        dataset=task.make_dataset(),
-        item_losses=task.item_losses,
-        accum_steps=1,
-        batch_size=task.batch_size,
-    )
+    in_place = verified()
     # in place, the loop's loss calls were checked against item_losses' once: the divisor is the loop's
     assert in_place.oracle == "in-place" and {r.cause for r in in_place.steps} == {"divisor"}, in_place
 

@@ -102,7 +102,7 @@ def take(numbers: StepNumbers, eng: InPlace, optimizer: torch.optim.Optimizer, r
     # change after the last backward that is no single factor is what only a replay can weigh
     if rec.ranks is None and not math.isfinite(numbers.rescaled):
         raise Fallback(f"step {t}: .grad changed after the last backward by no single factor")
-    numbers.weights, numbers.scales = list(got.weights), list(got.scales)
+    numbers.weights = list(got.weights)  # the scales are the recorder's own (record.py)
     numbers.leak, numbers.leak_coef = got.leak, got.leak_coef
     numbers.rel, numbers.factor, numbers.factor_resid = got.rel, got.factor, got.factor_resid
     numbers.gg, numbers.gt, numbers.tt = got.gg, got.gt, got.tt
